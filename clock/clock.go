@@ -1,0 +1,53 @@
+// Package clock is the time source every time-dependent mechanism in triage
+// takes, so that tests and the simulator run the same code on virtual time.
+//
+// The book's mechanisms are all defined over time: adaptive throttling counts
+// requests over "the last two minutes" (SRE book ch. 21, "Client-Side
+// Throttling"), retry budgets keep a ratio over a window, lame duck drains for
+// an interval (ch. 20). None of them calls time.Now directly; each takes a
+// Clock option that defaults to Real.
+package clock
+
+import "time"
+
+// Clock tells the time and makes timers. Implementations are safe for
+// concurrent use.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// NewTimer returns a timer that fires once, d after Now.
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a one-shot timer made by a Clock. It mirrors *time.Timer.
+type Timer interface {
+	// C returns the channel on which the fire time is delivered.
+	C() <-chan time.Time
+	// Stop prevents the timer from firing; it reports whether it was pending.
+	Stop() bool
+	// Reset makes the timer fire d from now; it reports whether it was pending.
+	Reset(d time.Duration) bool
+}
+
+// Real returns the wall clock. It is the default of every Clock option.
+func Real() Clock { return realClock{} }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (r realTimer) C() <-chan time.Time        { return r.t.C }
+func (r realTimer) Stop() bool                 { return r.t.Stop() }
+func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }
+
+// OrReal returns c, or Real when c is nil. Options use it to apply the default.
+func OrReal(c Clock) Clock {
+	if c == nil {
+		return Real()
+	}
+	return c
+}

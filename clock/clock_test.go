@@ -1,0 +1,84 @@
+package clock_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+)
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func fired(t clock.Timer) (time.Time, bool) {
+	select {
+	case v := <-t.C():
+		return v, true
+	default:
+		return time.Time{}, false
+	}
+}
+
+func TestFakeTimersFireInOrderAtTheirDeadlines(t *testing.T) {
+	f := clock.NewFake(epoch)
+	late := f.NewTimer(3 * time.Second)
+	early := f.NewTimer(1 * time.Second)
+	f.Advance(999 * time.Millisecond)
+	if _, ok := fired(early); ok {
+		t.Fatal("timer fired before its deadline")
+	}
+	f.Advance(time.Millisecond)
+	if v, ok := fired(early); !ok || !v.Equal(epoch.Add(time.Second)) {
+		t.Fatalf("early timer: fired=%v at %v, want at %v", ok, v, epoch.Add(time.Second))
+	}
+	if f.Pending() != 1 {
+		t.Fatalf("Pending() = %d, want 1", f.Pending())
+	}
+	f.Advance(10 * time.Second)
+	if v, ok := fired(late); !ok || !v.Equal(epoch.Add(3*time.Second)) {
+		t.Fatalf("late timer: fired=%v at %v", ok, v)
+	}
+	if got := f.Now(); !got.Equal(epoch.Add(11 * time.Second)) {
+		t.Fatalf("Now() = %v, want %v", got, epoch.Add(11*time.Second))
+	}
+}
+
+func TestFakeStopAndReset(t *testing.T) {
+	f := clock.NewFake(epoch)
+	tm := f.NewTimer(time.Second)
+	if !tm.Stop() {
+		t.Fatal("Stop of a pending timer reported false")
+	}
+	if tm.Stop() {
+		t.Fatal("second Stop reported true")
+	}
+	f.Advance(2 * time.Second)
+	if _, ok := fired(tm); ok {
+		t.Fatal("stopped timer fired")
+	}
+	if tm.Reset(time.Second) {
+		t.Fatal("Reset of a stopped timer reported it pending")
+	}
+	f.Advance(time.Second)
+	if _, ok := fired(tm); !ok {
+		t.Fatal("reset timer did not fire")
+	}
+	now := f.NewTimer(0)
+	if _, ok := fired(now); !ok {
+		t.Fatal("zero-duration timer did not fire at once")
+	}
+	f.Advance(-time.Hour)
+	if !f.Now().Equal(epoch.Add(3 * time.Second)) {
+		t.Fatalf("negative Advance moved the clock to %v", f.Now())
+	}
+}
+
+func TestOrReal(t *testing.T) {
+	f := clock.NewFake(epoch)
+	if clock.OrReal(f) != clock.Clock(f) {
+		t.Fatal("OrReal replaced a non-nil clock")
+	}
+	before := time.Now()
+	if got := clock.OrReal(nil).Now(); got.Before(before) {
+		t.Fatal("OrReal(nil) is not the real clock")
+	}
+}

@@ -1,0 +1,129 @@
+package triagegrpc_test
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/tap"
+
+	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
+	"github.com/triagehq/triage/wire"
+)
+
+// BenchmarkEncode is the client's encode step: /dialoptions is what the
+// transport asks for per call when DialOptions is used; /interceptor is the
+// standalone interceptor followed by that lookup.
+func BenchmarkEncode(b *testing.B) {
+	ctx := criticality.NewContext(context.Background(), criticality.SheddablePlus)
+	ctx = attempt.NewOutgoingContext(ctx, 1)
+	c := triagegrpc.NewClient()
+	creds := c.PerRPCCredentials()
+	icpt := c.UnaryInterceptor()
+	noop := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+		_, err := creds.GetRequestMetadata(ctx)
+		return err
+	}
+	md, _ := creds.GetRequestMetadata(ctx)
+	if md[wire.CriticalityKey] != "SHEDDABLE_PLUS" || md[wire.AttemptKey] != "1" {
+		b.Fatalf("encoded %v", md)
+	}
+	b.Run("dialoptions", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = creds.GetRequestMetadata(ctx)
+		}
+	})
+	b.Run("interceptor", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = icpt(ctx, "/s/M", nil, nil, nil, noop)
+		}
+	})
+}
+
+// BenchmarkDecode is the server's decode step in the tap handle for a
+// trusted peer: parse criticality and attempt from the raw metadata,
+// classify, put them in the context.
+func BenchmarkDecode(b *testing.B) {
+	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	if err != nil {
+		b.Fatal(err)
+	}
+	th := srv.TapHandle()
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}})
+	for _, tc := range []struct {
+		name    string
+		attempt string
+	}{{"attempt=0", "0"}, {"attempt=2", "2"}} {
+		info := &tap.Info{FullMethodName: "/s/M", Header: metadata.Pairs(wire.CriticalityKey, "SHEDDABLE", wire.AttemptKey, tc.attempt, ":authority", "svc")}
+		out, _ := th(ctx, info)
+		if criticality.Of(out) != criticality.Sheddable || attempt.Format(attempt.Incoming(out)) != tc.attempt {
+			b.Fatalf("decoded %v/%d", criticality.Of(out), attempt.Incoming(out))
+		}
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = th(ctx, info)
+			}
+		})
+	}
+}
+
+// BenchmarkUnaryLoopback compares a real unary call over loopback with and
+// without triage on both ends, in the same run.
+func BenchmarkUnaryLoopback(b *testing.B) {
+	for _, withTriage := range []bool{false, true} {
+		name := "bare"
+		if withTriage {
+			name = "triage"
+		}
+		b.Run(name, func(b *testing.B) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var sopts []grpc.ServerOption
+			dopts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+			if withTriage {
+				srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+				if err != nil {
+					b.Fatal(err)
+				}
+				sopts = srv.ServerOptions()
+				dopts = append(dopts, triagegrpc.NewClient().DialOptions()...)
+			}
+			s := grpc.NewServer(sopts...)
+			relay.Register(s, &relay.Tier{Name: "B"})
+			go s.Serve(lis)
+			defer s.Stop()
+			cc, err := grpc.NewClient(lis.Addr().String(), dopts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cc.Close()
+			ctx := criticality.NewContext(context.Background(), criticality.SheddablePlus)
+			want := "B:CRITICAL/0"
+			if withTriage {
+				want = "B:SHEDDABLE_PLUS/0"
+			}
+			if got, err := relay.Invoke(ctx, cc, "x"); err != nil || got != want {
+				b.Fatalf("got %q, %v", got, err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := relay.Invoke(ctx, cc, "x"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

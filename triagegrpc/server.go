@@ -1,0 +1,187 @@
+package triagegrpc
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
+
+	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/internal/reqctx"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/trust"
+	"github.com/triagehq/triage/wire"
+)
+
+// Server holds the server side of the adapter: who is trusted and how
+// criticality is assigned. Its interceptors are safe for concurrent use and
+// keep no per-request state beyond the request's own context.
+type Server struct {
+	trust      *trust.Policy
+	classifier *edge.Classifier
+}
+
+// ServerOption configures a Server.
+type ServerOption interface{ applyServer(*serverConfig) }
+
+type serverConfig struct {
+	trust      *trust.Policy
+	classifier *edge.Classifier
+}
+
+type serverOptionFunc func(*serverConfig)
+
+func (f serverOptionFunc) applyServer(c *serverConfig) { f(c) }
+
+// WithTrust sets the peers whose triage metadata is believed. Default: none
+// (every peer is untrusted, and criticality comes from the classifier's
+// other rules or its default).
+func WithTrust(p *trust.Policy) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.trust = p })
+}
+
+// WithClassifier sets the rules that assign criticality. Default:
+// edge.HeaderOnly(), which believes a trusted peer's header and otherwise
+// assigns CRITICAL. An edge gRPC service uses host (:authority) and path
+// (full method) rules here.
+func WithClassifier(c *edge.Classifier) ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.classifier = c })
+}
+
+// NewServer returns a Server.
+func NewServer(opts ...ServerOption) (*Server, error) {
+	var c serverConfig
+	for _, o := range opts {
+		o.applyServer(&c)
+	}
+	if c.classifier == nil {
+		cl, err := edge.New(edge.HeaderOnly())
+		if err != nil {
+			return nil, fmt.Errorf("triagegrpc: %w", err)
+		}
+		c.classifier = cl
+	}
+	return &Server{trust: c.trust, classifier: c.classifier}, nil
+}
+
+// ServerOptions returns the grpc.ServerOptions that install the tap handle
+// and both interceptors; pass them to grpc.NewServer. If the server needs
+// its own tap handle, install TapHandle yourself (grpc allows one) and call
+// it from yours, and add the interceptors with grpc.ChainUnaryInterceptor
+// and grpc.ChainStreamInterceptor.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.InTapHandle(s.TapHandle()),
+		grpc.ChainUnaryInterceptor(s.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(s.StreamInterceptor()),
+	}
+}
+
+// TapHandle returns the handle that classifies a request as it arrives,
+// before grpc creates a goroutine for it: it decides whether the peer is
+// trusted, reads criticality and attempt from the raw header metadata
+// (without copying it), deletes every triage key an untrusted peer sent (so
+// handlers never see them), and puts criticality and attempt in the
+// stream's context, in one allocation (a context node carrying both).
+func (s *Server) TapHandle() tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		return s.classify(ctx, info.Header, info.FullMethodName, true), nil
+	}
+}
+
+// UnaryInterceptor returns the unary server interceptor. It classifies the
+// request if TapHandle did not (a slower path that copies the metadata), and
+// maps the handler's error for the wire: overload outcomes become gRPC
+// statuses, and outcomes received from downstream go up as "overloaded;
+// don't retry" (outcome.Upward).
+func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		ctx = s.ensure(ctx, info.FullMethod)
+		resp, err := handler(ctx, req)
+		return resp, ToError(outcome.Upward(err))
+	}
+}
+
+// StreamInterceptor returns the streaming server interceptor, which does for
+// streams what UnaryInterceptor does for unary calls.
+func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx := ss.Context()
+		if c := s.ensure(ctx, info.FullMethod); c != ctx {
+			ss = &serverStream{ServerStream: ss, ctx: c}
+		}
+		return ToError(outcome.Upward(handler(srv, ss)))
+	}
+}
+
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *serverStream) Context() context.Context { return s.ctx }
+
+// ensure classifies the request unless the tap handle already did.
+func (s *Server) ensure(ctx context.Context, fullMethod string) context.Context {
+	if _, done := criticality.FromContext(ctx); done {
+		return ctx
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	return s.classify(ctx, md, fullMethod, false)
+}
+
+// single returns the only value of key in md; a missing or repeated key
+// gives "" (a repeated triage key is malformed and is ignored).
+func single(md metadata.MD, key string) string {
+	v := md[key]
+	if len(v) != 1 {
+		return ""
+	}
+	return v[0]
+}
+
+// classify assigns criticality and attempt and returns the handler's
+// context. raw says md is the transport's own map (the tap), which may be
+// edited in place; otherwise it is a copy and a cleaned copy is installed.
+func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string, raw bool) context.Context {
+	trusted := s.trust.Trusted(PeerOf(ctx))
+	req := edge.Request{
+		Trusted: trusted,
+		Host:    single(md, ":authority"),
+		Path:    fullMethod,
+	}
+	n := 0
+	if trusted {
+		req.Header = single(md, wire.CriticalityKey)
+		if v := single(md, wire.AttemptKey); v != "" {
+			n, _ = attempt.Parse(v)
+		}
+	} else if strip(md, s.classifier.Observer()) && !raw {
+		ctx = metadata.NewIncomingContext(ctx, md)
+	}
+	d := s.classifier.Classify(&req)
+	return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n))
+}
+
+// strip deletes every triage key from md, reporting each to obs, and says
+// whether it deleted any.
+func strip(md metadata.MD, obs edge.Observer) bool {
+	found := false
+	for k := range md {
+		if !wire.IsTriage(k) {
+			continue
+		}
+		found = true
+		if key, ok := wire.Lookup(k); ok {
+			obs.Stripped(key.Name)
+		} else {
+			obs.Stripped("unregistered")
+		}
+		delete(md, k)
+	}
+	return found
+}

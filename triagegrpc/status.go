@@ -1,0 +1,203 @@
+package triagegrpc
+
+import (
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/triagehq/triage/outcome"
+)
+
+// ErrorDomain is the google.rpc.ErrorInfo domain of triage's outcomes.
+const ErrorDomain = "triage"
+
+// ErrorInfo reasons, one per overload outcome.
+const (
+	ReasonTaskOverloaded = "TASK_OVERLOADED"
+	ReasonDontRetry      = "OVERLOADED_DONT_RETRY"
+	ReasonOutOfQuota     = "OUT_OF_QUOTA"
+)
+
+// maxDetails bounds how many status details FromStatus looks at.
+const maxDetails = 16
+
+// maxReasonLen bounds the free-text reason carried in ErrorInfo metadata.
+const maxReasonLen = 128
+
+var (
+	errorInfoURL = "type.googleapis.com/" + string((&errdetails.ErrorInfo{}).ProtoReflect().Descriptor().FullName())
+	retryInfoURL = "type.googleapis.com/" + string((&errdetails.RetryInfo{}).ProtoReflect().Descriptor().FullName())
+)
+
+// Code returns the gRPC code of an overload kind (see the package doc);
+// codes.Unknown for any other kind.
+func Code(k outcome.Kind) codes.Code {
+	switch k {
+	case outcome.TaskOverloaded:
+		return codes.Unavailable
+	case outcome.DontRetry, outcome.OutOfQuota:
+		return codes.ResourceExhausted
+	}
+	return codes.Unknown
+}
+
+func reasonOf(k outcome.Kind) string {
+	switch k {
+	case outcome.DontRetry:
+		return ReasonDontRetry
+	case outcome.OutOfQuota:
+		return ReasonOutOfQuota
+	}
+	return ReasonTaskOverloaded
+}
+
+func kindOf(reason string) (outcome.Kind, bool) {
+	switch reason {
+	case ReasonTaskOverloaded:
+		return outcome.TaskOverloaded, true
+	case ReasonDontRetry:
+		return outcome.DontRetry, true
+	case ReasonOutOfQuota:
+		return outcome.OutOfQuota, true
+	}
+	return outcome.Failure, false
+}
+
+// Status returns the gRPC status of an overload outcome, with its ErrorInfo
+// and (if RetryAfter > 0) RetryInfo details.
+func Status(e *outcome.Error) *status.Status {
+	st := status.New(Code(e.Kind), e.Error())
+	info := &errdetails.ErrorInfo{Reason: reasonOf(e.Kind), Domain: ErrorDomain}
+	if e.Reason != "" {
+		r := e.Reason
+		if len(r) > maxReasonLen {
+			r = r[:maxReasonLen]
+		}
+		info.Metadata = map[string]string{"reason": r}
+	}
+	details := []proto.Message{info}
+	if e.RetryAfter > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(e.RetryAfter)})
+	}
+	p := st.Proto()
+	for _, d := range details {
+		any, err := anyOf(d)
+		if err != nil {
+			continue
+		}
+		p.Details = append(p.Details, any)
+	}
+	return status.FromProto(p)
+}
+
+// ToError converts err for the wire: an overload outcome becomes its gRPC
+// status error; anything else is returned unchanged.
+func ToError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if oe, ok := outcome.As(err); ok && oe.Kind.Overload() {
+		return Status(oe).Err()
+	}
+	return err
+}
+
+// FromStatus decodes an overload outcome from a status received over the
+// wire; the result has Downstream set. It looks at most at the first 16 details; it accepts only an
+// ErrorInfo of ErrorDomain with one of the three reasons, and a RetryInfo
+// delay clamped to [0, outcome.MaxRetryAfter]. Anything else (no detail,
+// foreign domain, malformed bytes) returns false.
+func FromStatus(st *status.Status) (*outcome.Error, bool) {
+	if st == nil || st.Code() == codes.OK {
+		return nil, false
+	}
+	p := st.Proto()
+	var (
+		kind  outcome.Kind
+		found bool
+		e     outcome.Error
+	)
+	for i, d := range p.GetDetails() {
+		if i >= maxDetails {
+			break
+		}
+		switch d.GetTypeUrl() {
+		case errorInfoURL:
+			var info errdetails.ErrorInfo
+			if proto.Unmarshal(d.GetValue(), &info) != nil || info.GetDomain() != ErrorDomain {
+				continue
+			}
+			k, ok := kindOf(info.GetReason())
+			if !ok {
+				continue
+			}
+			kind, found = k, true
+			if r := info.GetMetadata()["reason"]; len(r) <= maxReasonLen {
+				e.Reason = r
+			}
+		case retryInfoURL:
+			var ri errdetails.RetryInfo
+			if proto.Unmarshal(d.GetValue(), &ri) != nil || ri.GetRetryDelay() == nil {
+				continue
+			}
+			// CheckValid rejects out-of-range seconds and mixed signs.
+			if ri.GetRetryDelay().CheckValid() != nil {
+				continue
+			}
+			dur := ri.GetRetryDelay().AsDuration()
+			if dur < 0 {
+				dur = 0
+			}
+			if dur > outcome.MaxRetryAfter {
+				dur = outcome.MaxRetryAfter
+			}
+			e.RetryAfter = dur
+		}
+	}
+	if !found {
+		return nil, false
+	}
+	e.Kind = kind
+	e.Downstream = true
+	return &e, true
+}
+
+// RemoteError is an overload outcome received from a downstream call. The
+// Client interceptors return it. It unwraps to the *outcome.Error, so
+// errors.Is(err, outcome.ErrTaskOverloaded) and outcome.Classify work, and it
+// keeps the status, so status.Code(err) and status.FromError work too.
+type RemoteError struct {
+	// Outcome is the decoded outcome.
+	Outcome *outcome.Error
+	st      *status.Status
+}
+
+// GRPCStatus returns the status as received.
+func (e *RemoteError) GRPCStatus() *status.Status { return e.st }
+
+// Unwrap returns the decoded outcome.
+func (e *RemoteError) Unwrap() error { return e.Outcome }
+
+// Error returns the status message.
+func (e *RemoteError) Error() string { return e.st.Err().Error() }
+
+// fromWire turns an error returned by a gRPC call into a *RemoteError when it
+// carries an overload outcome.
+func fromWire(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	if oe, ok := FromStatus(st); ok {
+		return &RemoteError{Outcome: oe, st: st}
+	}
+	return err
+}
+
+func anyOf(m proto.Message) (*anypb.Any, error) { return anypb.New(m) }

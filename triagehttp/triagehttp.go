@@ -1,0 +1,232 @@
+// Package triagehttp adapts triage to net/http: a middleware that sets a
+// request's criticality at the edge (or propagates it on an internal hop), an
+// http.RoundTripper that carries criticality and the attempt counter on
+// outgoing requests, and the mapping between overload outcomes and HTTP
+// responses.
+//
+// SRE book ch. 21, "Criticality": criticality is set "as close as possible to
+// the browsers or mobile clients—typically in the HTTP frontends" and
+// propagated from there. The middleware assigns it with the ordered rules of
+// package edge; headers sent by peers the operator does not trust (package
+// trust) are stripped before any handler sees them: every header that starts
+// with the triage- prefix, registered in package wire or not.
+//
+// Overload outcomes are written as:
+//
+//	task overloaded          503 Service Unavailable, Triage-Outcome: task-overloaded
+//	overloaded; don't retry  503 Service Unavailable, Triage-Outcome: overloaded-dont-retry
+//	customer out of quota    429 Too Many Requests,   Triage-Outcome: out-of-quota
+//
+// each with Retry-After in whole seconds (0 when the server has no opinion).
+package triagehttp
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+
+	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/internal/reqctx"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/trust"
+	"github.com/triagehq/triage/wire"
+)
+
+// Option configures the middleware.
+type Option interface{ apply(*config) }
+
+type config struct {
+	trust      *trust.Policy
+	classifier *edge.Classifier
+	group      func(*http.Request) string
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithTrust sets the peers whose triage headers are believed. Default: none.
+func WithTrust(p *trust.Policy) Option { return optionFunc(func(c *config) { c.trust = p }) }
+
+// WithClassifier sets the criticality rules. Default: edge.HeaderOnly()
+// (believe a trusted peer's header, else CRITICAL).
+func WithClassifier(cl *edge.Classifier) Option {
+	return optionFunc(func(c *config) { c.classifier = cl })
+}
+
+// WithGroup supplies the user-group function for group rules, e.g. one that
+// reads the authenticated user's plan. It is called only when the
+// classifier has a group rule. Default: no group.
+func WithGroup(f func(*http.Request) string) Option {
+	return optionFunc(func(c *config) { c.group = f })
+}
+
+// Middleware returns the edge middleware. For every request it decides
+// whether the peer is trusted, strips triage headers of untrusted peers,
+// assigns criticality by the classifier's rules, and puts the criticality
+// and the received attempt counter in the request's context
+// (criticality.Of, attempt.Incoming). The returned func is safe for
+// concurrent use.
+func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
+	var c config
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if c.classifier == nil {
+		cl, err := edge.New(edge.HeaderOnly())
+		if err != nil {
+			return nil, fmt.Errorf("triagehttp: %w", err)
+		}
+		c.classifier = cl
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(w, c.admit(r))
+		})
+	}, nil
+}
+
+func (c *config) admit(r *http.Request) *http.Request {
+	trusted := c.trust.Trusted(PeerOf(r))
+	req := edge.Request{Trusted: trusted, Host: r.Host, Path: r.URL.Path}
+	n := 0
+	if trusted {
+		req.Header = single(r.Header, wire.CriticalityKey)
+		if v := single(r.Header, wire.AttemptKey); v != "" {
+			n, _ = attempt.Parse(v)
+		}
+	} else {
+		strip(r.Header, c.classifier.Observer())
+	}
+	if c.group != nil && c.classifier.NeedsGroup() {
+		req.Group = c.group(r)
+	}
+	d := c.classifier.Classify(&req)
+	return r.WithContext(reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n)))
+}
+
+// single returns the only value of a header; absent or repeated gives "".
+func single(h http.Header, key string) string {
+	v := h.Values(key)
+	if len(v) != 1 {
+		return ""
+	}
+	return v[0]
+}
+
+// strip deletes every triage header, reporting each to obs.
+func strip(h http.Header, obs edge.Observer) {
+	for k := range h {
+		if !wire.IsTriage(k) {
+			continue
+		}
+		if key, ok := wire.Lookup(k); ok {
+			obs.Stripped(key.Name)
+		} else {
+			obs.Stripped("unregistered")
+		}
+		delete(h, k)
+	}
+}
+
+// PeerOf returns what the server knows about the caller: the IP address of
+// r.RemoteAddr and, when the TLS client certificate was verified, its URI
+// and DNS SANs.
+func PeerOf(r *http.Request) trust.Peer {
+	var p trust.Peer
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		p.Addr = ap.Addr().Unmap()
+	}
+	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
+		leaf := r.TLS.VerifiedChains[0][0]
+		for _, u := range leaf.URIs {
+			p.Identities = append(p.Identities, u.String())
+		}
+		p.Identities = append(p.Identities, leaf.DNSNames...)
+	}
+	return p
+}
+
+// Transport is an http.RoundTripper that writes the request context's
+// criticality (criticality.Of) and outgoing attempt counter
+// (attempt.Outgoing) into the request headers, replacing any triage headers
+// already there. It is safe for concurrent use. It does not interpret
+// responses: use FromResponse for that.
+type Transport struct {
+	// Base makes the request; nil means http.DefaultTransport.
+	Base http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper. The caller's request is not
+// modified: headers are set on a clone.
+func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	ctx := r.Context()
+	out := r.Clone(ctx)
+	for k := range out.Header {
+		if wire.IsTriage(k) {
+			delete(out.Header, k)
+		}
+	}
+	out.Header[http.CanonicalHeaderKey(wire.CriticalityKey)] = []string{criticality.Of(ctx).String()}
+	out.Header[http.CanonicalHeaderKey(wire.AttemptKey)] = []string{attempt.Format(attempt.Outgoing(ctx))}
+	return base.RoundTrip(out)
+}
+
+// StatusCode returns the HTTP status of an overload kind: 503 for
+// TaskOverloaded and DontRetry, 429 for OutOfQuota, 0 otherwise.
+func StatusCode(k outcome.Kind) int {
+	switch k {
+	case outcome.TaskOverloaded, outcome.DontRetry:
+		return http.StatusServiceUnavailable
+	case outcome.OutOfQuota:
+		return http.StatusTooManyRequests
+	}
+	return 0
+}
+
+var outcomeHeader = http.CanonicalHeaderKey(wire.OutcomeKey)
+
+// WriteError writes err as an HTTP response if it is an overload outcome
+// and reports whether it did. Outcomes received from downstream calls are
+// first passed through outcome.Upward, so the caller of this service does
+// not retry what this service already gave up on.
+func WriteError(w http.ResponseWriter, err error) bool {
+	oe, ok := outcome.As(outcome.Upward(err))
+	if !ok || !oe.Kind.Overload() {
+		return false
+	}
+	h := w.Header()
+	h.Set(outcomeHeader, oe.Kind.Token())
+	h.Set("Retry-After", outcome.FormatRetryAfterSeconds(oe.RetryAfter))
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(StatusCode(oe.Kind))
+	fmt.Fprintln(w, oe.Error())
+	return true
+}
+
+// FromResponse decodes an overload outcome from a response: status 503 or
+// 429 with a Triage-Outcome header naming an outcome that fits the status
+// (one value, one of the three tokens), and Retry-After in delta-seconds
+// (malformed or absent: 0). Anything else returns false. The result has
+// Downstream set.
+func FromResponse(resp *http.Response) (*outcome.Error, bool) {
+	if resp == nil {
+		return nil, false
+	}
+	k, ok := outcome.ParseToken(single(resp.Header, wire.OutcomeKey))
+	if !ok || StatusCode(k) != resp.StatusCode {
+		return nil, false
+	}
+	e := &outcome.Error{Kind: k, Downstream: true}
+	if d, ok := outcome.ParseRetryAfterSeconds(single(resp.Header, "Retry-After")); ok {
+		e.RetryAfter = d
+	}
+	return e, true
+}

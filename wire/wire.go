@@ -1,0 +1,84 @@
+// Package wire is the registry of every metadata key and HTTP header that
+// triage sends or reads, with the size bound each one's value must respect.
+//
+// The SRE book (ch. 21, "Criticality") makes criticality part of the RPC
+// system, and "Deciding to Retry" adds an attempt counter to request
+// metadata. Values a caller sends are believed only from peers the operator
+// trusts (package trust); for every other peer the edge strips every key in
+// this registry, so a key added later cannot be forgotten. Every key starts
+// with Prefix, and the adapters strip anything with that prefix, registered
+// or not.
+//
+// Keys are lower case, as gRPC metadata requires; HTTP header matching is
+// case-insensitive, so the same names serve as header names.
+package wire
+
+import "strings"
+
+// Prefix starts every triage key. Adapters strip every inbound key with this
+// prefix from untrusted peers, whether or not it is registered.
+const Prefix = "triage-"
+
+// Direction says whether a key travels on requests or on responses.
+type Direction uint8
+
+const (
+	// Request keys travel from caller to callee.
+	Request Direction = iota + 1
+	// Response keys travel from callee to caller.
+	Response
+)
+
+// Key describes one registered key.
+type Key struct {
+	// Name is the lower-case metadata key, also used as the HTTP header.
+	Name string
+	// Direction is which way it travels.
+	Direction Direction
+	// MaxLen is the largest value, in bytes, a parser accepts.
+	MaxLen int
+	// Doc says what the value means.
+	Doc string
+}
+
+// The registered keys.
+const (
+	// CriticalityKey carries the request's criticality as a canonical name
+	// (criticality.Level.String).
+	CriticalityKey = "triage-criticality"
+	// AttemptKey carries the attempt counter: 0 on the first try, +1 per
+	// retry, as 1 or 2 decimal digits. Advisory only.
+	AttemptKey = "triage-attempt"
+	// OutcomeKey names an overload outcome on an HTTP response
+	// (outcome.Kind.Token).
+	OutcomeKey = "triage-outcome"
+)
+
+var registry = [...]Key{
+	{CriticalityKey, Request, 14, "criticality of the request: CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS or SHEDDABLE"},
+	{AttemptKey, Request, 2, "attempt counter, 0 on the first try; advisory, feeds histograms only"},
+	{OutcomeKey, Response, 32, "overload outcome of an HTTP response: task-overloaded, overloaded-dont-retry, out-of-quota"},
+}
+
+// Keys returns every registered key. The result is a copy.
+func Keys() []Key {
+	out := make([]Key, len(registry))
+	copy(out, registry[:])
+	return out
+}
+
+// Lookup returns the registered key named name (case-insensitively).
+func Lookup(name string) (Key, bool) {
+	for _, k := range registry {
+		if strings.EqualFold(k.Name, name) {
+			return k, true
+		}
+	}
+	return Key{}, false
+}
+
+// IsTriage reports whether name (a metadata key or header name, any case)
+// belongs to triage: it starts with Prefix. It does not allocate.
+func IsTriage(name string) bool {
+	return len(name) >= len(Prefix) && strings.EqualFold(name[:len(Prefix)], Prefix)
+}

@@ -1,0 +1,53 @@
+package wire_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/wire"
+)
+
+func TestEveryKeyHasThePrefixAndABound(t *testing.T) {
+	seen := map[string]bool{}
+	for _, k := range wire.Keys() {
+		if !strings.HasPrefix(k.Name, wire.Prefix) {
+			t.Errorf("%q lacks the prefix %q: the edge would not strip it", k.Name, wire.Prefix)
+		}
+		if k.Name != strings.ToLower(k.Name) {
+			t.Errorf("%q is not lower case (gRPC metadata keys must be)", k.Name)
+		}
+		if k.MaxLen <= 0 || k.MaxLen > 64 {
+			t.Errorf("%q has bound %d", k.Name, k.MaxLen)
+		}
+		if k.Direction != wire.Request && k.Direction != wire.Response {
+			t.Errorf("%q has no direction", k.Name)
+		}
+		if seen[k.Name] {
+			t.Errorf("%q registered twice", k.Name)
+		}
+		seen[k.Name] = true
+		if !wire.IsTriage(k.Name) {
+			t.Errorf("IsTriage(%q) = false", k.Name)
+		}
+	}
+	if k, ok := wire.Lookup("Triage-Criticality"); !ok || k.MaxLen != criticality.MaxNameLen {
+		t.Errorf("criticality key bound %d, want %d", k.MaxLen, criticality.MaxNameLen)
+	}
+}
+
+func TestIsTriage(t *testing.T) {
+	for name, want := range map[string]bool{
+		"triage-criticality": true,
+		"TRIAGE-Whatever":    true,
+		"triage-":            true,
+		"triage":             false,
+		"x-triage-foo":       false,
+		"":                   false,
+		"content-type":       false,
+	} {
+		if got := wire.IsTriage(name); got != want {
+			t.Errorf("IsTriage(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
