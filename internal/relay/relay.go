@@ -48,6 +48,8 @@ type Tier struct {
 	Override func(ctx context.Context, body string) context.Context
 	// Fail, if set, may return an error instead of serving.
 	Fail func(ctx context.Context, body string) error
+	// Observe, if set, is called with every arrival.
+	Observe func(Arrival)
 
 	mu       sync.Mutex
 	arrivals []Arrival // bounded by maxArrivals
@@ -71,6 +73,9 @@ func (t *Tier) record(ctx context.Context, body string) Arrival {
 	}
 	t.arrivals = append(t.arrivals, a)
 	t.mu.Unlock()
+	if t.Observe != nil {
+		t.Observe(a)
+	}
 	return a
 }
 

@@ -1,0 +1,116 @@
+// Package triageprom exports what triage's mechanisms do as Prometheus
+// metrics, for operators: "throttling as a signal" (the CRE post) starts with
+// seeing who is being classified, shed and rejected.
+//
+// Core packages report through small observer interfaces (edge.Observer,
+// ...) with no-op defaults and know nothing of Prometheus. A Metrics value
+// implements those observers and prometheus.Collector; register it yourself:
+//
+//	m := triageprom.New()
+//	reg.MustRegister(m)
+//	cl, _ := edge.New(cfg, edge.WithObserver(m))
+//
+// Nothing is registered globally. Every metric is named triage_* and
+// labelled by criticality where it applies. Counters are resolved when New
+// runs, so reporting on the request path does not allocate.
+package triageprom
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/wire"
+)
+
+// Metrics implements the core observers and prometheus.Collector. It is
+// safe for concurrent use; its series are fixed when New runs (4
+// criticalities x 5 rules x 2 trust states, plus one per registered key).
+type Metrics struct {
+	edgeRequests *prometheus.CounterVec
+	invalid      prometheus.Counter
+	stripped     *prometheus.CounterVec
+
+	byDecision   [criticality.NumLevels][5][2]prometheus.Counter
+	strippedKeys map[string]prometheus.Counter
+	strippedMisc prometheus.Counter
+}
+
+// New returns Metrics with every series created at zero.
+func New() *Metrics {
+	m := &Metrics{
+		edgeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "triage_edge_requests_total",
+			Help: "Requests classified at the edge or an internal hop, by assigned criticality, deciding rule (header, host, path, group, default) and whether the peer was trusted.",
+		}, []string{"criticality", "rule", "trusted"}),
+		invalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "triage_edge_invalid_header_total",
+			Help: "Requests from trusted peers whose criticality header was malformed and ignored.",
+		}),
+		stripped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "triage_untrusted_keys_stripped_total",
+			Help: "Triage metadata keys or headers sent by untrusted peers and removed, by key (registered name, or 'unregistered').",
+		}, []string{"key"}),
+		strippedKeys: map[string]prometheus.Counter{},
+	}
+	for _, l := range criticality.All() {
+		for r := range m.byDecision[l] {
+			for t := range m.byDecision[l][r] {
+				m.byDecision[l][r][t] = m.edgeRequests.WithLabelValues(l.String(), edge.RuleKind(r).String(), strconv.FormatBool(t == 1))
+			}
+		}
+	}
+	for _, k := range wire.Keys() {
+		m.strippedKeys[k.Name] = m.stripped.WithLabelValues(k.Name)
+	}
+	m.strippedMisc = m.stripped.WithLabelValues("unregistered")
+	return m
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.edgeRequests.Describe(ch)
+	m.invalid.Describe(ch)
+	m.stripped.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.edgeRequests.Collect(ch)
+	m.invalid.Collect(ch)
+	m.stripped.Collect(ch)
+}
+
+// Classified implements edge.Observer.
+func (m *Metrics) Classified(d edge.Decision) {
+	if !d.Level.Valid() || int(d.Rule) >= len(m.byDecision[0]) {
+		return
+	}
+	t := 0
+	if d.Trusted {
+		t = 1
+	}
+	m.byDecision[d.Level][d.Rule][t].Inc()
+	if d.InvalidHeader {
+		m.invalid.Inc()
+	}
+}
+
+// Stripped implements edge.Observer.
+func (m *Metrics) Stripped(key string) {
+	if c, ok := m.strippedKeys[key]; ok {
+		c.Inc()
+		return
+	}
+	m.strippedMisc.Inc()
+}
+
+var _ edge.Observer = (*Metrics)(nil)
+
+// EdgeRequests returns the counter of triage_edge_requests_total for one
+// label set, for tests and dashboards built in code.
+func (m *Metrics) EdgeRequests(l criticality.Level, rule, trusted string) (prometheus.Counter, error) {
+	return m.edgeRequests.GetMetricWithLabelValues(l.String(), rule, trusted)
+}

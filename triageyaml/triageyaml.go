@@ -1,0 +1,116 @@
+// Package triageyaml loads triage's configuration files from YAML. Core
+// packages define their configuration as plain structs (edge.Config,
+// trust.Config) and import only the standard library; this adapter is where
+// the YAML parser (go.yaml.in/yaml/v3) lives.
+//
+// Parsing is strict: unknown fields, a second document, or a file over
+// MaxSize are errors that name the problem, never silently ignored.
+package triageyaml
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/trust"
+)
+
+// MaxSize bounds a configuration file: 1 MiB.
+const MaxSize = 1 << 20
+
+// Edge is the configuration of a service's edge: whom to trust and how to
+// assign criticality.
+//
+//	trust:
+//	  networks: ["10.0.0.0/8"]            # peers whose triage headers are believed
+//	  identities: ["spiffe://prod/proxy"] # mTLS identities likewise
+//	criticality:
+//	  default: CRITICAL                   # when no rule matches
+//	  rules:                              # first match wins
+//	    - header: true                    # a trusted peer's triage-criticality
+//	    - host: batch.example.com
+//	      criticality: SHEDDABLE
+//	    - path_prefix: /checkout
+//	      criticality: CRITICAL_PLUS
+//	    - group: free-tier
+//	      criticality: SHEDDABLE_PLUS
+type Edge struct {
+	Trust       trust.Config `yaml:"trust"`
+	Criticality edge.Config  `yaml:"criticality"`
+}
+
+// ParseEdge parses and validates an Edge configuration.
+func ParseEdge(b []byte) (Edge, error) {
+	var e Edge
+	if err := decodeStrict(b, &e); err != nil {
+		return Edge{}, fmt.Errorf("triageyaml: edge config: %w", err)
+	}
+	if _, _, err := e.Build(); err != nil {
+		return Edge{}, fmt.Errorf("triageyaml: edge config: %w", err)
+	}
+	return e, nil
+}
+
+// LoadEdge reads and parses an Edge configuration file.
+func LoadEdge(path string) (Edge, error) {
+	b, err := readBounded(path)
+	if err != nil {
+		return Edge{}, err
+	}
+	e, err := ParseEdge(b)
+	if err != nil {
+		return Edge{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return e, nil
+}
+
+// Build makes the trust policy and the classifier the configuration
+// describes.
+func (e Edge) Build(opts ...edge.Option) (*trust.Policy, *edge.Classifier, error) {
+	pol, err := trust.New(e.Trust)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := edge.New(e.Criticality, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pol, cl, nil
+}
+
+func readBounded(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("triageyaml: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("triageyaml: %s: %w", path, err)
+	}
+	return b, nil
+}
+
+func decodeStrict(b []byte, into any) error {
+	if len(b) > MaxSize {
+		return fmt.Errorf("larger than %d bytes", MaxSize)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(into); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("empty document")
+		}
+		return err
+	}
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return errors.New("more than one YAML document")
+	}
+	return nil
+}
