@@ -34,6 +34,15 @@ import (
 	"github.com/triagehq/triage/wire"
 )
 
+// Canonical header names of the wire keys (see package wire), so lookups do
+// not canonicalize on every request. TestHeaderNames checks them.
+const (
+	criticalityHeader = "Triage-Criticality"
+	attemptHeader     = "Triage-Attempt"
+	outcomeHeader     = "Triage-Outcome"
+	retryAfterHeader  = "Retry-After"
+)
+
 // Option configures the middleware.
 type Option interface{ apply(*config) }
 
@@ -93,8 +102,8 @@ func (c *config) admit(r *http.Request) *http.Request {
 	req := edge.Request{Trusted: trusted, Host: r.Host, Path: r.URL.Path}
 	n := 0
 	if trusted {
-		req.Header = single(r.Header, wire.CriticalityKey)
-		if v := single(r.Header, wire.AttemptKey); v != "" {
+		req.Header = single(r.Header, criticalityHeader)
+		if v := single(r.Header, attemptHeader); v != "" {
 			n, _ = attempt.Parse(v)
 		}
 	} else {
@@ -107,9 +116,10 @@ func (c *config) admit(r *http.Request) *http.Request {
 	return r.WithContext(reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n)))
 }
 
-// single returns the only value of a header; absent or repeated gives "".
-func single(h http.Header, key string) string {
-	v := h.Values(key)
+// single returns the only value of a header, by canonical name; absent or
+// repeated gives "".
+func single(h http.Header, canonical string) string {
+	v := h[canonical]
 	if len(v) != 1 {
 		return ""
 	}
@@ -173,8 +183,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			delete(out.Header, k)
 		}
 	}
-	out.Header[http.CanonicalHeaderKey(wire.CriticalityKey)] = []string{criticality.Of(ctx).String()}
-	out.Header[http.CanonicalHeaderKey(wire.AttemptKey)] = []string{attempt.Format(attempt.Outgoing(ctx))}
+	out.Header[criticalityHeader] = []string{criticality.Of(ctx).String()}
+	out.Header[attemptHeader] = []string{attempt.Format(attempt.Outgoing(ctx))}
 	return base.RoundTrip(out)
 }
 
@@ -190,8 +200,6 @@ func StatusCode(k outcome.Kind) int {
 	return 0
 }
 
-var outcomeHeader = http.CanonicalHeaderKey(wire.OutcomeKey)
-
 // WriteError writes err as an HTTP response if it is an overload outcome
 // and reports whether it did. Outcomes received from downstream calls are
 // first passed through outcome.Upward, so the caller of this service does
@@ -203,7 +211,7 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	}
 	h := w.Header()
 	h.Set(outcomeHeader, oe.Kind.Token())
-	h.Set("Retry-After", outcome.FormatRetryAfterSeconds(oe.RetryAfter))
+	h.Set(retryAfterHeader, outcome.FormatRetryAfterSeconds(oe.RetryAfter))
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(StatusCode(oe.Kind))
@@ -220,12 +228,12 @@ func FromResponse(resp *http.Response) (*outcome.Error, bool) {
 	if resp == nil {
 		return nil, false
 	}
-	k, ok := outcome.ParseToken(single(resp.Header, wire.OutcomeKey))
+	k, ok := outcome.ParseToken(single(resp.Header, outcomeHeader))
 	if !ok || StatusCode(k) != resp.StatusCode {
 		return nil, false
 	}
 	e := &outcome.Error{Kind: k, Downstream: true}
-	if d, ok := outcome.ParseRetryAfterSeconds(single(resp.Header, "Retry-After")); ok {
+	if d, ok := outcome.ParseRetryAfterSeconds(single(resp.Header, retryAfterHeader)); ok {
 		e.RetryAfter = d
 	}
 	return e, true

@@ -1,0 +1,20 @@
+package triagehttp
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/triagehq/triage/wire"
+)
+
+func TestHeaderNames(t *testing.T) {
+	for key, canon := range map[string]string{
+		wire.CriticalityKey: criticalityHeader,
+		wire.AttemptKey:     attemptHeader,
+		wire.OutcomeKey:     outcomeHeader,
+	} {
+		if http.CanonicalHeaderKey(key) != canon {
+			t.Errorf("%q: constant %q, canonical %q", key, canon, http.CanonicalHeaderKey(key))
+		}
+	}
+}
