@@ -25,6 +25,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -140,8 +141,8 @@ func Run(ctx context.Context, w io.Writer, o Options) (*Result, error) {
 	fmt.Fprintf(w, "Clients dial from %s (a trusted proxy) and %s (browsers, untrusted). %d requests per scenario.\n\n", proxyIP, browserIP, o.Requests)
 
 	clients := map[string]*http.Client{
-		"browser": httpClientFrom(browserIP, o.Timeout),
-		"proxy":   httpClientFrom(proxyIP, o.Timeout),
+		"browser": loopback.HTTPClient(browserIP, o.Timeout),
+		"proxy":   loopback.HTTPClient(proxyIP, o.Timeout),
 	}
 	res := &Result{}
 	for _, sc := range Scenarios {
@@ -306,11 +307,6 @@ func start(pol *trust.Policy, rules *edge.Classifier) (st *stack, err error) {
 	st.closers = append(st.closers, func() { hs.Close() })
 	st.httpURL = "http://" + lis.Addr().String()
 	return st, nil
-}
-
-func httpClientFrom(ip string, timeout time.Duration) *http.Client {
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: timeout}
-	return &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: 4}}
 }
 
 func send(ctx context.Context, c *http.Client, base string, sc Scenario) (status int, oc, body string, err error) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/internal/testcert"
 	"github.com/triagehq/triage/outcome"
@@ -40,9 +41,7 @@ const (
 	untrustedIP = "127.0.0.3"
 )
 
-func dialerFrom(ip string) *net.Dialer {
-	return &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
-}
+func dialerFrom(ip string) *net.Dialer { return loopback.Dialer(ip, 5*time.Second) }
 
 // grpcFrom dials target from the source IP, with or without triage's client
 // interceptors.
@@ -190,12 +189,7 @@ func newStack(t *testing.T) *stack {
 	return st
 }
 
-func httpClientFrom(ip string) *http.Client {
-	return &http.Client{
-		Timeout:   10 * time.Second,
-		Transport: &http.Transport{DialContext: dialerFrom(ip).DialContext},
-	}
-}
+func httpClientFrom(ip string) *http.Client { return loopback.HTTPClient(ip, 10*time.Second) }
 
 func get(t *testing.T, c *http.Client, url, host string, hdr map[string]string) (*http.Response, string) {
 	t.Helper()
