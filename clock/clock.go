@@ -36,6 +36,9 @@ type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
+// Since reads only the monotonic clock, about half the cost of Now.
+func (realClock) Since(t time.Time) time.Duration { return time.Since(t) }
+
 func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
 
 type realTimer struct{ t *time.Timer }
@@ -50,4 +53,16 @@ func OrReal(c Clock) Clock {
 		return Real()
 	}
 	return c
+}
+
+// SinceFunc returns a function that measures the time elapsed on c since
+// start. For Real it reads only the monotonic clock (time.Since), which on
+// the hot paths of the mechanisms costs about half of Now; for any other
+// clock it is c.Now().Sub(start). Mechanisms resolve it once, at
+// construction.
+func SinceFunc(c Clock, start time.Time) func() time.Duration {
+	if s, ok := c.(interface{ Since(time.Time) time.Duration }); ok {
+		return func() time.Duration { return s.Since(start) }
+	}
+	return func() time.Duration { return c.Now().Sub(start) }
 }

@@ -13,13 +13,35 @@ import (
 // use. It holds one entry per pending timer and nothing else; stopped and
 // fired timers are dropped.
 type Fake struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*fakeTimer
+	mu      sync.Mutex
+	now     time.Time
+	timers  []*fakeTimer
+	changed chan struct{} // closed and replaced when a timer is scheduled
 }
 
 // NewFake returns a Fake clock that reads start.
-func NewFake(start time.Time) *Fake { return &Fake{now: start} }
+func NewFake(start time.Time) *Fake { return &Fake{now: start, changed: make(chan struct{})} }
+
+// BlockUntil waits until at least n timers are pending, or done is closed;
+// it reports whether the timers arrived. Tests use it to wait, without
+// sleeping, for the code under test to start waiting on the clock before
+// they Advance it.
+func (f *Fake) BlockUntil(n int, done <-chan struct{}) bool {
+	for {
+		f.mu.Lock()
+		if len(f.timers) >= n {
+			f.mu.Unlock()
+			return true
+		}
+		ch := f.changed
+		f.mu.Unlock()
+		select {
+		case <-ch:
+		case <-done:
+			return false
+		}
+	}
+}
 
 // Now returns the fake time.
 func (f *Fake) Now() time.Time {
@@ -94,6 +116,10 @@ func (f *Fake) schedule(t *fakeTimer) {
 	copy(f.timers[i+1:], f.timers[i:])
 	f.timers[i] = t
 	t.pending = true
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = make(chan struct{})
+	}
 }
 
 // unschedule removes t; f.mu is held. It reports whether t was pending.

@@ -9,31 +9,35 @@ import (
 )
 
 // BenchmarkDecision is one request's throttling decision plus its
-// bookkeeping (AllowAt, then AcceptedAt), at a given time; run with
-// -cpu 1,2. /realclock reads the real clock once per request.
+// bookkeeping (Allow, then Done with the answer); run with -cpu 1,2.
+// /realclock reads the real clock as the adapters do (monotonic only);
+// /fixedtime passes a time, as the simulator does.
 func BenchmarkDecision(b *testing.B) {
-	th, err := throttle.New()
-	if err != nil {
-		b.Fatal(err)
-	}
-	now := time.Now()
-	b.Run("fixedtime", func(b *testing.B) {
+	b.Run("realclock", func(b *testing.B) {
+		th, err := throttle.New()
+		if err != nil {
+			b.Fatal(err)
+		}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if th.AllowAt(criticality.Critical, now) {
-					th.AcceptedAt(criticality.Critical, now)
+				if tk, ok := th.Allow(criticality.Critical); ok {
+					tk.Done(true)
 				}
 			}
 		})
 	})
-	b.Run("realclock", func(b *testing.B) {
+	b.Run("fixedtime", func(b *testing.B) {
+		th, err := throttle.New()
+		if err != nil {
+			b.Fatal(err)
+		}
+		now := time.Now()
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				t := time.Now()
-				if th.AllowAt(criticality.Critical, t) {
-					th.AcceptedAt(criticality.Critical, t)
+				if tk, ok := th.AllowAt(criticality.Critical, now); ok {
+					tk.Done(true)
 				}
 			}
 		})

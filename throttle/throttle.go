@@ -13,84 +13,121 @@
 // accepts; lower K is more aggressive. Locally rejected requests still count
 // as requests, so the rejection probability grows with the overload.
 //
-// This package is the transport-free core; adapters (triagegrpc,
-// triagehttp) call Allow before sending and Accepted when the backend did
-// not reject the request.
+// Two choices go beyond the book's text, both to keep the promise that a
+// client neither hurts a recovering backend nor starves a healthy one:
+//
+//   - A request is counted when its answer arrives (Done), or at once when it
+//     is rejected locally, not when it is sent. Requests in flight cannot
+//     have been accepted yet; counting them would make a burst of concurrent
+//     first requests throttle itself before the first answer arrives.
+//   - Besides the window (default the book's two minutes), the throttle
+//     keeps a short window (default 3 s). When the short window holds at least
+//     ShortMin requests, decisions use it: a busy client then reaches the
+//     book's equilibrium within seconds of an overload and, above all, stops
+//     rejecting within seconds of the backend's recovery, where the two-minute
+//     history alone would keep rejecting for up to two minutes after the
+//     backend is healthy (see TestRecoveryWithinSeconds). A quiet client,
+//     whose short window is too thin for a stable estimate, uses the whole
+//     window as the book does. WithShortWindow(0) gives the book's rule alone.
+//
+// This package is the transport-free core; retry.Policy calls Allow before
+// each attempt and Done with its answer, and the gRPC and HTTP adapters
+// wrap retry.Policy.
 package throttle
 
 import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/window"
 )
 
-// Defaults, from the book.
+// Defaults, from the book where it gives one.
 const (
 	// DefaultK is the book's K: "Typically, 2x". The backend then rejects
 	// about one request per accepted request in steady overload.
 	DefaultK = 2.0
 	// DefaultWindow is the book's "last two minutes".
 	DefaultWindow = 2 * time.Minute
-	// DefaultBuckets is how many slices the window is cut into. The oldest
-	// slice is weighted by how much of it is still inside the window, so the
-	// count slides smoothly instead of dropping a whole bucket at once.
-	DefaultBuckets = 24
+	// DefaultBuckets is how many slices the window is cut into (0.5 s each
+	// by default; buckets as long as a backend's own accounting period, e.g.
+	// a per-second limit, make short-window decisions lock onto its phase). The oldest slice is weighted by how much of it is still
+	// inside the window, so the count slides smoothly instead of dropping a
+	// whole bucket at once.
+	DefaultBuckets = 240
+	// DefaultShortWindow is the short window used when it holds at least
+	// DefaultShortMin requests.
+	DefaultShortWindow = 3 * time.Second
+	// DefaultShortMin is the number of requests the short window must hold
+	// to be used instead of the whole window.
+	DefaultShortMin = 20
 )
 
-// MaxBuckets bounds the number of buckets (and so a Throttle's memory and
-// the cost of a decision).
-const MaxBuckets = 64
+// MaxBuckets bounds the number of buckets, and so a Throttle's memory.
+const MaxBuckets = 1024
 
 // Throttle is an adaptive throttle for one client. Its memory is fixed at
-// New: criticality.NumLevels x (buckets+1) x 2 words. It is safe for
-// concurrent use without locks: every counter is an atomic word that holds
-// its bucket's epoch and count together.
+// New: criticality.NumLevels x 2 x (buckets+1) 8-byte counters. It is safe
+// for concurrent use; decisions take no lock (a lock is taken once per
+// bucket width, by the first caller to see a new bucket).
 //
-// Use Allow before each request and Accepted after each request the backend
-// accepted (any answer that is not an overload or quota rejection).
+// Call Allow before each request; when it returns true, call Done once with
+// the answer. A Throttle keeps separate statistics per criticality.
 type Throttle struct {
-	k      float64
-	width  int64 // bucket width in ns
-	n      int64 // buckets in the window
-	clock  clock.Clock
-	random func() float64
-	levels [criticality.NumLevels]ring
+	k        float64
+	shortMin float64
+	useShort bool
+	start    time.Time
+	since    func() time.Duration
+	random   func() float64
+	levels   [criticality.NumLevels]level
 }
 
-type ring struct {
-	requests []atomic.Uint64
-	accepts  []atomic.Uint64
-}
+// level counts requests (A) and accepts (B) of one criticality.
+type level struct{ window.Counter }
 
 // Option configures a Throttle.
 type Option interface{ apply(*config) }
 
 type config struct {
-	k       float64
-	window  time.Duration
-	buckets int
-	clock   clock.Clock
-	random  func() float64
+	k        float64
+	window   time.Duration
+	buckets  int
+	short    time.Duration
+	shortMin int
+	clock    clock.Clock
+	random   func() float64
 }
 
 type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// WithK sets K (must be >= 1). Default DefaultK.
+// WithK sets K (in [1, 1e6]). Default DefaultK. Lower K rejects more
+// locally: at 1.1 the backend rejects about one request per ten it accepts.
 func WithK(k float64) Option { return optionFunc(func(c *config) { c.k = k }) }
 
 // WithWindow sets the trailing window (at least 1 s). Default DefaultWindow.
 func WithWindow(d time.Duration) Option { return optionFunc(func(c *config) { c.window = d }) }
 
-// WithBuckets sets how many buckets the window is cut into (2..MaxBuckets).
-// Default DefaultBuckets.
+// WithBuckets sets how many buckets the window is cut into
+// (2..MaxBuckets). Default DefaultBuckets.
 func WithBuckets(n int) Option { return optionFunc(func(c *config) { c.buckets = n }) }
+
+// WithShortWindow sets the short window, rounded to whole buckets; it must
+// be between one bucket and the window, or 0 to use the whole window always
+// (the book's rule alone). Default DefaultShortWindow.
+func WithShortWindow(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.short = d })
+}
+
+// WithShortMin sets how many requests the short window must hold to be
+// used (at least 1). Default DefaultShortMin.
+func WithShortMin(n int) Option { return optionFunc(func(c *config) { c.shortMin = n }) }
 
 // WithClock sets the clock. Default clock.Real().
 func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
@@ -106,7 +143,7 @@ var ErrConfig = errors.New("throttle: invalid config")
 
 // New returns a Throttle.
 func New(opts ...Option) (*Throttle, error) {
-	c := config{k: DefaultK, window: DefaultWindow, buckets: DefaultBuckets}
+	c := config{k: DefaultK, window: DefaultWindow, buckets: DefaultBuckets, short: DefaultShortWindow, shortMin: DefaultShortMin}
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -117,128 +154,120 @@ func New(opts ...Option) (*Throttle, error) {
 		return nil, fmt.Errorf("%w: window must be at least 1s, got %v", ErrConfig, c.window)
 	case c.buckets < 2 || c.buckets > MaxBuckets:
 		return nil, fmt.Errorf("%w: buckets must be in [2, %d], got %d", ErrConfig, MaxBuckets, c.buckets)
+	case c.shortMin < 1:
+		return nil, fmt.Errorf("%w: short-window minimum must be at least 1, got %d", ErrConfig, c.shortMin)
 	}
+	width := c.window / time.Duration(c.buckets)
+	shortBuckets := 1
+	if c.short != 0 {
+		if c.short < width || c.short > c.window {
+			return nil, fmt.Errorf("%w: short window must be 0 or in [%v, %v] (one bucket to the window), got %v", ErrConfig, width, c.window, c.short)
+		}
+		shortBuckets = int((c.short + width/2) / width)
+	}
+	clk := clock.OrReal(c.clock)
 	t := &Throttle{
-		k:      c.k,
-		width:  int64(c.window) / int64(c.buckets),
-		n:      int64(c.buckets),
-		clock:  clock.OrReal(c.clock),
-		random: c.random,
+		k:        c.k,
+		shortMin: float64(c.shortMin),
+		useShort: c.short != 0,
+		start:    clk.Now(),
+		random:   c.random,
 	}
+	t.since = clock.SinceFunc(clk, t.start)
 	if t.random == nil {
 		t.random = rand.Float64
 	}
 	for i := range t.levels {
-		t.levels[i] = ring{
-			requests: make([]atomic.Uint64, c.buckets+1),
-			accepts:  make([]atomic.Uint64, c.buckets+1),
-		}
+		t.levels[i].Counter = *window.New(int64(width), c.buckets, shortBuckets)
 	}
 	return t, nil
 }
 
-// Words pack a bucket's epoch (high 24 bits) with its count (low 40 bits).
-const (
-	countBits = 40
-	countMask = 1<<countBits - 1
-	epochMask = 1<<(64-countBits) - 1
-)
-
-// add increments the counter of epoch e in slot s, restarting it if the
-// slot still holds an older epoch.
-func add(s *atomic.Uint64, e int64) {
-	tag := uint64(e) & epochMask
-	for {
-		old := s.Load()
-		var nw uint64
-		if old>>countBits == tag {
-			if old&countMask == countMask {
-				return // saturated; cannot happen in 2 minutes at any real rate
-			}
-			nw = old + 1
-		} else {
-			nw = tag<<countBits | 1
-		}
-		if s.CompareAndSwap(old, nw) {
-			return
-		}
-	}
-}
-
-// count returns the count of slot s if it holds epoch e, else 0.
-func count(s *atomic.Uint64, e int64) float64 {
-	w := s.Load()
-	if w>>countBits != uint64(e)&epochMask {
-		return 0
-	}
-	return float64(w & countMask)
-}
-
-// sum returns the windowed count of slots at nanosecond time ns: the last n
-// buckets in full (the current one included) plus the part of the bucket
-// before them that is still inside the window.
-func (t *Throttle) sum(slots []atomic.Uint64, ns int64) float64 {
-	cur := ns / t.width
-	size := int64(len(slots))
-	oldest := cur - t.n
-	i := mod(oldest, size)
-	oldCount := count(&slots[i], oldest)
-	var total uint64
-	for e := oldest + 1; e <= cur; e++ {
-		i++
-		if i == size {
-			i = 0
-		}
-		w := slots[i].Load()
-		if w>>countBits == uint64(e)&epochMask {
-			total += w & countMask
-		}
-	}
-	frac := 1 - float64(ns-cur*t.width)/float64(t.width)
-	return float64(total) + frac*oldCount
-}
-
-func mod(a, b int64) int64 {
-	m := a % b
-	if m < 0 {
-		m += b
-	}
-	return m
-}
-
-// Allow records a request of level l and decides whether to send it. It
-// returns false when the request must be rejected locally.
-func (t *Throttle) Allow(l criticality.Level) bool { return t.AllowAt(l, t.clock.Now()) }
-
-// AllowAt is Allow at time now.
-func (t *Throttle) AllowAt(l criticality.Level, now time.Time) bool {
+func (t *Throttle) level(l criticality.Level) *level {
 	if !l.Valid() {
 		l = criticality.Default
 	}
-	ns := now.UnixNano()
-	r := &t.levels[l]
-	// Decide on the history, then count this request (rejected or not).
-	p := t.probability(r, ns)
-	add(&r.requests[mod(ns/t.width, int64(len(r.requests)))], ns/t.width)
-	return p <= 0 || t.random() >= p
+	return &t.levels[l]
 }
 
-// Accepted records that the backend accepted a request of level l.
-func (t *Throttle) Accepted(l criticality.Level) { t.AcceptedAt(l, t.clock.Now()) }
+// Times are nanoseconds since the Unix epoch: AllowAt and friends use the
+// wall time they are given; Allow and friends use the wall time at New plus
+// the monotonic time elapsed since, so a wall-clock step does not disturb
+// the window.
+func (t *Throttle) ns(now time.Time) int64 { return now.UnixNano() }
 
-// AcceptedAt is Accepted at time now.
-func (t *Throttle) AcceptedAt(l criticality.Level, now time.Time) {
+func (t *Throttle) nowNS() int64 { return t.start.UnixNano() + int64(t.since()) }
+
+// Allow decides whether to send a request of level l now. When the request
+// must be rejected locally it returns false and counts the request as one
+// that was not accepted. When it returns true, the caller sends the request
+// and calls the Ticket's Done once with the answer.
+//
+// Allow reads the clock once (monotonic only, for the real clock); the
+// Ticket carries that time, so Done does not read it again.
+func (t *Throttle) Allow(l criticality.Level) (Ticket, bool) { return t.allow(l, t.nowNS()) }
+
+// AllowAt is Allow at time now (for callers on virtual time).
+func (t *Throttle) AllowAt(l criticality.Level, now time.Time) (Ticket, bool) {
+	return t.allow(l, t.ns(now))
+}
+
+func (t *Throttle) allow(l criticality.Level, ns int64) (Ticket, bool) {
 	if !l.Valid() {
 		l = criticality.Default
 	}
-	ns := now.UnixNano()
-	r := &t.levels[l]
-	add(&r.accepts[mod(ns/t.width, int64(len(r.accepts)))], ns/t.width)
+	lv := &t.levels[l]
+	p := t.probability(lv, ns)
+	if p <= 0 || t.random() >= p {
+		return Ticket{t: t, ns: ns, l: l}, true
+	}
+	lv.Add(ns, 1, 0)
+	return Ticket{}, false
 }
 
-func (t *Throttle) probability(r *ring, ns int64) float64 {
-	req := t.sum(r.requests, ns)
-	acc := t.sum(r.accepts, ns)
+// Ticket is a request Allow let through, waiting for its answer. It is a
+// small value; copying it is free. The zero Ticket's Done does nothing.
+type Ticket struct {
+	t  *Throttle
+	ns int64
+	l  criticality.Level
+}
+
+// Done counts the request when its answer arrives: accepted is true for
+// any answer that is not an overload or quota rejection. The request is
+// counted in the bucket of the time Allow saw, which differs from the
+// answer's by one round trip at most. A request abandoned by its caller
+// before an answer may be left uncounted.
+func (k Ticket) Done(accepted bool) {
+	if k.t == nil {
+		return
+	}
+	var acc uint32
+	if accepted {
+		acc = 1
+	}
+	k.t.levels[k.l].Add(k.ns, 1, acc)
+}
+
+// Record counts a request of level l at time now that was sent without
+// asking Allow (the simulator and tests use it to seed history).
+func (t *Throttle) Record(l criticality.Level, now time.Time, accepted bool) {
+	if !l.Valid() {
+		l = criticality.Default
+	}
+	Ticket{t: t, ns: t.ns(now), l: l}.Done(accepted)
+}
+
+func (t *Throttle) counts(lv *level, ns int64) (req, acc float64, short bool) {
+	w, sw := lv.Sums(ns)
+	if t.useShort && sw.A >= t.shortMin {
+		return sw.A, sw.B, true
+	}
+	return w.A, w.B, false
+}
+
+func (t *Throttle) probability(lv *level, ns int64) float64 {
+	req, acc, _ := t.counts(lv, ns)
 	p := (req - t.k*acc) / (req + 1)
 	if p < 0 {
 		return 0
@@ -246,20 +275,25 @@ func (t *Throttle) probability(r *ring, ns int64) float64 {
 	return p
 }
 
-// Stats is a snapshot of one criticality's window.
+// Stats is a snapshot of one criticality's statistics.
 type Stats struct {
+	// Requests and Accepts are the counts the decision uses.
 	Requests, Accepts float64
+	// Short is true when they come from the short window.
+	Short bool
 	// RejectProbability is the probability the next request is rejected
-	// locally (before counting it).
+	// locally.
 	RejectProbability float64
 }
 
-// StatsAt returns the window of level l at time now, for metrics and tests.
-func (t *Throttle) StatsAt(l criticality.Level, now time.Time) Stats {
-	if !l.Valid() {
-		l = criticality.Default
-	}
-	ns := now.UnixNano()
-	r := &t.levels[l]
-	return Stats{Requests: t.sum(r.requests, ns), Accepts: t.sum(r.accepts, ns), RejectProbability: t.probability(r, ns)}
+// Stats returns the statistics of level l now, for metrics and tests.
+func (t *Throttle) Stats(l criticality.Level) Stats { return t.stats(l, t.nowNS()) }
+
+// StatsAt is Stats at time now.
+func (t *Throttle) StatsAt(l criticality.Level, now time.Time) Stats { return t.stats(l, t.ns(now)) }
+
+func (t *Throttle) stats(l criticality.Level, ns int64) Stats {
+	lv := t.level(l)
+	req, acc, short := t.counts(lv, ns)
+	return Stats{Requests: req, Accepts: acc, Short: short, RejectProbability: t.probability(lv, ns)}
 }

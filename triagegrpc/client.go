@@ -2,6 +2,7 @@ package triagegrpc
 
 import (
 	"context"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -9,33 +10,98 @@ import (
 
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/wire"
 )
 
-// Client holds the client side of the adapter. It is immutable and safe for
-// concurrent use; its only state is a table of the 16 possible header sets
-// (4 criticalities x 4 attempt values), built once.
+// Client holds the client side of the adapter: propagation of criticality
+// and the attempt counter, and the client-side defences of package retry
+// (adaptive throttling, up to three attempts, the per-client retry budget,
+// backoff, "overloaded; don't retry" upward).
+//
+// The throttle and the budget keep statistics of one backend service, so
+// use one Client per backend service (per target you dial), shared by all
+// connections to it. A Client is safe for concurrent use; its memory is
+// fixed: a table of the 16 possible header sets (4 criticalities x 4
+// attempt values), built once, and the Policy's windows.
+//
+// # Retries and grpc-go's own retry policy
+//
+// Only one layer may retry a call. DialOptions installs the Client's
+// interceptors with grpc.WithDisableRetry, so a retryPolicy in the service
+// config is ignored on that connection and the Client's Policy alone retries
+// (use retry.WithRetryable to retry other errors, such as a failed
+// connection). The standalone UnaryInterceptor cannot turn grpc-go's retries
+// off; for a method whose service config has a retryPolicy it sends each
+// call once through the throttle and leaves retrying to grpc-go. Streams are
+// throttled and counted but never retried by triage: a stream's messages
+// cannot be replayed.
 type Client struct {
 	md        *headerTable
 	callCreds grpc.CallOption
+	policy    *retry.Policy
+}
+
+// ClientOption configures a Client.
+type ClientOption interface{ applyClient(*clientConfig) }
+
+type clientConfig struct {
+	policy   *retry.Policy
+	noPolicy bool
+}
+
+type clientOptionFunc func(*clientConfig)
+
+func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
+
+// WithPolicy sets the retry and throttling policy. Default: retry.New()
+// with the book's defaults (K = 2 over two minutes, 3 attempts, 10% budget).
+func WithPolicy(p *retry.Policy) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.policy, c.noPolicy = p, p == nil })
+}
+
+// WithoutPolicy makes the Client propagate criticality and decode outcomes
+// only: no throttling, no retries.
+func WithoutPolicy() ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.policy, c.noPolicy = nil, true })
 }
 
 // NewClient returns a Client.
-func NewClient() *Client {
+func NewClient(opts ...ClientOption) *Client {
+	var cfg clientConfig
+	for _, o := range opts {
+		o.applyClient(&cfg)
+	}
+	if cfg.policy == nil && !cfg.noPolicy {
+		p, err := retry.New()
+		if err != nil {
+			panic("triagegrpc: default retry policy: " + err.Error()) // the defaults are valid
+		}
+		cfg.policy = p
+	}
 	t := newHeaderTable()
-	return &Client{md: t, callCreds: grpc.PerRPCCredentials(t)}
+	return &Client{md: t, callCreds: grpc.PerRPCCredentials(t), policy: cfg.policy}
 }
+
+// Policy returns the Client's policy, nil without one.
+func (c *Client) Policy() *retry.Policy { return c.policy }
 
 // DialOptions returns the grpc.DialOptions that install the client side on a
 // connection; pass them to grpc.NewClient. This is the cheapest way: the
 // transport asks for the headers of each call and gets a prebuilt map, so
-// propagation allocates nothing in triage.
+// propagation allocates nothing in triage. It includes grpc.WithDisableRetry
+// (see the type's doc).
 func (c *Client) DialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
+	opts := []grpc.DialOption{
 		grpc.WithPerRPCCredentials(c.md),
 		grpc.WithChainUnaryInterceptor(c.unary(false)),
 		grpc.WithChainStreamInterceptor(c.stream(false)),
 	}
+	if c.policy != nil {
+		opts = append(opts, grpc.WithDisableRetry())
+	}
+	return opts
 }
 
 // PerRPCCredentials returns the header source DialOptions installs, for
@@ -45,44 +111,85 @@ func (c *Client) PerRPCCredentials() credentials.PerRPCCredentials { return c.md
 // UnaryInterceptor returns a standalone unary client interceptor, for
 // connections set up without DialOptions: it writes the context's
 // criticality (criticality.Of) and outgoing attempt counter
-// (attempt.Outgoing) into the call's headers, and decodes overload outcomes
-// into *RemoteError. Triage keys already in the outgoing metadata (e.g. a
-// proxy forwarding its incoming metadata) are removed, never sent twice.
+// (attempt.Outgoing) into the call's headers, runs the call under the
+// Client's Policy, and decodes overload outcomes into *RemoteError. Triage
+// keys already in the outgoing metadata (e.g. a proxy forwarding its
+// incoming metadata) are removed, never sent twice.
 func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor { return c.unary(true) }
 
 // StreamInterceptor returns a standalone streaming client interceptor that
-// does for streams what UnaryInterceptor does for unary calls.
+// does for streams what UnaryInterceptor does for unary calls, without
+// retries.
 func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.stream(true) }
 
-func (c *Client) unary(addCreds bool) grpc.UnaryClientInterceptor {
+func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx = dropForwarded(ctx)
-		if addCreds {
+		if standalone {
 			opts = append(opts, c.callCreds)
 		}
-		return fromWire(invoker(ctx, method, req, reply, cc, opts...))
+		if c.policy == nil {
+			return fromWire(invoker(ctx, method, req, reply, cc, opts...))
+		}
+		call := func(ctx context.Context) error { return fromWire(invoker(ctx, method, req, reply, cc, opts...)) }
+		if standalone && cc != nil && cc.GetMethodConfig(method).RetryPolicy != nil {
+			return toWire(c.policy.DoOnce(ctx, call)) // grpc-go retries this method
+		}
+		return toWire(c.policy.Do(ctx, call))
 	}
 }
 
-func (c *Client) stream(addCreds bool) grpc.StreamClientInterceptor {
+func (c *Client) stream(standalone bool) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		ctx = dropForwarded(ctx)
-		if addCreds {
+		if standalone {
 			opts = append(opts, c.callCreds)
+		}
+		var single retry.Single
+		if c.policy != nil {
+			var err error
+			if single, err = c.policy.Start(ctx); err != nil {
+				return nil, toWire(err)
+			}
 		}
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
-			return nil, fromWire(err)
+			err = fromWire(err)
+			single.Finish(err)
+			return nil, err
 		}
-		return &clientStream{ClientStream: cs}, nil
+		return &clientStream{ClientStream: cs, single: single}, nil
 	}
 }
 
-type clientStream struct{ grpc.ClientStream }
+// clientStream decodes outcomes and reports the stream's first answer (its
+// first received message or error) to the Policy.
+type clientStream struct {
+	grpc.ClientStream
+	single   retry.Single
+	answered atomic.Bool
+}
 
-func (s *clientStream) RecvMsg(m any) error { return fromWire(s.ClientStream.RecvMsg(m)) }
+func (s *clientStream) RecvMsg(m any) error {
+	err := fromWire(s.ClientStream.RecvMsg(m))
+	if !s.answered.Swap(true) {
+		s.single.Finish(err)
+	}
+	return err
+}
 
 func (s *clientStream) SendMsg(m any) error { return fromWire(s.ClientStream.SendMsg(m)) }
+
+// toWire gives an outcome the Policy created (a local rejection, or giving
+// up after retries) a gRPC status, so that status.Code and errors.Is both
+// work on it; errors that already carry a status are returned unchanged.
+func toWire(err error) error {
+	oe, ok := err.(*outcome.Error)
+	if !ok {
+		return err
+	}
+	return &RemoteError{Outcome: oe, st: Status(oe)}
+}
 
 // dropForwarded removes triage keys from the outgoing metadata, if any are
 // there; the header table supplies the real ones. The check does not

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/relay"
@@ -18,7 +19,9 @@ import (
 
 // A backend trusts its callers on the loopback network and rejects
 // SHEDDABLE work with "task overloaded"; a client propagates the
-// criticality in its context.
+// criticality in its context, retries the rejected call (up to three
+// attempts, with backoff, within its retry budget) and then gives up with
+// "overloaded; don't retry", so that the layer above does not retry again.
 func Example() {
 	pol, _ := trust.New(trust.Config{Networks: []string{"127.0.0.1/32"}})
 	srv, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
@@ -42,8 +45,8 @@ func Example() {
 	fmt.Println(relay.Invoke(ctx, cc, "hello"))
 
 	_, err := relay.Invoke(criticality.NewContext(ctx, criticality.Sheddable), cc, "prefetch")
-	fmt.Println(errors.Is(err, outcome.ErrTaskOverloaded), outcome.Classify(err).Retriable())
+	fmt.Println(errors.Is(err, outcome.ErrDontRetry), status.Code(err))
 	// Output:
 	// backend:CRITICAL_PLUS/0 <nil>
-	// true true
+	// true ResourceExhausted
 }

@@ -49,7 +49,7 @@ func TestInterceptorOnlyPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 		go s.Serve(lis)
-		c := triagegrpc.NewClient()
+		c := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
 		cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithChainUnaryInterceptor(c.UnaryInterceptor()), grpc.WithChainStreamInterceptor(c.StreamInterceptor()))
 		if err != nil {

@@ -165,8 +165,9 @@ func FromStatus(st *status.Status) (*outcome.Error, bool) {
 	return &e, true
 }
 
-// RemoteError is an overload outcome received from a downstream call. The
-// Client interceptors return it. It unwraps to the *outcome.Error, so
+// RemoteError is an overload outcome as the Client interceptors return it:
+// received from a downstream call, or created by the Client's Policy (a
+// local rejection, or "overloaded; don't retry" after giving up). It unwraps to the *outcome.Error, so
 // errors.Is(err, outcome.ErrTaskOverloaded) and outcome.Classify work, and it
 // keeps the status, so status.Code(err) and status.FromError work too.
 type RemoteError struct {

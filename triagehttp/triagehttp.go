@@ -21,7 +21,10 @@
 package triagehttp
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 
@@ -30,6 +33,7 @@ import (
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -162,11 +166,29 @@ func PeerOf(r *http.Request) trust.Peer {
 // Transport is an http.RoundTripper that writes the request context's
 // criticality (criticality.Of) and outgoing attempt counter
 // (attempt.Outgoing) into the request headers, replacing any triage headers
-// already there. It is safe for concurrent use. It does not interpret
-// responses: use FromResponse for that.
+// already there, and, with a Policy, applies the client-side defences of
+// package retry: adaptive throttling, up to three attempts of a request the
+// backend answered "task overloaded" (503 with Triage-Outcome), the
+// per-client retry budget and backoff. It is safe for concurrent use.
+//
+// With a Policy, RoundTrip returns:
+//   - the response, when the Policy did not have to give up (a success, any
+//     other status, and "overloaded; don't retry" or "out of quota"
+//     answered by the backend: read those with FromResponse);
+//   - an error wrapping an *outcome.Error of kind DontRetry, with no
+//     response, when it gave up (throttled locally, attempts or budget
+//     used up, no time left before the deadline). http.Client returns it
+//     inside a *url.Error; errors.Is(err, outcome.ErrDontRetry) holds.
+//     A reverse proxy can answer it with WriteError in its ErrorHandler.
+//
+// A request whose body cannot be replayed (Body set, GetBody nil) is sent
+// once. Each attempt is a new round trip on Base, so it is load balanced
+// like a new request. Use one Transport (one Policy) per backend service.
 type Transport struct {
 	// Base makes the request; nil means http.DefaultTransport.
 	Base http.RoundTripper
+	// Policy is the retry and throttling policy; nil propagates headers only.
+	Policy *retry.Policy
 }
 
 // RoundTrip implements http.RoundTripper. The caller's request is not
@@ -176,7 +198,56 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	ctx := r.Context()
+	if t.Policy == nil {
+		return base.RoundTrip(withHeaders(r, r.Context()))
+	}
+	var resp *http.Response
+	first := true
+	call := func(ctx context.Context) error {
+		out := withHeaders(r, ctx)
+		if !first && r.GetBody != nil {
+			body, err := r.GetBody()
+			if err != nil {
+				return err
+			}
+			out.Body = body
+		}
+		first = false
+		res, err := base.RoundTrip(out)
+		if err != nil {
+			return err
+		}
+		if oe, ok := FromResponse(res); ok {
+			if oe.Kind == outcome.TaskOverloaded {
+				// The Policy decides: retry or give up. Either way this
+				// response is done with.
+				io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
+				res.Body.Close()
+				return oe
+			}
+			resp = res
+			return oe
+		}
+		resp = res
+		return nil
+	}
+	var err error
+	if r.Body != nil && r.Body != http.NoBody && r.GetBody == nil {
+		err = t.Policy.DoOnce(r.Context(), call)
+	} else {
+		err = t.Policy.Do(r.Context(), call)
+	}
+	if resp != nil {
+		return resp, nil
+	}
+	if err == nil {
+		err = errors.New("triagehttp: no response") // unreachable: a nil error always comes with a response
+	}
+	return nil, err
+}
+
+// withHeaders clones r for ctx with the triage headers of ctx.
+func withHeaders(r *http.Request, ctx context.Context) *http.Request {
 	out := r.Clone(ctx)
 	for k := range out.Header {
 		if wire.IsTriage(k) {
@@ -185,7 +256,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	out.Header[criticalityHeader] = []string{criticality.Of(ctx).String()}
 	out.Header[attemptHeader] = []string{attempt.Format(attempt.Outgoing(ctx))}
-	return base.RoundTrip(out)
+	return out
 }
 
 // StatusCode returns the HTTP status of an overload kind: 503 for

@@ -27,7 +27,8 @@ import (
 
 // Metrics implements the core observers and prometheus.Collector. It is
 // safe for concurrent use; its series are fixed when New runs (4
-// criticalities x 5 rules x 2 trust states, plus one per registered key).
+// criticalities x 5 rules x 2 trust states, plus one per registered key),
+// plus 28 per client target passed to Client.
 type Metrics struct {
 	edgeRequests *prometheus.CounterVec
 	invalid      prometheus.Counter
@@ -36,6 +37,8 @@ type Metrics struct {
 	byDecision   [criticality.NumLevels][5][2]prometheus.Counter
 	strippedKeys map[string]prometheus.Counter
 	strippedMisc prometheus.Counter
+
+	client clientVecs
 }
 
 // New returns Metrics with every series created at zero.
@@ -54,6 +57,7 @@ func New() *Metrics {
 			Help: "Triage metadata keys or headers sent by untrusted peers and removed, by key (registered name, or 'unregistered').",
 		}, []string{"key"}),
 		strippedKeys: map[string]prometheus.Counter{},
+		client:       newClientVecs(),
 	}
 	for _, l := range criticality.All() {
 		for r := range m.byDecision[l] {
@@ -74,6 +78,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.edgeRequests.Describe(ch)
 	m.invalid.Describe(ch)
 	m.stripped.Describe(ch)
+	m.client.each(func(v *prometheus.CounterVec) { v.Describe(ch) })
 }
 
 // Collect implements prometheus.Collector.
@@ -81,6 +86,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.edgeRequests.Collect(ch)
 	m.invalid.Collect(ch)
 	m.stripped.Collect(ch)
+	m.client.each(func(v *prometheus.CounterVec) { v.Collect(ch) })
 }
 
 // Classified implements edge.Observer.

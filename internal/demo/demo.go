@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -28,6 +29,7 @@ import (
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triageprom"
@@ -87,8 +89,8 @@ var Scenarios = []Scenario{
 	{"spoofed CRITICAL_PLUS header", "browser", "batch.example.com", "/upload", "page", "CRITICAL_PLUS"},
 	{"trusted proxy sets SHEDDABLE", "proxy", "www.example.com", "/checkout", "page", "SHEDDABLE"},
 	{"A overrides: prefetch is SHEDDABLE", "browser", "www.example.com", "/checkout", "prefetch", ""},
-	{"B task overloaded -> A: don't retry", "browser", "www.example.com", "/", "overload", ""},
 	{"B out of quota -> 429", "browser", "www.example.com", "/", "quota", ""},
+	{"B task overloaded -> A: don't retry", "browser", "www.example.com", "/", "overload", ""},
 }
 
 // Row is what one scenario produced.
@@ -240,7 +242,24 @@ func start(pol *trust.Policy, rules *edge.Classifier) (st *stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	client := triagegrpc.NewClient()
+	// One Client per backend service: its throttle and retry budget keep
+	// that service's statistics. The random sources are seeded so that a
+	// run is repeatable.
+	var seq uint64
+	newClient := func() (*triagegrpc.Client, error) {
+		seq++
+		var mu sync.Mutex
+		rng := rand.New(rand.NewPCG(1, seq))
+		p, err := retry.New(retry.WithRandom(func() float64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return rng.Float64()
+		}))
+		if err != nil {
+			return nil, err
+		}
+		return triagegrpc.NewClient(triagegrpc.WithPolicy(p)), nil
+	}
 	serve := func(t *relay.Tier) (string, error) {
 		lis, err := listen()
 		if err != nil {
@@ -253,6 +272,10 @@ func start(pol *trust.Policy, rules *edge.Classifier) (st *stack, err error) {
 		return lis.Addr().String(), nil
 	}
 	dial := func(addr string) (*grpc.ClientConn, error) {
+		client, err := newClient()
+		if err != nil {
+			return nil, err
+		}
 		cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, client.DialOptions()...)...)
 		if err == nil {
 			st.closers = append(st.closers, func() { cc.Close() })

@@ -25,7 +25,7 @@ func TestRunShowsPropagationSpoofingAndOutcomes(t *testing.T) {
 		"spoofed CRITICAL_PLUS header":        {200, "", []string{"front:SHEDDABLE/0", "A:SHEDDABLE/0", "B:SHEDDABLE/0"}},
 		"trusted proxy sets SHEDDABLE":        {200, "", []string{"front:SHEDDABLE/0", "A:SHEDDABLE/0", "B:SHEDDABLE/0"}},
 		"A overrides: prefetch is SHEDDABLE":  {200, "", []string{"front:CRITICAL_PLUS/0", "A:CRITICAL_PLUS/0", "B:SHEDDABLE/0"}},
-		"B task overloaded -> A: don't retry": {503, "overloaded-dont-retry", []string{"B:CRITICAL/0"}},
+		"B task overloaded -> A: don't retry": {503, "overloaded-dont-retry", []string{"A:CRITICAL/0"}},
 		"B out of quota -> 429":               {429, "out-of-quota", []string{"B:CRITICAL/0"}},
 	}
 	seen := 0
@@ -45,6 +45,16 @@ func TestRunShowsPropagationSpoofingAndOutcomes(t *testing.T) {
 			if r.Arrived[a] != 3 {
 				t.Errorf("%s: arrivals %v, want %s x3", r.Scenario.Name, r.Arrived, a)
 			}
+		}
+	}
+	for _, r := range res.Rows {
+		if r.Scenario.Body != "overload" {
+			continue
+		}
+		// Only the layer directly above B retried: A retried B (attempt
+		// counters 1 and 2 arrived), the frontend never retried A.
+		if r.Arrived["B:CRITICAL/1"] == 0 || r.Arrived["A:CRITICAL/1"] != 0 || r.Arrived["A:CRITICAL/2"] != 0 {
+			t.Errorf("overload: arrivals %v; want A retrying B and nobody retrying A", r.Arrived)
 		}
 	}
 	if seen != len(want) {

@@ -58,7 +58,7 @@ func grpcFrom(t *testing.T, target, ip string, withTriage bool, extra ...grpc.Di
 	}
 	opts = append(opts, extra...)
 	if withTriage {
-		opts = append(opts, triagegrpc.NewClient().DialOptions()...)
+		opts = append(opts, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
 	}
 	cc, err := grpc.NewClient("passthrough:///"+target, opts...)
 	if err != nil {

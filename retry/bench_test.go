@@ -1,0 +1,33 @@
+package retry_test
+
+import (
+	"testing"
+
+	"github.com/triagehq/triage/retry"
+)
+
+// BenchmarkBudget is the per-client retry budget: /request is the
+// bookkeeping every request pays, /tryretry the check a retry pays (each
+// reads the monotonic clock once); run with -cpu 1,2.
+func BenchmarkBudget(b *testing.B) {
+	bg, err := retry.NewBudget(retry.DefaultRatio, retry.DefaultBudgetWindow, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("request", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				bg.Request()
+			}
+		})
+	})
+	b.Run("tryretry", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				bg.TryRetry()
+			}
+		})
+	})
+}
