@@ -1,6 +1,7 @@
 package retry_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/triagehq/triage/retry"
@@ -29,5 +30,23 @@ func BenchmarkBudget(b *testing.B) {
 				bg.TryRetry()
 			}
 		})
+	})
+}
+
+// BenchmarkDo is one request through a Policy with the defaults
+// (throttle, budget) whose call succeeds at once: the whole client-side
+// bookkeeping of a request, one clock read included.
+func BenchmarkDo(b *testing.B) {
+	p, err := retry.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	ok := func(context.Context) error { return nil }
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			_ = p.Do(ctx, ok)
+		}
 	})
 }

@@ -173,9 +173,15 @@ type Policy struct {
 	initial, maxWait time.Duration
 	retryable        func(error) bool
 	clock            clock.Clock
+	start            time.Time
+	since            func() time.Duration
 	random           func() float64
 	obs              Observer
 }
+
+// now reads the clock once (monotonic only, for the real clock); the
+// throttle and the budget of an attempt share the reading.
+func (p *Policy) now() time.Time { return p.start.Add(p.since()) }
 
 // New returns a Policy.
 func New(opts ...Option) (*Policy, error) {
@@ -204,6 +210,8 @@ func New(opts ...Option) (*Policy, error) {
 		random:      c.random,
 		obs:         c.obs,
 	}
+	p.start = p.clock.Now()
+	p.since = clock.SinceFunc(p.clock, p.start)
 	if p.random == nil {
 		p.random = rand.Float64
 	}
@@ -274,8 +282,9 @@ func (p *Policy) DoOnce(ctx context.Context, call Call) error { return p.do(ctx,
 func (p *Policy) do(ctx context.Context, call Call, max int) error {
 	l := criticality.Of(ctx)
 	p.obs.Requested(l)
+	now := p.now()
 	if p.budget != nil {
-		p.budget.Request()
+		p.budget.request(now.UnixNano())
 	}
 	var last error
 	for n := 0; ; n++ {
@@ -283,11 +292,12 @@ func (p *Policy) do(ctx context.Context, call Call, max int) error {
 			if err := p.beforeRetry(ctx, l, n, last); err != nil {
 				return err
 			}
+			now = p.now()
 		}
 		var tk throttle.Ticket
 		if p.throttle != nil {
 			var ok bool
-			if tk, ok = p.throttle.Allow(l); !ok {
+			if tk, ok = p.throttle.AllowAt(l, now); !ok {
 				p.obs.Throttled(l)
 				return &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 			}
@@ -342,10 +352,11 @@ func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, la
 	if oe, ok := outcome.As(last); ok && oe.RetryAfter > wait {
 		wait = oe.RetryAfter
 	}
-	if d, ok := ctx.Deadline(); ok && !p.clock.Now().Add(wait).Before(d) {
+	now := p.now()
+	if d, ok := ctx.Deadline(); ok && !now.Add(wait).Before(d) {
 		return giveUp(last, "no time left to retry")
 	}
-	if p.budget != nil && !p.budget.TryRetry() {
+	if p.budget != nil && !p.budget.tryRetry(now.UnixNano()) {
 		p.obs.BudgetRefused(l)
 		return giveUp(last, "retry budget exhausted")
 	}
@@ -400,13 +411,14 @@ type Single struct {
 func (p *Policy) Start(ctx context.Context) (Single, error) {
 	l := criticality.Of(ctx)
 	p.obs.Requested(l)
+	now := p.now()
 	if p.budget != nil {
-		p.budget.Request()
+		p.budget.request(now.UnixNano())
 	}
 	s := Single{p: p, l: l}
 	if p.throttle != nil {
 		var ok bool
-		if s.tk, ok = p.throttle.Allow(l); !ok {
+		if s.tk, ok = p.throttle.AllowAt(l, now); !ok {
 			p.obs.Throttled(l)
 			return Single{}, &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 		}

@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/triagehq/triage/attempt"
@@ -26,6 +25,10 @@ import (
 // fixed: a table of the 16 possible header sets (4 criticalities x 4
 // attempt values), built once, and the Policy's windows.
 //
+// Headers: every call carries triage-criticality; triage-attempt is sent
+// only on retries (a missing counter means 0), which keeps first attempts
+// one header lighter.
+//
 // # Retries and grpc-go's own retry policy
 //
 // Only one layer may retry a call. DialOptions installs the Client's
@@ -38,9 +41,8 @@ import (
 // throttled and counted but never retried by triage: a stream's messages
 // cannot be replayed.
 type Client struct {
-	md        *headerTable
-	callCreds grpc.CallOption
-	policy    *retry.Policy
+	headers *headerTable
+	policy  *retry.Policy
 }
 
 // ClientOption configures a Client.
@@ -80,21 +82,17 @@ func NewClient(opts ...ClientOption) *Client {
 		}
 		cfg.policy = p
 	}
-	t := newHeaderTable()
-	return &Client{md: t, callCreds: grpc.PerRPCCredentials(t), policy: cfg.policy}
+	return &Client{headers: newHeaderTable(), policy: cfg.policy}
 }
 
 // Policy returns the Client's policy, nil without one.
 func (c *Client) Policy() *retry.Policy { return c.policy }
 
 // DialOptions returns the grpc.DialOptions that install the client side on a
-// connection; pass them to grpc.NewClient. This is the cheapest way: the
-// transport asks for the headers of each call and gets a prebuilt map, so
-// propagation allocates nothing in triage. It includes grpc.WithDisableRetry
-// (see the type's doc).
+// connection; pass them to grpc.NewClient. With a Policy it includes
+// grpc.WithDisableRetry (see the type's doc).
 func (c *Client) DialOptions() []grpc.DialOption {
 	opts := []grpc.DialOption{
-		grpc.WithPerRPCCredentials(c.md),
 		grpc.WithChainUnaryInterceptor(c.unary(false)),
 		grpc.WithChainStreamInterceptor(c.stream(false)),
 	}
@@ -104,12 +102,9 @@ func (c *Client) DialOptions() []grpc.DialOption {
 	return opts
 }
 
-// PerRPCCredentials returns the header source DialOptions installs, for
-// callers assembling their own dial options.
-func (c *Client) PerRPCCredentials() credentials.PerRPCCredentials { return c.md }
-
 // UnaryInterceptor returns a standalone unary client interceptor, for
-// connections set up without DialOptions: it writes the context's
+// connections set up without DialOptions (it does not turn off grpc-go's
+// retries; see the type's doc): it writes the context's
 // criticality (criticality.Of) and outgoing attempt counter
 // (attempt.Outgoing) into the call's headers, runs the call under the
 // Client's Policy, and decodes overload outcomes into *RemoteError. Triage
@@ -125,13 +120,12 @@ func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.str
 func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx = dropForwarded(ctx)
-		if standalone {
-			opts = append(opts, c.callCreds)
-		}
 		if c.policy == nil {
-			return fromWire(invoker(ctx, method, req, reply, cc, opts...))
+			return fromWire(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
 		}
-		call := func(ctx context.Context) error { return fromWire(invoker(ctx, method, req, reply, cc, opts...)) }
+		call := func(ctx context.Context) error {
+			return fromWire(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
+		}
 		if standalone && cc != nil && cc.GetMethodConfig(method).RetryPolicy != nil {
 			return toWire(c.policy.DoOnce(ctx, call)) // grpc-go retries this method
 		}
@@ -142,9 +136,6 @@ func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 func (c *Client) stream(standalone bool) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		ctx = dropForwarded(ctx)
-		if standalone {
-			opts = append(opts, c.callCreds)
-		}
 		var single retry.Single
 		if c.policy != nil {
 			var err error
@@ -152,7 +143,7 @@ func (c *Client) stream(standalone bool) grpc.StreamClientInterceptor {
 				return nil, toWire(err)
 			}
 		}
-		cs, err := streamer(ctx, desc, cc, method, opts...)
+		cs, err := streamer(c.outgoing(ctx), desc, cc, method, opts...)
 		if err != nil {
 			err = fromWire(err)
 			single.Finish(err)
@@ -208,31 +199,26 @@ func dropForwarded(ctx context.Context) context.Context {
 	return metadata.NewOutgoingContext(ctx, md)
 }
 
-// headerTable is a credentials.PerRPCCredentials that hands the transport
-// the triage headers of each call from a prebuilt, read-only table.
-type headerTable [criticality.NumLevels][attempt.MaxAttempts + 1]map[string]string
+// headerTable holds, per criticality and attempt counter, the key/value
+// pairs of the triage headers, built once and never modified.
+type headerTable [criticality.NumLevels][attempt.MaxAttempts + 1][]string
 
 func newHeaderTable() *headerTable {
 	var t headerTable
 	for l := range t {
 		for n := range t[l] {
-			t[l][n] = map[string]string{
-				wire.CriticalityKey: criticality.Level(l).String(),
-				wire.AttemptKey:     attempt.Format(n),
+			t[l][n] = []string{wire.CriticalityKey, criticality.Level(l).String()}
+			if n > 0 {
+				t[l][n] = append(t[l][n], wire.AttemptKey, attempt.Format(n))
 			}
 		}
 	}
 	return &t
 }
 
-// GetRequestMetadata implements credentials.PerRPCCredentials. The returned
-// map is shared and must not be modified; grpc-go copies it.
-func (t *headerTable) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
-	return t[criticality.Of(ctx)][attempt.Outgoing(ctx)], nil
+// outgoing adds the triage headers of ctx (criticality.Of,
+// attempt.Outgoing) to its outgoing metadata. ctx must have been through
+// dropForwarded.
+func (c *Client) outgoing(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, c.headers[criticality.Of(ctx)][attempt.Outgoing(ctx)]...)
 }
-
-// RequireTransportSecurity implements credentials.PerRPCCredentials: triage
-// headers are not secrets and flow over insecure connections too.
-func (t *headerTable) RequireTransportSecurity() bool { return false }
-
-var _ credentials.PerRPCCredentials = (*headerTable)(nil)

@@ -128,7 +128,7 @@ func TestLoopbackThrottlingEquilibrium(t *testing.T) {
 		b.mu.Lock()
 		acc0, rej0 := b.accepted, b.rejected
 		b.mu.Unlock()
-		offer(t, f, ccs, 10*capacity, time.Minute)
+		offer(t, f, ccs, 10*capacity, 2*time.Minute)
 		acc, rej := b.accepted-acc0, b.rejected-rej0
 		ratio := float64(rej) / float64(acc)
 		t.Logf("K=%v over loopback gRPC: backend accepted %d, rejected %d: %.3f per accept", tc.k, acc, rej, ratio)
