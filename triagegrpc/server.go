@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/tap"
 
+	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
@@ -23,6 +24,10 @@ import (
 type Server struct {
 	trust      *trust.Policy
 	classifier *edge.Classifier
+	admission  *admission.Controller
+	// rejections holds the status error of every admission rejection,
+	// built once, so that rejecting allocates nothing in triage.
+	rejections [admission.NumReasons][2]error
 }
 
 // ServerOption configures a Server.
@@ -31,6 +36,7 @@ type ServerOption interface{ applyServer(*serverConfig) }
 type serverConfig struct {
 	trust      *trust.Policy
 	classifier *edge.Classifier
+	admission  *admission.Controller
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -52,6 +58,14 @@ func WithClassifier(c *edge.Classifier) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.classifier = c })
 }
 
+// WithAdmission installs admission control: the tap handle asks the
+// Controller at stream arrival, before a handler goroutine exists, and
+// rejects there; the interceptors take an execution slot before the
+// handler and give it back after. Default: none.
+func WithAdmission(c *admission.Controller) ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.admission = c })
+}
+
 // NewServer returns a Server.
 func NewServer(opts ...ServerOption) (*Server, error) {
 	var c serverConfig
@@ -65,7 +79,24 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		}
 		c.classifier = cl
 	}
-	return &Server{trust: c.trust, classifier: c.classifier}, nil
+	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission}
+	for r := admission.Reason(0); r < admission.NumReasons; r++ {
+		s.rejections[r][0] = Status(&outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}).Err()
+		s.rejections[r][1] = Status(&outcome.Error{Kind: outcome.DontRetry, Reason: r.String()}).Err()
+	}
+	return s, nil
+}
+
+// rejection returns the prebuilt status error of an admission rejection.
+func (s *Server) rejection(err error) error {
+	if r, dr, ok := admission.RejectionOf(err); ok {
+		i := 0
+		if dr {
+			i = 1
+		}
+		return s.rejections[r][i]
+	}
+	return ToError(err)
 }
 
 // ServerOptions returns the grpc.ServerOptions that install the tap handle
@@ -87,9 +118,13 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 // (without copying it), deletes every triage key an untrusted peer sent (so
 // handlers never see them), and puts criticality and attempt in the
 // stream's context, in one allocation (a context node carrying both).
+//
+// With admission control, the tap handle also asks the Controller whether
+// the request may enter (admission.Controller.Arrive) and rejects it there,
+// which is the cheapest place: no goroutine, no message read.
 func (s *Server) TapHandle() tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		return s.classify(ctx, info.Header, info.FullMethodName, true), nil
+		return s.classify(ctx, info.Header, info.FullMethodName, true)
 	}
 }
 
@@ -100,8 +135,20 @@ func (s *Server) TapHandle() tap.ServerInHandle {
 // don't retry" (outcome.Upward).
 func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		ctx = s.ensure(ctx, info.FullMethod)
+		ctx, err := s.ensure(ctx, info.FullMethod)
+		if err != nil {
+			return nil, err
+		}
+		n := admittedOf(ctx)
+		if n != nil {
+			if err := n.start(ctx); err != nil {
+				return nil, s.rejection(err)
+			}
+		}
 		resp, err := handler(ctx, req)
+		if n != nil {
+			n.finish()
+		}
 		return resp, ToError(outcome.Upward(err))
 	}
 }
@@ -111,8 +158,19 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
-		if c := s.ensure(ctx, info.FullMethod); c != ctx {
+		c, err := s.ensure(ctx, info.FullMethod)
+		if err != nil {
+			return err
+		}
+		if c != ctx {
 			ss = &serverStream{ServerStream: ss, ctx: c}
+		}
+		n := admittedOf(c)
+		if n != nil {
+			if err := n.start(c); err != nil {
+				return s.rejection(err)
+			}
+			defer n.finish()
 		}
 		return ToError(outcome.Upward(handler(srv, ss)))
 	}
@@ -125,10 +183,11 @@ type serverStream struct {
 
 func (s *serverStream) Context() context.Context { return s.ctx }
 
-// ensure classifies the request unless the tap handle already did.
-func (s *Server) ensure(ctx context.Context, fullMethod string) context.Context {
+// ensure classifies (and admits) the request unless the tap handle already
+// did.
+func (s *Server) ensure(ctx context.Context, fullMethod string) (context.Context, error) {
 	if _, done := criticality.FromContext(ctx); done {
-		return ctx
+		return ctx, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	return s.classify(ctx, md, fullMethod, false)
@@ -147,7 +206,7 @@ func single(md metadata.MD, key string) string {
 // classify assigns criticality and attempt and returns the handler's
 // context. raw says md is the transport's own map (the tap), which may be
 // edited in place; otherwise it is a copy and a cleaned copy is installed.
-func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string, raw bool) context.Context {
+func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string, raw bool) (context.Context, error) {
 	trusted := s.trust.Trusted(PeerOf(ctx))
 	req := edge.Request{
 		Trusted: trusted,
@@ -164,7 +223,10 @@ func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string
 		ctx = metadata.NewIncomingContext(ctx, md)
 	}
 	d := s.classifier.Classify(&req)
-	return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n))
+	if s.admission == nil {
+		return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n)), nil
+	}
+	return s.admit(ctx, d.Level, n)
 }
 
 // strip deletes every triage key from md, reporting each to obs, and says

@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/netip"
 
+	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
@@ -54,6 +55,7 @@ type config struct {
 	trust      *trust.Policy
 	classifier *edge.Classifier
 	group      func(*http.Request) string
+	admission  *admission.Controller
 }
 
 type optionFunc func(*config)
@@ -76,6 +78,15 @@ func WithGroup(f func(*http.Request) string) Option {
 	return optionFunc(func(c *config) { c.group = f })
 }
 
+// WithAdmission installs admission control: before the handler runs, the
+// request must be admitted (admission.Controller.Arrive, with the request
+// context's deadline) and get an execution slot (Start); a rejected
+// request is answered 503 with Triage-Outcome and never reaches the
+// handler. Default: none.
+func WithAdmission(ctl *admission.Controller) Option {
+	return optionFunc(func(c *config) { c.admission = ctl })
+}
+
 // Middleware returns the edge middleware. For every request it decides
 // whether the peer is trusted, strips triage headers of untrusted peers,
 // assigns criticality by the classifier's rules, and puts the criticality
@@ -94,14 +105,37 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 		}
 		c.classifier = cl
 	}
+	if c.admission == nil {
+		return func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				r, _ = c.classify(r)
+				next.ServeHTTP(w, r)
+			})
+		}, nil
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			next.ServeHTTP(w, c.admit(r))
+			r, d := c.classify(r)
+			ctx := r.Context()
+			deadline, _ := ctx.Deadline()
+			var tk admission.Ticket
+			err := c.admission.Arrive(&tk, d.Level, attempt.Incoming(ctx), deadline)
+			if err == nil {
+				defer c.admission.Done(&tk)
+				err = c.admission.Start(ctx, &tk)
+			}
+			if err != nil {
+				if !WriteError(w, err) {
+					w.WriteHeader(http.StatusServiceUnavailable) // the caller went away while waiting
+				}
+				return
+			}
+			next.ServeHTTP(w, r)
 		})
 	}, nil
 }
 
-func (c *config) admit(r *http.Request) *http.Request {
+func (c *config) classify(r *http.Request) (*http.Request, edge.Decision) {
 	trusted := c.trust.Trusted(PeerOf(r))
 	req := edge.Request{Trusted: trusted, Host: r.Host, Path: r.URL.Path}
 	n := 0
@@ -117,7 +151,7 @@ func (c *config) admit(r *http.Request) *http.Request {
 		req.Group = c.group(r)
 	}
 	d := c.classifier.Classify(&req)
-	return r.WithContext(reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n)))
+	return r.WithContext(reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n))), d
 }
 
 // single returns the only value of a header, by canonical name; absent or

@@ -1,0 +1,672 @@
+// Package admission implements backend admission control, SRE book ch. 21
+// ("Utilization Signals", "Handling Overload Errors", the Conclusions) and
+// the CRE post "Using load shedding to survive a success disaster": a task
+// provisioned for a rate keeps serving that rate, at low latency, however
+// much more is thrown at it, shedding lower criticalities first.
+//
+// A Controller sees every request twice:
+//
+//   - Arrive, as early as the transport allows (for gRPC, the tap handle at
+//     stream arrival, before a handler goroutine exists): a bounded count of
+//     pending requests, utilization signals with per-criticality thresholds,
+//     and the deadline decide at once, cheaply, whether the request may
+//     enter at all. When the task is full, an arriving request may take the
+//     place of a waiting one of lower criticality.
+//   - Start, when the handler is about to run: the request takes one of L
+//     execution slots, or waits for one in a queue served highest
+//     criticality first, bounded in length and in time; Done gives the slot
+//     back.
+//
+// L is not configured: the controller finds it. Every Interval it compares
+// the mean service time (Start to Done) with its recent best; while the
+// service time stays within Tolerance of the best and requests had to wait,
+// L grows; when service time inflates (the executing requests compete for
+// the CPU, or whatever else they share), L shrinks. A CPU-bound handler
+// thus runs at a few slots per core, an I/O-bound one at many, with no
+// hand-tuned limit.
+//
+// Deadline-aware shedding (the CRE post: the cheapest load to shed): a
+// request whose deadline is closer than its expected wait plus service
+// time is rejected before any work; a waiting request whose caller went
+// away leaves the queue.
+//
+// Attempt histograms: the controller keeps a sliding count of the attempt
+// counters of recent requests. When it must reject and a significant share
+// of recent requests are retries (other tasks are likely overloaded too),
+// it answers "overloaded; don't retry" instead of "task overloaded".
+//
+// This package is transport-free; triagegrpc and triagehttp install it.
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/window"
+	"github.com/triagehq/triage/outcome"
+)
+
+// ErrConfig is wrapped by every error New returns.
+var ErrConfig = errors.New("admission: invalid config")
+
+// Reason says why a request was rejected.
+type Reason uint8
+
+const (
+	// Concurrency: no execution slot could be had (the task was full and
+	// the request was not more critical than those waiting, it was
+	// displaced by a more critical one, or it waited too long).
+	Concurrency Reason = iota
+	// Utilization: a utilization signal passed the request's threshold.
+	Utilization
+	// Deadline: the deadline would pass before the request could be
+	// served.
+	Deadline
+	// NumReasons is the number of reasons.
+	NumReasons
+)
+
+var reasonNames = [NumReasons]string{"concurrency", "utilization", "deadline"}
+
+// String returns the reason's metric name.
+func (r Reason) String() string {
+	if r < NumReasons {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// Observer is told what a Controller decides. Methods must be cheap and
+// safe for concurrent use; triageprom implements it.
+type Observer interface {
+	// Admitted: a request got an execution slot.
+	Admitted(l criticality.Level)
+	// Rejected: a request was rejected; dontRetry is true when the answer
+	// was "overloaded; don't retry".
+	Rejected(l criticality.Level, r Reason, dontRetry bool)
+	// LimitChanged: the controller set a new execution limit.
+	LimitChanged(limit int)
+}
+
+// Nop is an Observer that does nothing.
+type Nop struct{}
+
+func (Nop) Admitted(criticality.Level)               {}
+func (Nop) Rejected(criticality.Level, Reason, bool) {}
+func (Nop) LimitChanged(int)                         {}
+
+// Defaults.
+const (
+	// DefaultInterval is how often the execution limit is revisited.
+	DefaultInterval = 100 * time.Millisecond
+	// DefaultTolerance is how much the mean service time may exceed its
+	// recent best before the limit shrinks: 2x, i.e. requests may spend as
+	// long waiting for the CPU (or whatever they share) as working.
+	DefaultTolerance = 2.0
+	// DefaultMaxWait bounds the time a request waits for an execution
+	// slot: a request that cannot start within it is better rejected, so
+	// that its client retries elsewhere while it still has time.
+	DefaultMaxWait = 50 * time.Millisecond
+	// DefaultTargetDelay is the mean time admitted requests may wait
+	// before their handler starts. In a Go server whose handlers keep the
+	// CPU busy, admitted requests queue as runnable goroutines, invisible
+	// to any interceptor; this delay is how the controller sees that queue
+	// and bounds it (CoDel's 5 ms target).
+	DefaultTargetDelay = 5 * time.Millisecond
+	// probeEvery is how many intervals pass between baseline probes (5 s
+	// at the default interval); a probe runs one interval at the minimum
+	// limit.
+	probeEvery = 50
+	// DefaultMaxLimit bounds the execution limit.
+	DefaultMaxLimit = 10000
+	// DefaultDontRetryRatio: when at least this share of recent requests
+	// are retries, rejections say "overloaded; don't retry". Clients' retry
+	// budgets keep retries under about 10% of requests even when every
+	// task rejects, so a task seeing 5% retries is seeing other tasks
+	// reject a large share of their traffic.
+	DefaultDontRetryRatio = 0.05
+	// DefaultHistoryWindow is the attempt histogram's window.
+	DefaultHistoryWindow = 10 * time.Second
+	// dontRetryMinRequests is the number of recent requests the histogram
+	// needs before it is believed.
+	dontRetryMinRequests = 20
+)
+
+// Option configures a Controller.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	clock          clock.Clock
+	random         func() float64
+	obs            Observer
+	interval       time.Duration
+	tolerance      float64
+	minLimit       int
+	maxLimit       int
+	initialLimit   int
+	maxWait        time.Duration
+	targetDelay    time.Duration
+	queueFactor    int
+	dontRetryRatio float64
+	historyWindow  time.Duration
+	gates          []gate
+}
+
+type gate struct {
+	sig Signal
+	th  Thresholds
+}
+
+// WithClock sets the clock. Default clock.Real().
+func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
+
+// WithRandom sets the uniform [0, 1) source for progressive shedding.
+// Default math/rand/v2.
+func WithRandom(f func() float64) Option { return optionFunc(func(c *config) { c.random = f }) }
+
+// WithObserver sets the Observer. Default Nop.
+func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }
+
+// WithSignal adds a utilization signal with its per-criticality
+// thresholds. A request is rejected by the first signal whose draw says so.
+// Default: none; the execution limit alone protects latency. Add CPU,
+// Memory, ExecutorLoad or your own.
+func WithSignal(s Signal, t Thresholds) Option {
+	return optionFunc(func(c *config) { c.gates = append(c.gates, gate{s, t}) })
+}
+
+// WithInterval sets how often the execution limit is revisited. Default
+// DefaultInterval.
+func WithInterval(d time.Duration) Option { return optionFunc(func(c *config) { c.interval = d }) }
+
+// WithTolerance sets how far the mean service time may exceed its recent
+// best before the limit shrinks (> 1). Default DefaultTolerance.
+func WithTolerance(f float64) Option { return optionFunc(func(c *config) { c.tolerance = f }) }
+
+// WithLimits bounds the execution limit: min, initial and max. Defaults:
+// GOMAXPROCS, 2 x GOMAXPROCS, DefaultMaxLimit.
+func WithLimits(min, initial, max int) Option {
+	return optionFunc(func(c *config) { c.minLimit, c.initialLimit, c.maxLimit = min, initial, max })
+}
+
+// WithMaxWait bounds the time a request waits for an execution slot.
+// Default DefaultMaxWait.
+func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c.maxWait = d }) }
+
+// WithTargetDelay sets the mean time an admitted request may wait between
+// arriving and its handler starting (in the Go run queue and the
+// transport, where no interceptor can see it) before the controller admits
+// fewer. Default DefaultTargetDelay.
+func WithTargetDelay(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.targetDelay = d })
+}
+
+// WithQueueFactor sets the waiting queue's length as a multiple of the
+// execution limit (plus 8). Default 4.
+func WithQueueFactor(n int) Option { return optionFunc(func(c *config) { c.queueFactor = n }) }
+
+// WithDontRetryRatio sets the share of retries in recent requests above
+// which rejections say "overloaded; don't retry" (in (0, 1]; 1 disables it
+// in practice). Default DefaultDontRetryRatio.
+func WithDontRetryRatio(r float64) Option {
+	return optionFunc(func(c *config) { c.dontRetryRatio = r })
+}
+
+// Controller is one task's admission control. It is safe for concurrent
+// use. Its memory is bounded: the waiting queue holds at most
+// QueueFactor x limit + 8 requests (limit <= MaxLimit), the pending count
+// at most twice the limit plus the queue, and the attempt histogram is a
+// fixed window. It starts no goroutines; everything it revisits (the limit,
+// signals) is revisited by the requests themselves.
+type Controller struct {
+	start   time.Time
+	since   func() time.Duration
+	clock   clock.Clock
+	random  func() float64
+	obs     Observer
+	gates   []gate
+	maxWait time.Duration
+
+	targetDelay    int64
+	interval       int64
+	tolerance      float64
+	minLimit       int64
+	maxLimit       int64
+	queueFactor    int64
+	dontRetryRatio float64
+	attempts       *window.Counter // A: requests, B: retries
+	adjust         sync.Mutex      // held while revisiting the limit
+	best           int64           // mean service time at the minimum limit, measured by the last probe
+	probing        bool            // this interval runs at the minimum limit
+	resume         int64           // the limit to return to after the probe
+	intervals      int64
+	mu             sync.Mutex // guards the queues
+	queues         [criticality.NumLevels]fifo
+
+	// Read-mostly words, then each word that every request writes on a
+	// cache line of its own, so that cores do not fight over one line.
+	_           [64]byte
+	limit       atomic.Int64
+	queued      atomic.Int64
+	nextAdjust  atomic.Int64
+	expectedSvc atomic.Int64 // ns, last interval's mean service time
+	// sampleMask selects the requests whose service time is measured and
+	// which enter the attempt histogram (rand & mask == 0): all under light
+	// traffic, one in eight under heavy, which spares clock reads and
+	// shared writes.
+	sampleMask atomic.Uint32
+	waited     atomic.Bool
+	// pendingCap bounds the requests admitted at arrival and not yet done
+	// (for CRITICAL and above, a share more: headroom).
+	pendingCap atomic.Int64
+	capHit     atomic.Bool
+	_          [64]byte
+	pending    atomic.Int64
+	_          [56]byte
+	executing  atomic.Int64
+	_          [56]byte
+	svcSum     atomic.Int64
+	svcCount   atomic.Int64
+	delaySum   atomic.Int64 // sampled time from Arrive to Start
+	delayCount atomic.Int64
+	_          [32]byte
+	errs       [NumReasons][2]*outcome.Error
+}
+
+// New returns a Controller.
+func New(opts ...Option) (*Controller, error) {
+	procs := runtime.GOMAXPROCS(0)
+	c := config{
+		interval:       DefaultInterval,
+		tolerance:      DefaultTolerance,
+		minLimit:       procs,
+		initialLimit:   2 * procs,
+		maxLimit:       DefaultMaxLimit,
+		maxWait:        DefaultMaxWait,
+		targetDelay:    DefaultTargetDelay,
+		queueFactor:    4,
+		dontRetryRatio: DefaultDontRetryRatio,
+		historyWindow:  DefaultHistoryWindow,
+	}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	switch {
+	case c.interval < time.Millisecond:
+		return nil, fmt.Errorf("%w: interval must be at least 1ms, got %v", ErrConfig, c.interval)
+	case !(c.tolerance > 1) || math.IsInf(c.tolerance, 0):
+		return nil, fmt.Errorf("%w: tolerance must be > 1, got %v", ErrConfig, c.tolerance)
+	case c.minLimit < 1 || c.initialLimit < c.minLimit || c.maxLimit < c.initialLimit || c.maxLimit > 1<<20:
+		return nil, fmt.Errorf("%w: limits need 1 <= min <= initial <= max <= 2^20, got %d, %d, %d", ErrConfig, c.minLimit, c.initialLimit, c.maxLimit)
+	case c.maxWait <= 0:
+		return nil, fmt.Errorf("%w: max wait must be positive, got %v", ErrConfig, c.maxWait)
+	case c.targetDelay <= 0:
+		return nil, fmt.Errorf("%w: target delay must be positive, got %v", ErrConfig, c.targetDelay)
+	case c.queueFactor < 0 || c.queueFactor > 64:
+		return nil, fmt.Errorf("%w: queue factor must be in [0, 64], got %d", ErrConfig, c.queueFactor)
+	case !(c.dontRetryRatio > 0 && c.dontRetryRatio <= 1):
+		return nil, fmt.Errorf("%w: don't-retry ratio must be in (0, 1], got %v", ErrConfig, c.dontRetryRatio)
+	}
+	for _, g := range c.gates {
+		if g.sig == nil {
+			return nil, fmt.Errorf("%w: nil signal", ErrConfig)
+		}
+		if err := g.th.validate(); err != nil {
+			return nil, err
+		}
+	}
+	clk := clock.OrReal(c.clock)
+	ctl := &Controller{
+		start:          clk.Now(),
+		clock:          clk,
+		random:         c.random,
+		obs:            c.obs,
+		gates:          c.gates,
+		maxWait:        c.maxWait,
+		targetDelay:    int64(c.targetDelay),
+		interval:       int64(c.interval),
+		tolerance:      c.tolerance,
+		minLimit:       int64(c.minLimit),
+		maxLimit:       int64(c.maxLimit),
+		queueFactor:    int64(c.queueFactor),
+		dontRetryRatio: c.dontRetryRatio,
+		attempts:       window.New(int64(c.historyWindow/20), 20, 1),
+	}
+	ctl.since = clock.SinceFunc(clk, ctl.start)
+	if ctl.random == nil {
+		ctl.random = rand.Float64
+	}
+	if ctl.obs == nil {
+		ctl.obs = Nop{}
+	}
+	ctl.limit.Store(int64(c.initialLimit))
+	ctl.pendingCap.Store(2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit)))
+	ctl.nextAdjust.Store(int64(c.interval))
+	ctl.best = math.MaxInt64
+	for r := Reason(0); r < NumReasons; r++ {
+		ctl.errs[r][0] = &outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}
+		ctl.errs[r][1] = &outcome.Error{Kind: outcome.DontRetry, Reason: r.String()}
+	}
+	return ctl, nil
+}
+
+func (c *Controller) now() int64 { return int64(c.since()) }
+
+// Ticket follows one request from Arrive to Done. Adapters keep it with
+// the request (the gRPC adapter in the request's context node) and pass a
+// pointer to Start and Done; the zero Ticket is not admitted.
+type Ticket struct {
+	arrive, started int64
+	level           criticality.Level
+	state           uint8
+}
+
+const (
+	ticketPending uint8 = iota + 1
+	ticketRunning
+	ticketDone
+)
+
+// Arrive decides whether a request of level l, carrying attempt counter
+// attempt and the given deadline (zero: none), may enter the task. On
+// admission it fills t and returns nil; the caller must then call Start (or
+// Done, if the request ends before its handler runs) and Done. On rejection
+// it returns an *outcome.Error of kind TaskOverloaded or DontRetry whose
+// Reason is the Reason's name; the errors are shared and must not be
+// modified. Arrive does not allocate.
+func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
+	if !l.Valid() {
+		l = criticality.Default
+	}
+	now := c.now()
+	c.maybeAdjust(now)
+	if rand.Uint32()&c.sampleMask.Load() == 0 {
+		retry := uint32(0)
+		if attemptN > 0 {
+			retry = 1
+		}
+		c.attempts.Add(now, 1, retry)
+	}
+	for i := range c.gates {
+		g := &c.gates[i]
+		if p := g.th.rejectP(l, g.sig.Utilization()); p > 0 && (p >= 1 || c.random() < p) {
+			return c.reject(l, Utilization, now)
+		}
+	}
+	if !deadline.IsZero() {
+		left := int64(deadline.Sub(c.start)) - now
+		if left <= c.expectedWaitAndService() {
+			return c.reject(l, Deadline, now)
+		}
+	}
+	if c.pending.Add(1) > c.capFor(l) && !c.evictBelow(l) {
+		c.pending.Add(-1)
+		c.capHit.Store(true)
+		return c.reject(l, Concurrency, now)
+	}
+	*t = Ticket{arrive: now, level: l, state: ticketPending}
+	return nil
+}
+
+func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + 8 }
+
+// headroom is how far past the pending cap each criticality may still be
+// admitted, in percent: when the task is full, SHEDDABLE is refused first,
+// then SHEDDABLE_PLUS, CRITICAL, CRITICAL_PLUS. The higher classes are
+// admitted beyond the cap rather than the lower ones held below it, so that
+// the task stays work-conserving: with only SHEDDABLE traffic, SHEDDABLE
+// uses all of it.
+var headroom = [criticality.NumLevels]int64{0, 10, 25, 50}
+
+func (c *Controller) capFor(l criticality.Level) int64 {
+	p := c.pendingCap.Load()
+	return p + p*headroom[l]/100
+}
+
+// expectedWaitAndService is the time a request arriving now would take:
+// the queue ahead of it divided among the slots, plus one service time.
+func (c *Controller) expectedWaitAndService() int64 {
+	svc := c.expectedSvc.Load()
+	limit := c.limit.Load()
+	return svc + c.queued.Load()*svc/limit
+}
+
+func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
+	dr := 0
+	if w, _ := c.attempts.Sums(now); w.A >= dontRetryMinRequests/float64(c.sampleMask.Load()+1) && w.B >= c.dontRetryRatio*w.A {
+		dr = 1
+	}
+	c.obs.Rejected(l, r, dr == 1)
+	return c.errs[r][dr]
+}
+
+// Start gives the request an execution slot, waiting for one if needed (at
+// most MaxWait, never past ctx's deadline, highest criticality first). It
+// returns nil when the handler may run, or a rejection error (Concurrency,
+// or Deadline when the deadline would pass while waiting) or ctx's error.
+// Either way the caller calls Done afterwards.
+func (c *Controller) Start(ctx context.Context, t *Ticket) error {
+	if t.state != ticketPending {
+		return errors.New("admission: Start without Arrive")
+	}
+	if rand.Uint32()&c.sampleMask.Load() == 0 {
+		c.delaySum.Add(max(c.now()-t.arrive, 0))
+		c.delayCount.Add(1)
+	}
+	if c.queued.Load() == 0 && c.tryAcquire() {
+		return c.started(t)
+	}
+	return c.wait(ctx, t)
+}
+
+func (c *Controller) started(t *Ticket) error {
+	t.state, t.started = ticketRunning, 0
+	if rand.Uint32()&c.sampleMask.Load() == 0 {
+		t.started = c.now()
+	}
+	c.obs.Admitted(t.level)
+	return nil
+}
+
+func (c *Controller) tryAcquire() bool {
+	for {
+		e, l := c.executing.Load(), c.limit.Load()
+		if e >= l {
+			return false
+		}
+		if c.executing.CompareAndSwap(e, e+1) {
+			return true
+		}
+	}
+}
+
+// Done ends the request: it gives back its execution slot, if it had one,
+// and its place among the pending requests. Done on a Ticket that is not
+// admitted, or a second time, does nothing.
+func (c *Controller) Done(t *Ticket) {
+	switch t.state {
+	case ticketRunning:
+		if t.started != 0 {
+			c.svcSum.Add(max(c.now()-t.started, 1))
+			c.svcCount.Add(1)
+		}
+		c.release()
+	case ticketPending:
+	default:
+		return
+	}
+	t.state = ticketDone
+	c.pending.Add(-1)
+}
+
+// release gives back an execution slot and hands free slots to waiters.
+func (c *Controller) release() {
+	c.executing.Add(-1)
+	if c.queued.Load() > 0 {
+		c.mu.Lock()
+		c.dispatch()
+		c.mu.Unlock()
+	}
+}
+
+// Degrade reports whether a request of level l should be served a degraded
+// (cheaper) answer because the task is near its limit: requests are
+// waiting for execution slots, or a signal is within 0.1 of the level's
+// threshold. SRE book ch. 21: "a degraded response ... when its request to
+// the DB Frontend failed"; here the handler can choose before it fails.
+func (c *Controller) Degrade(l criticality.Level) bool {
+	if !l.Valid() {
+		l = criticality.Default
+	}
+	if c.queued.Load() > 0 {
+		return true
+	}
+	for i := range c.gates {
+		g := &c.gates[i]
+		if g.sig.Utilization() >= g.th.Start[l]-0.1 {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats is a snapshot for metrics.
+type Stats struct {
+	Limit, Pending, Executing, Queued int64
+	// PendingCap is the current bound on pending requests (before
+	// criticality headroom).
+	PendingCap int64
+	// ServiceTime is the mean service time of the last interval.
+	ServiceTime time.Duration
+	// RetryShare is the share of retries among recent requests.
+	RetryShare float64
+	// Signals are the current utilizations, by signal name.
+	Signals []SignalValue
+}
+
+// SignalValue is one signal's reading.
+type SignalValue struct {
+	Name        string
+	Utilization float64
+}
+
+// Stats returns a snapshot.
+func (c *Controller) Stats() Stats {
+	s := Stats{
+		Limit: c.limit.Load(), Pending: c.pending.Load(), Executing: c.executing.Load(), Queued: c.queued.Load(),
+		PendingCap:  c.pendingCap.Load(),
+		ServiceTime: time.Duration(c.expectedSvc.Load()),
+	}
+	if w, _ := c.attempts.Sums(c.now()); w.A > 0 {
+		s.RetryShare = w.B / w.A
+	}
+	for _, g := range c.gates {
+		s.Signals = append(s.Signals, SignalValue{g.sig.Name(), g.sig.Utilization()})
+	}
+	return s
+}
+
+// maybeAdjust revisits the execution limit once per interval, on whichever
+// request comes first.
+func (c *Controller) maybeAdjust(now int64) {
+	if now < c.nextAdjust.Load() || !c.adjust.TryLock() {
+		return
+	}
+	defer c.adjust.Unlock()
+	if now < c.nextAdjust.Load() {
+		return
+	}
+	c.nextAdjust.Store(now + c.interval)
+	c.adjustPending()
+	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
+	waited := c.waited.Swap(false)
+	if n == 0 {
+		return
+	}
+	mean := sum / n
+	c.expectedSvc.Store(mean)
+	if n >= 256 {
+		c.sampleMask.Store(7)
+	} else {
+		c.sampleMask.Store(0)
+	}
+	limit := c.limit.Load()
+	next := limit
+	c.intervals++
+	switch {
+	case c.probing:
+		// The probe interval ran at the minimum limit: its mean service
+		// time is the baseline until the next probe.
+		c.best, c.probing, next = mean, false, c.resume
+	case c.best == math.MaxInt64 || c.intervals%probeEvery == 0:
+		// Measure the baseline: one interval at the minimum limit (as
+		// BBR's ProbeRTT does), since a baseline taken at the current
+		// limit would let the limit ratchet up.
+		if limit > c.minLimit {
+			c.probing, c.resume, next = true, limit, c.minLimit
+		} else {
+			c.best = mean
+		}
+	case float64(mean) > c.tolerance*float64(c.best):
+		next = max(c.minLimit, min(limit-1, limit*9/10))
+	case waited:
+		next = min(c.maxLimit, limit+max(1, limit/10))
+	}
+	if next != limit {
+		c.limit.Store(next)
+		c.obs.LimitChanged(int(next))
+		if next > limit {
+			c.mu.Lock()
+			c.dispatch()
+			c.mu.Unlock()
+		}
+	}
+}
+
+// adjustPending revisits the pending cap: fewer admitted while the mean
+// wait before handlers start exceeds the target, more while the cap
+// turned requests away and the wait is within it. c.adjust is held.
+func (c *Controller) adjustPending() {
+	n, sum := c.delayCount.Swap(0), c.delaySum.Swap(0)
+	hit := c.capHit.Swap(false)
+	if n == 0 {
+		return
+	}
+	p := c.pendingCap.Load()
+	next := p
+	switch {
+	case sum/n > c.targetDelay:
+		next = max(c.minLimit, min(p-1, p*9/10))
+	case hit:
+		next = min(c.maxLimit*8, p+max(1, p/10))
+	}
+	c.pendingCap.Store(next)
+}
+
+// RejectionOf reports whether err is a rejection made by a Controller, and
+// its reason and kind. Adapters use it to answer with prebuilt responses.
+func RejectionOf(err error) (r Reason, dontRetry, ok bool) {
+	oe, isOutcome := err.(*outcome.Error)
+	if !isOutcome || (oe.Kind != outcome.TaskOverloaded && oe.Kind != outcome.DontRetry) || oe.Local || oe.Downstream {
+		return 0, false, false
+	}
+	for r := Reason(0); r < NumReasons; r++ {
+		if oe.Reason == reasonNames[r] {
+			return r, oe.Kind == outcome.DontRetry, true
+		}
+	}
+	return 0, false, false
+}

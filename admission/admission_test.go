@@ -1,0 +1,295 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/outcome"
+)
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func mustNew(t testing.TB, opts ...admission.Option) *admission.Controller {
+	t.Helper()
+	c, err := admission.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// counter is an Observer that counts.
+type counter struct {
+	admitted int
+	rejected map[admission.Reason]int
+	dr       int
+	limits   []int
+}
+
+func (o *counter) Admitted(criticality.Level) { o.admitted++ }
+func (o *counter) Rejected(_ criticality.Level, r admission.Reason, dr bool) {
+	if o.rejected == nil {
+		o.rejected = map[admission.Reason]int{}
+	}
+	o.rejected[r]++
+	if dr {
+		o.dr++
+	}
+}
+func (o *counter) LimitChanged(n int) { o.limits = append(o.limits, n) }
+
+func reason(t *testing.T, err error) admission.Reason {
+	t.Helper()
+	r, _, ok := admission.RejectionOf(err)
+	if !ok {
+		t.Fatalf("not a rejection: %v", err)
+	}
+	return r
+}
+
+func TestLimitBoundsExecution(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 2, 2))
+	var a, b admission.Ticket
+	for _, tk := range []*admission.Ticket{&a, &b} {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background(), tk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := c.Stats(); s.Executing != 2 || s.Pending != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+	c.Done(&a)
+	c.Done(&a) // a second Done does nothing
+	c.Done(&b)
+	if s := c.Stats(); s.Executing != 0 || s.Pending != 0 {
+		t.Fatalf("after Done: %+v", s)
+	}
+}
+
+// start runs Start in a goroutine and returns a channel for its result.
+func start(c *admission.Controller, ctx context.Context, tk *admission.Ticket) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- c.Start(ctx, tk) }()
+	return ch
+}
+
+func waitQueued(t *testing.T, c *admission.Controller, n int64, f *clock.Fake) {
+	t.Helper()
+	stop := make(chan struct{})
+	defer close(stop)
+	// Every queued request holds one timer on the fake clock.
+	if !f.BlockUntil(int(n), stop) {
+		t.Fatal("requests did not queue")
+	}
+	if q := c.Stats().Queued; q != n {
+		t.Fatalf("queued %d, want %d", q, n)
+	}
+}
+
+type result struct {
+	i   int
+	err error
+}
+
+// A freed slot goes to the most critical waiter, oldest first.
+func TestWaitersAreServedHighestCriticalityFirst(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour))
+	var running admission.Ticket
+	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	if err := c.Start(context.Background(), &running); err != nil {
+		t.Fatal(err)
+	}
+	levels := []criticality.Level{criticality.Sheddable, criticality.CriticalPlus, criticality.SheddablePlus, criticality.CriticalPlus}
+	tickets := make([]admission.Ticket, len(levels))
+	done := make(chan result, len(levels))
+	for i, l := range levels {
+		if err := c.Arrive(&tickets[i], l, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- result{i, c.Start(context.Background(), &tickets[i])} }()
+		waitQueued(t, c, int64(i+1), f)
+	}
+	var order []int
+	prev := &running
+	for range levels {
+		c.Done(prev)
+		var r result
+		select {
+		case r = <-done:
+		case <-time.After(10 * time.Second): // a guard against a hang, not a wait
+			t.Fatal("no waiter was given the freed slot")
+		}
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		order = append(order, r.i)
+		prev = &tickets[r.i]
+	}
+	c.Done(prev)
+	if want := []int{1, 3, 2, 0}; !equal(order, want) {
+		t.Fatalf("served %v, want %v (CRITICAL_PLUS oldest first, then SHEDDABLE_PLUS, then SHEDDABLE)", order, want)
+	}
+	if s := c.Stats(); s.Pending != 0 || s.Executing != 0 || s.Queued != 0 {
+		t.Fatalf("left over: %+v", s)
+	}
+}
+
+func equal(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// A full queue: a more critical request displaces the oldest of the least
+// critical waiters; an equally critical one is rejected.
+func TestFullQueueDisplacesLowerCriticality(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(time.Hour))
+	var running admission.Ticket
+	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Start(context.Background(), &running)
+	// Queue capacity is 0 x 1 + 8.
+	tickets := make([]admission.Ticket, 9)
+	done := make(chan result, 9)
+	for i := 0; i < 8; i++ {
+		if err := c.Arrive(&tickets[i], criticality.Sheddable, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- result{i, c.Start(context.Background(), &tickets[i])} }()
+		waitQueued(t, c, int64(i+1), f)
+	}
+	// Another SHEDDABLE: no room, nobody below it.
+	var extra admission.Ticket
+	if err := c.Arrive(&extra, criticality.Sheddable, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), &extra); reason(t, err) != admission.Concurrency {
+		t.Fatalf("err %v", err)
+	}
+	c.Done(&extra)
+	// A CRITICAL takes the place of the oldest SHEDDABLE.
+	if err := c.Arrive(&tickets[8], criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- result{8, c.Start(context.Background(), &tickets[8])} }()
+	r := <-done
+	if r.i != 0 || reason(t, r.err) != admission.Concurrency {
+		t.Fatalf("displaced %d with %v, want the oldest SHEDDABLE (0)", r.i, r.err)
+	}
+	c.Done(&tickets[0])
+	c.Done(&running)
+	r = <-done
+	if r.i != 8 || r.err != nil {
+		t.Fatalf("the freed slot went to %d (%v), want the CRITICAL request", r.i, r.err)
+	}
+}
+
+func TestWaitIsBoundedInTime(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(50*time.Millisecond))
+	var running, waiting admission.Ticket
+	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Start(context.Background(), &running)
+	c.Arrive(&waiting, criticality.Critical, 0, time.Time{})
+	ch := make(chan error, 1)
+	go func() { ch <- c.Start(context.Background(), &waiting) }()
+	waitQueued(t, c, 1, f)
+	f.Advance(49 * time.Millisecond)
+	select {
+	case err := <-ch:
+		t.Fatalf("gave up before the max wait: %v", err)
+	default:
+	}
+	f.Advance(time.Millisecond)
+	if err := <-ch; reason(t, err) != admission.Concurrency {
+		t.Fatalf("err %v", err)
+	}
+	c.Done(&waiting)
+	if s := c.Stats(); s.Queued != 0 || s.Pending != 1 {
+		t.Fatalf("after the timeout: %+v", s)
+	}
+}
+
+func TestCancelledWaiterLeavesTheQueue(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour))
+	var running, waiting admission.Ticket
+	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Start(context.Background(), &running)
+	c.Arrive(&waiting, criticality.Critical, 0, time.Time{})
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan error, 1)
+	go func() { ch <- c.Start(ctx, &waiting) }()
+	waitQueued(t, c, 1, f)
+	cancel()
+	if err := <-ch; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	c.Done(&waiting)
+	c.Done(&running)
+	if s := c.Stats(); s.Queued != 0 || s.Pending != 0 || s.Executing != 0 {
+		t.Fatalf("left over: %+v", s)
+	}
+}
+
+// Arrive bounds the pending requests. The cap starts at twice the limit
+// plus the queue (here 10); more critical requests may go past it
+// (SHEDDABLE_PLUS by 10%, CRITICAL by 25%, CRITICAL_PLUS by 50%), so that
+// when the task is full the least critical are refused first.
+func TestArriveBoundsPendingByCriticality(t *testing.T) {
+	c := mustNew(t, admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0))
+	var held []*admission.Ticket
+	admit := func(l criticality.Level) error {
+		tk := &admission.Ticket{}
+		err := c.Arrive(tk, l, 0, time.Time{})
+		if err == nil {
+			held = append(held, tk)
+		}
+		return err
+	}
+	for i := 0; i < 10; i++ {
+		if err := admit(criticality.Sheddable); err != nil {
+			t.Fatalf("arrival %d: %v", i, err)
+		}
+	}
+	for _, tc := range []struct {
+		l     criticality.Level
+		extra int
+	}{{criticality.Sheddable, 0}, {criticality.SheddablePlus, 1}, {criticality.Critical, 1}, {criticality.CriticalPlus, 3}} {
+		for i := 0; i < tc.extra; i++ {
+			if err := admit(tc.l); err != nil {
+				t.Fatalf("%v past the cap (%d pending): %v", tc.l, c.Stats().Pending, err)
+			}
+		}
+		err := admit(tc.l)
+		if reason(t, err) != admission.Concurrency {
+			t.Fatalf("%v at %d pending: %v", tc.l, c.Stats().Pending, err)
+		}
+		oe, _ := outcome.As(err)
+		if oe.Kind != outcome.TaskOverloaded || oe.Local || oe.Downstream {
+			t.Fatalf("rejection %#v", oe)
+		}
+	}
+	for _, tk := range held {
+		c.Done(tk)
+	}
+	if c.Stats().Pending != 0 {
+		t.Fatal("pending left")
+	}
+}

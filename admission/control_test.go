@@ -1,0 +1,314 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/outcome"
+)
+
+// fixed is a Signal with a settable value.
+type fixed struct{ u float64 }
+
+func (f *fixed) Name() string         { return "fixed" }
+func (f *fixed) Utilization() float64 { return f.u }
+
+// As a signal rises, SHEDDABLE is shed first and progressively,
+// CRITICAL_PLUS last.
+func TestSignalShedsLowerCriticalityFirstAndProgressively(t *testing.T) {
+	sig := &fixed{}
+	rng := rand.New(rand.NewPCG(1, 1))
+	c := mustNew(t, admission.WithSignal(sig, admission.DefaultThresholds()), admission.WithRandom(rng.Float64))
+	share := func(l criticality.Level) float64 {
+		rejected := 0
+		for i := 0; i < 2000; i++ {
+			var tk admission.Ticket
+			if err := c.Arrive(&tk, l, 0, time.Time{}); err != nil {
+				if reason(t, err) != admission.Utilization {
+					t.Fatalf("reason %v", err)
+				}
+				rejected++
+				continue
+			}
+			c.Done(&tk)
+		}
+		return float64(rejected) / 2000
+	}
+	for _, tc := range []struct {
+		u    float64
+		want [criticality.NumLevels]float64
+	}{
+		{0.70, [4]float64{0, 0, 0, 0}},
+		{0.85, [4]float64{0.5, 0, 0, 0}},
+		{0.92, [4]float64{1, 0.7, 0.2, 0}},
+		{1.00, [4]float64{1, 1, 1, 0.5}},
+		{1.10, [4]float64{1, 1, 1, 1}},
+	} {
+		sig.u = tc.u
+		for l := criticality.Level(0); l < criticality.NumLevels; l++ {
+			if got := share(l); math.Abs(got-tc.want[l]) > 0.05 {
+				t.Errorf("utilization %.2f, %v: rejected %.2f, want %.2f", tc.u, l, got, tc.want[l])
+			}
+		}
+	}
+}
+
+func TestDeadlineTooCloseIsRejectedAtOnce(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithInterval(time.Second))
+	// Teach it a 100 ms service time.
+	for i := 0; i < 10; i++ {
+		var tk admission.Ticket
+		c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+		c.Start(context.Background(), &tk)
+		f.Advance(100 * time.Millisecond)
+		c.Done(&tk)
+	}
+	f.Advance(time.Second)
+	var probe admission.Ticket
+	c.Arrive(&probe, criticality.Critical, 0, time.Time{}) // runs the adjustment
+	c.Done(&probe)
+	if got := c.Stats().ServiceTime; got != 100*time.Millisecond {
+		t.Fatalf("service time %v", got)
+	}
+	var tk admission.Ticket
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, f.Now().Add(50*time.Millisecond)); reason(t, err) != admission.Deadline {
+		t.Fatalf("a 50 ms deadline for a 100 ms request: %v", err)
+	}
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, f.Now().Add(-time.Millisecond)); reason(t, err) != admission.Deadline {
+		t.Fatalf("an expired deadline: %v", err)
+	}
+	if err := c.Arrive(&tk, criticality.Sheddable, 0, f.Now().Add(time.Second)); err != nil {
+		t.Fatalf("a 1 s deadline: %v", err)
+	}
+	c.Done(&tk)
+}
+
+// When a significant share of recent requests are retries, rejections say
+// "overloaded; don't retry".
+func TestRetryHistogramTurnsRejectionsIntoDontRetry(t *testing.T) {
+	f := clock.NewFake(epoch)
+	obs := &counter{}
+	sig := &fixed{u: 2} // reject everything
+	c := mustNew(t, admission.WithClock(f), admission.WithSignal(sig, admission.DefaultThresholds()), admission.WithObserver(obs))
+	kind := func(attemptN int) outcome.Kind {
+		var tk admission.Ticket
+		oe, _ := outcome.As(c.Arrive(&tk, criticality.Critical, attemptN, time.Time{}))
+		return oe.Kind
+	}
+	for i := 0; i < 100; i++ {
+		if k := kind(0); k != outcome.TaskOverloaded {
+			t.Fatalf("first attempts only: %v", k)
+		}
+	}
+	for i := 0; i < 5; i++ {
+		kind(1)
+	}
+	// 5 retries in 105 requests: under 5%... the sixth tips it.
+	kind(2)
+	if k := kind(0); k != outcome.DontRetry {
+		t.Fatalf("with 6 retries in 107 requests: %v, want don't retry", k)
+	}
+	if obs.dr == 0 {
+		t.Fatal("observer not told")
+	}
+	// The histogram slides: ten seconds later the retries are forgotten.
+	f.Advance(11 * time.Second)
+	if k := kind(0); k != outcome.TaskOverloaded {
+		t.Fatalf("after the window: %v", k)
+	}
+}
+
+// sim runs a closed system on virtual time: arrivals at rate per second,
+// each request's service time given by svc(executing) where executing is
+// the number running when it starts, for d. It returns the controller's
+// limit at the end and the mean latency of the last second.
+func sim(t *testing.T, c *admission.Controller, f *clock.Fake, rate int, d time.Duration, svc func(executing int) time.Duration) (limit int64) {
+	t.Helper()
+	type running struct {
+		tk  *admission.Ticket
+		end time.Time
+	}
+	var runs []running
+	var queue []*admission.Ticket
+	step := time.Second / time.Duration(rate)
+	end := f.Now().Add(d)
+	for f.Now().Before(end) {
+		now := f.Now()
+		// complete what is due
+		kept := runs[:0]
+		for _, r := range runs {
+			if !r.end.After(now) {
+				c.Done(r.tk)
+			} else {
+				kept = append(kept, r)
+			}
+		}
+		runs = kept
+		// arrive
+		tk := &admission.Ticket{}
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err == nil {
+			queue = append(queue, tk)
+		}
+		// start what fits, in order, without blocking: the test stands in
+		// for the waiting queue so that no goroutine is needed.
+		for len(queue) > 0 && int64(len(runs)) < c.Stats().Limit {
+			tk := queue[0]
+			queue = queue[1:]
+			if err := c.Start(context.Background(), tk); err != nil {
+				t.Fatal(err)
+			}
+			runs = append(runs, running{tk, now.Add(svc(len(runs) + 1))})
+		}
+		if len(queue) > 0 {
+			// The controller learns that requests waited through Start;
+			// mimic one waiting Start per step by a short-lived waiter.
+			markWaited(c)
+		}
+		for len(queue) > 64 {
+			c.Done(queue[0])
+			queue = queue[1:]
+		}
+		f.Advance(step)
+	}
+	for _, r := range runs {
+		c.Done(r.tk)
+	}
+	for _, tk := range queue {
+		c.Done(tk)
+	}
+	return c.Stats().Limit
+}
+
+// markWaited makes the controller see a request that had to wait: a Start
+// that finds no free slot and gives up at once.
+func markWaited(c *admission.Controller) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var tk admission.Ticket
+	if c.Arrive(&tk, criticality.Critical, 0, time.Time{}) == nil {
+		if c.Start(ctx, &tk) == nil {
+			// a slot was free after all
+		}
+		c.Done(&tk)
+	}
+}
+
+// The limit is found, not configured: CPU-bound requests (each running
+// request slows the others down) settle at a few slots; requests that wait
+// on something else (service time independent of concurrency) get many.
+func TestLimitAdaptsToTheWork(t *testing.T) {
+	cpuBound := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	ioBound := func(int) time.Duration { return 20 * time.Millisecond }
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 2, 1000))
+	l := sim(t, c, f, 5000, 20*time.Second, cpuBound)
+	t.Logf("CPU-bound limit %d", l)
+	if l < 1 || l > 4 {
+		t.Errorf("CPU-bound: limit %d, want 1-4", l)
+	}
+	f2 := clock.NewFake(epoch)
+	c2 := mustNew(t, admission.WithClock(f2), admission.WithLimits(1, 2, 1000))
+	l = sim(t, c2, f2, 5000, 20*time.Second, ioBound)
+	t.Logf("I/O-bound limit %d", l)
+	if l < 90 {
+		t.Errorf("I/O-bound at 5000/s x 20 ms (100 in flight needed): limit %d", l)
+	}
+}
+
+// The executor load average swallows a short fan-out burst and trips on
+// sustained load (virtual time).
+func TestExecutorLoadSmoothsBursts(t *testing.T) {
+	f := clock.NewFake(epoch)
+	active := 0.5
+	sig := admission.ExecutorLoad{Procs: 2, Clock: f, Read: func() float64 { return active }}.Signal()
+	th := admission.DefaultThresholds()
+	tick := func(d time.Duration) float64 {
+		var u float64
+		for end := f.Now().Add(d); f.Now().Before(end); f.Advance(time.Millisecond) {
+			u = sig.Utilization()
+		}
+		return u
+	}
+	tick(5 * time.Second)
+	active = 200 // one request fans out into 200 goroutines for 2 ms
+	peak := tick(2 * time.Millisecond)
+	active = 0.5
+	after := tick(10 * time.Millisecond)
+	if peak > th.Start[criticality.Sheddable] || after > th.Start[criticality.Sheddable] {
+		t.Fatalf("a 2 ms burst of 200 goroutines on 2 procs: utilization %.2f (after %.2f), sheds from %.2f", peak, after, th.Start[criticality.Sheddable])
+	}
+	active = 3 // sustained: 1.5x the processors
+	u := tick(3 * time.Second)
+	if u < th.End[criticality.Critical] {
+		t.Fatalf("sustained load of 3 on 2 procs: utilization %.2f after 3 s, want past CRITICAL's %.2f", u, th.End[criticality.Critical])
+	}
+}
+
+func TestCPUAndMemorySignals(t *testing.T) {
+	f := clock.NewFake(epoch)
+	used := time.Duration(0)
+	cpu, err := admission.CPU{CPUs: 2, Clock: f, Read: func() (time.Duration, error) { return used, nil }}.Signal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu.Utilization()
+	f.Advance(100 * time.Millisecond)
+	used += 150 * time.Millisecond // 1.5 CPUs for 100 ms
+	if u := cpu.Utilization(); math.Abs(u-0.75) > 1e-9 {
+		t.Fatalf("cpu utilization %v, want 0.75", u)
+	}
+	if _, err := (admission.CPU{Read: func() (time.Duration, error) { return 0, errors.New("no") }}).Signal(); err == nil {
+		t.Fatal("a failing reader was accepted")
+	}
+	mem := admission.Memory{Limit: 1000, Clock: f, Read: func() uint64 { return 900 }}.Signal()
+	if u := mem.Utilization(); u != 0.9 {
+		t.Fatalf("memory utilization %v", u)
+	}
+	real, err := admission.CPU{}.Signal()
+	if err != nil {
+		t.Fatalf("process CPU on this platform: %v", err)
+	}
+	if u := real.Utilization(); u < 0 || math.IsNaN(u) {
+		t.Fatalf("real cpu %v", u)
+	}
+	if admission.ReservedCPUs() <= 0 {
+		t.Fatal("no CPUs reserved")
+	}
+}
+
+func TestCombinedSignals(t *testing.T) {
+	a, b := &fixed{0.5}, &fixed{0.9}
+	if u := admission.Max("m", a, b).Utilization(); u != 0.9 {
+		t.Fatalf("max %v", u)
+	}
+	w, err := admission.Weighted("w", []admission.Signal{a, b}, []float64{0.5, 0.5})
+	if err != nil || math.Abs(w.Utilization()-0.7) > 1e-9 {
+		t.Fatalf("weighted %v, %v", w, err)
+	}
+	if _, err := admission.Weighted("w", []admission.Signal{a}, nil); !errors.Is(err, admission.ErrConfig) {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	bad := admission.DefaultThresholds()
+	bad.End[criticality.Critical] = bad.Start[criticality.Critical]
+	for _, opts := range [][]admission.Option{
+		{admission.WithInterval(time.Microsecond)}, {admission.WithTolerance(1)},
+		{admission.WithLimits(0, 1, 1)}, {admission.WithLimits(2, 1, 3)}, {admission.WithLimits(1, 1, 1<<21)},
+		{admission.WithMaxWait(0)}, {admission.WithQueueFactor(-1)}, {admission.WithDontRetryRatio(0)},
+		{admission.WithSignal(nil, admission.DefaultThresholds())}, {admission.WithSignal(&fixed{}, bad)},
+	} {
+		if _, err := admission.New(opts...); !errors.Is(err, admission.ErrConfig) {
+			t.Errorf("New: err = %v", err)
+		}
+	}
+}

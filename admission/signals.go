@@ -1,0 +1,276 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+)
+
+// ExecutorLoad is the book's "executor load average": the number of
+// goroutines running or ready to run (runtime/metrics
+// /sched/goroutines/running and /sched/goroutines/runnable), smoothed with
+// exponential decay over Tau, as a fraction of the processors available
+// (GOMAXPROCS by default). "An incoming request that has a very large
+// fan-out ... will cause the load to spike very briefly, but the smoothing
+// will mostly swallow that spike. However, if the operations are not
+// short-lived ... the task will start rejecting requests."
+//
+// It is sampled at most once per Interval, on the request path; each sample
+// weighs at most two intervals' worth, so a reading taken during a brief
+// burst after an idle spell cannot count as if it had lasted the whole
+// spell.
+//
+// In a Go server every CPU-bound request in progress is itself a runnable
+// goroutine, so this signal reads above 1 whenever the task is saturated,
+// however well the concurrency limit keeps latency; it is not in the
+// default set. Use it to shed on load the requests do not account for
+// (background work, fan-out that outlives requests).
+type ExecutorLoad struct {
+	// Procs is the processors available; 0 means runtime.GOMAXPROCS(0).
+	Procs float64
+	// Tau is the decay time constant; 0 means 1 s.
+	Tau time.Duration
+	// Interval is the sampling interval; 0 means 1 ms.
+	Interval time.Duration
+	// Clock is the clock; nil means clock.Real().
+	Clock clock.Clock
+	// Read returns the current running + runnable goroutines; nil reads
+	// runtime/metrics. Tests and the simulator inject it.
+	Read func() float64
+}
+
+// Signal returns the signal.
+func (e ExecutorLoad) Signal() Signal {
+	procs := e.Procs
+	if procs <= 0 {
+		procs = float64(runtime.GOMAXPROCS(0))
+	}
+	tau := e.Tau
+	if tau <= 0 {
+		tau = time.Second
+	}
+	interval := e.Interval
+	if interval <= 0 {
+		interval = time.Millisecond
+	}
+	read := e.Read
+	if read == nil {
+		read = newSchedReader().read
+	}
+	var (
+		mu   sync.Mutex
+		load float64
+		last time.Time
+	)
+	return Sampled("executor_load", interval, e.Clock, func(now time.Time) float64 {
+		x := read()
+		mu.Lock()
+		defer mu.Unlock()
+		if last.IsZero() {
+			load = x
+		} else {
+			dt := min(now.Sub(last), 2*interval)
+			alpha := 1 - math.Exp(-float64(dt)/float64(tau))
+			load += alpha * (x - load)
+		}
+		last = now
+		return load / procs
+	})
+}
+
+// schedReader reads running + runnable goroutines.
+type schedReader struct {
+	mu      sync.Mutex
+	samples []metrics.Sample
+}
+
+func newSchedReader() *schedReader {
+	return &schedReader{samples: []metrics.Sample{
+		{Name: "/sched/goroutines/running:goroutines"},
+		{Name: "/sched/goroutines/runnable:goroutines"},
+	}}
+}
+
+func (r *schedReader) read() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	metrics.Read(r.samples)
+	total := 0.0
+	for _, s := range r.samples {
+		if s.Value.Kind() == metrics.KindUint64 {
+			total += float64(s.Value.Uint64())
+		}
+	}
+	return total
+}
+
+// CPU is the CPU utilization of this process: its CPU time rate (user +
+// system, from getrusage) divided by the CPUs reserved for it: the cgroup
+// v2 cpu.max quota when there is one, else GOMAXPROCS. It is sampled at
+// most once per Interval (default 100 ms) and is the rate over the last
+// interval. Not the machine's CPU, nor the whole cgroup's: the peers
+// measured in issue 4 read the machine's and never fired.
+type CPU struct {
+	// CPUs is the CPUs reserved; 0 means ReservedCPUs().
+	CPUs float64
+	// Interval is the sampling interval; 0 means 100 ms.
+	Interval time.Duration
+	// Clock is the clock; nil means clock.Real().
+	Clock clock.Clock
+	// Read returns the process's CPU time so far; nil reads getrusage.
+	Read func() (time.Duration, error)
+}
+
+// Signal returns the signal, or an error if the platform cannot read the
+// process's CPU time.
+func (c CPU) Signal() (Signal, error) {
+	cpus := c.CPUs
+	if cpus <= 0 {
+		cpus = ReservedCPUs()
+	}
+	interval := c.Interval
+	if interval <= 0 {
+		interval = 100 * time.Millisecond
+	}
+	read := c.Read
+	if read == nil {
+		read = processCPU
+	}
+	if _, err := read(); err != nil {
+		return nil, err
+	}
+	var (
+		mu       sync.Mutex
+		lastCPU  time.Duration
+		lastWall time.Time
+		value    float64
+	)
+	return Sampled("cpu", interval, c.Clock, func(now time.Time) float64 {
+		used, err := read()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			return value
+		}
+		if !lastWall.IsZero() && now.After(lastWall) {
+			value = float64(used-lastCPU) / float64(now.Sub(lastWall)) / cpus
+		}
+		lastCPU, lastWall = used, now
+		return value
+	}), nil
+}
+
+// ReservedCPUs returns the CPUs reserved for this process: the cgroup v2
+// cpu.max quota divided by its period when a quota is set, else
+// GOMAXPROCS.
+func ReservedCPUs() float64 {
+	if b, err := os.ReadFile("/sys/fs/cgroup/cpu.max"); err == nil {
+		if q, ok := parseCPUMax(string(b)); ok {
+			return q
+		}
+	}
+	return float64(runtime.GOMAXPROCS(0))
+}
+
+// parseCPUMax reads cgroup v2 cpu.max ("max 100000" or "150000 100000").
+func parseCPUMax(s string) (float64, bool) {
+	f := strings.Fields(s)
+	if len(f) != 2 || f[0] == "max" {
+		return 0, false
+	}
+	q, err1 := strconv.ParseFloat(f[0], 64)
+	p, err2 := strconv.ParseFloat(f[1], 64)
+	if err1 != nil || err2 != nil || !(q > 0) || !(p > 0) || math.IsInf(q, 0) || math.IsInf(p, 0) {
+		return 0, false
+	}
+	return q / p, true
+}
+
+// Memory is memory pressure: the memory the Go runtime holds from the
+// system (runtime/metrics /memory/classes/total minus released heap)
+// against the limit: the Go memory limit (debug.SetMemoryLimit, GOMEMLIMIT)
+// or the cgroup v2 memory.max, whichever is lower. With neither set it
+// reads 0. Sampled at most once per Interval (default 100 ms).
+type Memory struct {
+	// Limit in bytes; 0 means MemoryLimit().
+	Limit uint64
+	// Interval is the sampling interval; 0 means 100 ms.
+	Interval time.Duration
+	// Clock is the clock; nil means clock.Real().
+	Clock clock.Clock
+	// Read returns the bytes in use; nil reads runtime/metrics.
+	Read func() uint64
+}
+
+// Signal returns the signal.
+func (m Memory) Signal() Signal {
+	limit := m.Limit
+	if limit == 0 {
+		limit = MemoryLimit()
+	}
+	interval := m.Interval
+	if interval <= 0 {
+		interval = 100 * time.Millisecond
+	}
+	read := m.Read
+	if read == nil {
+		read = newMemReader().read
+	}
+	return Sampled("memory", interval, m.Clock, func(time.Time) float64 {
+		if limit == 0 || limit == math.MaxInt64 {
+			return 0
+		}
+		return float64(read()) / float64(limit)
+	})
+}
+
+// MemoryLimit returns the lower of the Go memory limit and the cgroup v2
+// memory.max, or 0 if neither is set.
+func MemoryLimit() uint64 {
+	limit := uint64(0)
+	if l := debug.SetMemoryLimit(-1); l > 0 && l != math.MaxInt64 {
+		limit = uint64(l)
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
+		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && v > 0 && (limit == 0 || v < limit) {
+			limit = v
+		}
+	}
+	return limit
+}
+
+type memReader struct {
+	mu      sync.Mutex
+	samples []metrics.Sample
+}
+
+func newMemReader() *memReader {
+	return &memReader{samples: []metrics.Sample{
+		{Name: "/memory/classes/total:bytes"},
+		{Name: "/memory/classes/heap/released:bytes"},
+	}}
+}
+
+func (r *memReader) read() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	metrics.Read(r.samples)
+	if r.samples[0].Value.Kind() != metrics.KindUint64 || r.samples[1].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return r.samples[0].Value.Uint64() - r.samples[1].Value.Uint64()
+}
+
+var errNoCPUTime = errors.New("admission: process CPU time is not available on this platform")
+
+func errUnsupported() error { return fmt.Errorf("%w", errNoCPUTime) }

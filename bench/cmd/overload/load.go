@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/outcome"
+)
+
+// share is one criticality's part of the offered load.
+type share struct {
+	level criticality.Level
+	frac  float64
+}
+
+// sample is one request's fate.
+type sample struct {
+	at      time.Duration // scheduled send time since the phase start
+	latency time.Duration // completion - scheduled send time
+	code    codes.Code
+	level   criticality.Level
+	triaged bool // the error carried a triage overload outcome
+	over    time.Duration
+}
+
+// phase is what an open-loop phase produced.
+type phase struct {
+	samples  []sample
+	sent     int64
+	done     int64
+	maxLag   time.Duration
+	lagOver  int64 // sends more than 10 ms behind schedule
+	duration time.Duration
+}
+
+// maxOutstanding bounds the calls in flight of one phase: the rate times
+// the deadline, plus slack; beyond it the generator stops sending and the
+// phase is marked invalid (it cannot keep its schedule).
+func maxOutstanding(rate float64, deadline time.Duration) int64 {
+	return int64(rate*deadline.Seconds()*2) + 1000
+}
+
+// openLoop sends rate requests per second for d, spread over conns,
+// latency measured from each request's scheduled time, every call bounded
+// by deadline; it waits for every call to finish.
+func openLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float64, d, deadline time.Duration, mix []share, seed uint64) *phase {
+	p := &phase{duration: d}
+	n := int(rate * d.Seconds())
+	p.samples = make([]sample, n)
+	interval := time.Duration(float64(time.Second) / rate)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	levels := make([]criticality.Level, n)
+	for i := range levels {
+		levels[i] = pick(mix, rng.Float64())
+	}
+	var wg sync.WaitGroup
+	var outstanding atomic.Int64
+	limit := maxOutstanding(rate, deadline)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		at := time.Duration(i) * interval
+		if wait := time.Until(start.Add(at)); wait > 200*time.Microsecond {
+			time.Sleep(wait)
+		}
+		if ctx.Err() != nil {
+			p.samples = p.samples[:i]
+			break
+		}
+		lag := time.Since(start.Add(at))
+		p.maxLag = max(p.maxLag, lag)
+		if lag > 10*time.Millisecond {
+			p.lagOver++
+		}
+		if outstanding.Load() >= limit {
+			p.lagOver++
+			p.samples[i] = sample{at: at, code: codes.Canceled, level: levels[i]}
+			continue
+		}
+		outstanding.Add(1)
+		atomic.AddInt64(&p.sent, 1)
+		wg.Add(1)
+		go func(i int, at time.Duration) {
+			defer wg.Done()
+			defer outstanding.Add(-1)
+			sched := start.Add(at)
+			cctx, cancel := context.WithDeadline(criticality.NewContext(ctx, levels[i]), sched.Add(deadline))
+			defer cancel()
+			out := new(wrapperspb.StringValue)
+			err := conns[i%len(conns)].Invoke(cctx, method, wrapperspb.String("x"), out)
+			end := time.Now()
+			s := sample{at: at, latency: end.Sub(sched), code: status.Code(err), level: levels[i]}
+			if _, ok := outcome.As(err); ok || errors.Is(err, outcome.ErrTaskOverloaded) {
+				s.triaged = true
+			}
+			s.over = end.Sub(sched.Add(deadline))
+			p.samples[i] = s
+			atomic.AddInt64(&p.done, 1)
+		}(i, at)
+	}
+	wg.Wait()
+	return p
+}
+
+func pick(mix []share, u float64) criticality.Level {
+	for _, s := range mix {
+		if u < s.frac {
+			return s.level
+		}
+		u -= s.frac
+	}
+	return mix[len(mix)-1].level
+}
+
+// summary is a phase's figures over [from, to) of its schedule.
+type summary struct {
+	offered, ok     int
+	goodputRPS      float64
+	p50, p99        time.Duration
+	codes           map[codes.Code]int
+	byLevel         map[criticality.Level][2]int // ok, total
+	maxOver         time.Duration
+	untriagedFailed int
+}
+
+func summarize(p *phase, from, to time.Duration) summary {
+	s := summary{codes: map[codes.Code]int{}, byLevel: map[criticality.Level][2]int{}}
+	var lat []time.Duration
+	for _, x := range p.samples {
+		if x.at < from || x.at >= to {
+			continue
+		}
+		s.offered++
+		s.codes[x.code]++
+		b := s.byLevel[x.level]
+		b[1]++
+		if x.code == codes.OK {
+			s.ok++
+			b[0]++
+			lat = append(lat, x.latency)
+		} else if !x.triaged && x.code != codes.Canceled {
+			s.untriagedFailed++
+		}
+		s.byLevel[x.level] = b
+		s.maxOver = max(s.maxOver, x.over)
+	}
+	s.goodputRPS = float64(s.ok) / (to - from).Seconds()
+	if len(lat) > 0 {
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		s.p50 = lat[len(lat)/2]
+		s.p99 = lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	return s
+}

@@ -1,0 +1,483 @@
+// Command overload is triage's overload benchmark (issue 4): one backend
+// process with one CPU whose handler burns a calibrated amount of CPU, an
+// open-loop load generator in this process on the other CPU, and the
+// variants side by side in the same run, interleaved.
+//
+//	go run ./cmd/overload                       # the table
+//	go run ./cmd/overload --json                # one JSON object
+//	go run ./cmd/overload --cost 5ms --variants triage-admission,oracle-tap16
+//	go run ./cmd/overload --scenario mix        # four criticalities at 5x
+//	go run ./cmd/overload --scenario recovery   # 30 s at 10x, then 0.5x
+//
+// It lives in its own module so that the peers it compares against never
+// reach triage's users. All traffic stays on 127.0.0.1; every phase is
+// bounded in count and time.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/zeromicro/go-zero/core/logx"
+	"github.com/zeromicro/go-zero/core/stat"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/triagegrpc"
+)
+
+var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "oracle-tap16", "triage-admission", "triage"}
+
+type config struct {
+	cost      time.Duration
+	loads     []float64
+	variants  []string
+	step      time.Duration
+	warmup    time.Duration
+	deadline  time.Duration
+	conns     int
+	json      bool
+	scenario  string
+	serverCPU string
+	loadCPU   string
+}
+
+func main() {
+	// go-zero logs CPU statistics from a goroutine it starts at init; keep
+	// the benchmark's output clean.
+	logx.Disable()
+	stat.DisableLog()
+	if len(os.Args) > 1 && os.Args[1] == "server" {
+		fs := flag.NewFlagSet("server", flag.ExitOnError)
+		variant := fs.String("variant", "none", "")
+		cost := fs.Duration("cost", time.Millisecond, "")
+		fs.Parse(os.Args[2:])
+		if err := serverMain(*variant, *cost); err != nil {
+			fmt.Fprintln(os.Stderr, "server:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	cfg, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("overload", flag.ContinueOnError)
+	var c config
+	var loads, variants string
+	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU each request burns in the handler")
+	fs.StringVar(&loads, "loads", "0.8,1,2,5,10", "offered loads, as multiples of the probed capacity")
+	fs.StringVar(&variants, "variants", strings.Join(allVariants, ","), "variants to run")
+	fs.DurationVar(&c.step, "step", 10*time.Second, "length of each load step (figures over its second half)")
+	fs.DurationVar(&c.warmup, "warmup", 3*time.Second, "warm-up at 0.5x before each step")
+	fs.DurationVar(&c.deadline, "deadline", time.Second, "deadline of each request")
+	fs.IntVar(&c.conns, "conns", 4, "client connections")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of the table")
+	fs.StringVar(&c.scenario, "scenario", "steps", "steps, mix (four criticalities at 5x) or recovery (30 s at 10x, then 0.5x)")
+	fs.StringVar(&c.serverCPU, "server-cpu", "0", "CPU to pin the backend to (taskset), empty for none")
+	fs.StringVar(&c.loadCPU, "load-cpu", "1", "CPU to pin the load generator to (taskset), empty for none")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	for _, f := range strings.Split(loads, ",") {
+		x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(x > 0 && x <= 100) {
+			return c, fmt.Errorf("--loads: %q is not a multiple in (0, 100]", f)
+		}
+		c.loads = append(c.loads, x)
+	}
+	known := map[string]bool{}
+	for _, v := range allVariants {
+		known[v] = true
+	}
+	for _, v := range strings.Split(variants, ",") {
+		v = strings.TrimSpace(v)
+		if !known[v] {
+			return c, fmt.Errorf("--variants: unknown %q (have %s)", v, strings.Join(allVariants, ", "))
+		}
+		c.variants = append(c.variants, v)
+	}
+	switch {
+	case c.cost < 10*time.Microsecond || c.cost > time.Second:
+		return c, fmt.Errorf("--cost must be in [10µs, 1s], got %v", c.cost)
+	case c.step < 2*time.Second || c.step > 10*time.Minute:
+		return c, fmt.Errorf("--step must be in [2s, 10m], got %v", c.step)
+	case c.warmup < 0 || c.warmup > time.Minute:
+		return c, fmt.Errorf("--warmup must be in [0, 1m], got %v", c.warmup)
+	case c.deadline < 10*time.Millisecond || c.deadline > time.Minute:
+		return c, fmt.Errorf("--deadline must be in [10ms, 1m], got %v", c.deadline)
+	case c.conns < 1 || c.conns > 64:
+		return c, fmt.Errorf("--conns must be in [1, 64], got %d", c.conns)
+	case c.scenario != "steps" && c.scenario != "mix" && c.scenario != "recovery":
+		return c, fmt.Errorf("--scenario must be steps, mix or recovery, got %q", c.scenario)
+	}
+	return c, nil
+}
+
+// backend is a running server process.
+type backend struct {
+	cmd         *exec.Cmd
+	addr, admin string
+}
+
+func startBackend(cfg config, variant string) (*backend, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{exe, "server", "--variant", variant, "--cost", cfg.cost.String()}
+	if cfg.serverCPU != "" {
+		if ts, err := exec.LookPath("taskset"); err == nil {
+			args = append([]string{ts, "-c", cfg.serverCPU}, args...)
+		}
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("backend %s did not start: %v", variant, err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 3 || f[0] != "LISTEN" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("backend %s: unexpected %q", variant, line)
+	}
+	go io.Copy(io.Discard, out)
+	return &backend{cmd: cmd, addr: f[1], admin: f[2]}, nil
+}
+
+func (b *backend) stop() {
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+}
+
+type stats struct {
+	Goroutines int     `json:"goroutines"`
+	RSSMB      float64 `json:"rss_mb"`
+	Limit      int     `json:"limit"`
+	Executing  int     `json:"executing"`
+	Queued     int     `json:"queued"`
+	Pending    int     `json:"pending"`
+	ServiceMS  float64 `json:"service_ms"`
+	PendingCap int     `json:"pending_cap"`
+}
+
+func (b *backend) stats() (stats, error) {
+	var s stats
+	c := http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get("http://" + b.admin + "/stats")
+	if err != nil {
+		return s, err
+	}
+	defer resp.Body.Close()
+	return s, json.NewDecoder(resp.Body).Decode(&s)
+}
+
+func dial(cfg config, b *backend, variant string) ([]grpc.ClientConnInterface, func(), error) {
+	var extra []grpc.DialOption
+	if variant == "triage" {
+		extra = triagegrpc.NewClient().DialOptions() // one client: one throttle and budget for the backend
+	} else {
+		extra = triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()
+	}
+	var ccs []grpc.ClientConnInterface
+	var closers []func()
+	for i := 0; i < cfg.conns; i++ {
+		cc, err := grpc.NewClient("passthrough:///"+b.addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
+		if err != nil {
+			return nil, nil, err
+		}
+		ccs = append(ccs, cc)
+		closers = append(closers, func() { cc.Close() })
+	}
+	return ccs, func() {
+		for _, c := range closers {
+			c()
+		}
+	}, nil
+}
+
+// probe measures the capacity C of the unprotected backend: closed loop,
+// 32 callers, 5 s after 1 s of warm-up.
+func probe(ctx context.Context, cfg config) (float64, error) {
+	b, err := startBackend(cfg, "none")
+	if err != nil {
+		return 0, err
+	}
+	defer b.stop()
+	ccs, closeAll, err := dial(cfg, b, "none")
+	if err != nil {
+		return 0, err
+	}
+	defer closeAll()
+	measure := func(d time.Duration) int64 {
+		var n int64
+		var done = make(chan int64)
+		end := time.Now().Add(d)
+		for w := 0; w < 32; w++ {
+			go func(w int) {
+				var k int64
+				for time.Now().Before(end) && ctx.Err() == nil {
+					cctx, cancel := context.WithTimeout(ctx, cfg.deadline)
+					if ccs[w%len(ccs)].Invoke(cctx, method, wrapperspb.String("x"), new(wrapperspb.StringValue)) == nil {
+						k++
+					}
+					cancel()
+				}
+				done <- k
+			}(w)
+		}
+		for w := 0; w < 32; w++ {
+			n += <-done
+		}
+		return n
+	}
+	measure(time.Second)
+	n := measure(5 * time.Second)
+	if n == 0 {
+		return 0, fmt.Errorf("capacity probe: no request succeeded")
+	}
+	return float64(n) / 5, nil
+}
+
+// result is one (variant, load) cell.
+type result struct {
+	Variant       string             `json:"variant"`
+	Load          float64            `json:"load"`
+	Goodput       float64            `json:"goodput"`
+	P50ms         float64            `json:"p50_ms"`
+	P99ms         float64            `json:"p99_ms"`
+	PeakRSSMB     float64            `json:"peak_rss_mb"`
+	Survived      bool               `json:"survived"`
+	ByCriticality map[string]float64 `json:"by_criticality,omitempty"`
+	Codes         map[string]int     `json:"codes"`
+	Valid         bool               `json:"valid"`
+	Sent          int64              `json:"sent"`
+	Completed     int64              `json:"completed"`
+	MaxOverMS     float64            `json:"max_over_deadline_ms"`
+	MaxLagMS      float64            `json:"max_send_lag_ms"`
+	LateSends     int64              `json:"sends_over_10ms_late"`
+	Untriaged     int                `json:"failures_without_overload_outcome"`
+	Goroutines    [2]int             `json:"goroutines_before_after"`
+}
+
+type report struct {
+	CapacityRPS float64  `json:"capacity_rps"`
+	CostMS      float64  `json:"cost_ms"`
+	Scenario    string   `json:"scenario"`
+	Results     []result `json:"results"`
+	Recovery    any      `json:"recovery,omitempty"`
+}
+
+func run(ctx context.Context, cfg config, w io.Writer) error {
+	if cfg.loadCPU != "" {
+		if ts, err := exec.LookPath("taskset"); err == nil {
+			if exec.Command(ts, "-a", "-pc", cfg.loadCPU, strconv.Itoa(os.Getpid())).Run() == nil {
+				// One core: one P, so that Go's scheduler, not the
+				// kernel's time slices, interleaves the generator's work.
+				runtime.GOMAXPROCS(1)
+			}
+		}
+	}
+	fmt.Fprintf(os.Stderr, "overload: probing capacity (cost %v, GOMAXPROCS=1 backend, %d CPUs here)\n", cfg.cost, runtime.NumCPU())
+	c, err := probe(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	rep := report{CapacityRPS: c, CostMS: float64(cfg.cost) / 1e6, Scenario: cfg.scenario}
+	switch cfg.scenario {
+	case "steps":
+		for _, load := range cfg.loads {
+			for _, v := range cfg.variants {
+				r, err := step(ctx, cfg, c, v, load, []share{{criticality.Critical, 1}})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "  %-17s %5.1fx goodput %.2f p99 %.0f ms\n", v, load, r.Goodput, r.P99ms)
+				rep.Results = append(rep.Results, r)
+			}
+		}
+	case "mix":
+		mix := []share{{criticality.CriticalPlus, 0.06}, {criticality.Critical, 0.06}, {criticality.SheddablePlus, 0.44}, {criticality.Sheddable, 0.44}}
+		for _, v := range cfg.variants {
+			r, err := step(ctx, cfg, c, v, 5, mix)
+			if err != nil {
+				return err
+			}
+			rep.Results = append(rep.Results, r)
+		}
+	case "recovery":
+		for _, v := range cfg.variants {
+			rec, err := recovery(ctx, cfg, c, v)
+			if err != nil {
+				return err
+			}
+			rep.Recovery = rec
+		}
+	}
+	if cfg.json {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	printTable(w, rep)
+	return nil
+}
+
+func step(ctx context.Context, cfg config, c float64, variant string, load float64, mix []share) (result, error) {
+	r := result{Variant: variant, Load: load}
+	b, err := startBackend(cfg, variant)
+	if err != nil {
+		return r, err
+	}
+	defer b.stop()
+	ccs, closeAll, err := dial(cfg, b, variant)
+	if err != nil {
+		return r, err
+	}
+	defer closeAll()
+	if cfg.warmup > 0 {
+		openLoop(ctx, ccs, 0.5*c, cfg.warmup, cfg.deadline, mix, 1)
+	}
+	before, _ := b.stats()
+	var mid stats
+	go func() {
+		time.Sleep(cfg.step * 3 / 4)
+		mid, _ = b.stats()
+	}()
+	p := openLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, mix, 2)
+	if mid.Limit > 0 {
+		fmt.Fprintf(os.Stderr, "    during the step: limit %d executing %d queued %d pending %d/%d service %.1f ms\n", mid.Limit, mid.Executing, mid.Queued, mid.Pending, mid.PendingCap, mid.ServiceMS)
+	}
+	s := summarize(p, cfg.step/2, cfg.step)
+	time.Sleep(2 * time.Second) // let the backend settle before reading its goroutines
+	after, err := b.stats()
+	r.Survived = err == nil && b.cmd.ProcessState == nil
+	r.Goodput = s.goodputRPS / c
+	r.P50ms, r.P99ms = ms(s.p50), ms(s.p99)
+	r.PeakRSSMB = after.RSSMB
+	r.Goroutines = [2]int{before.Goroutines, after.Goroutines}
+	r.Sent, r.Completed = p.sent, p.done
+	r.Valid = p.lagOver == 0
+	r.MaxLagMS, r.LateSends = ms(p.maxLag), p.lagOver
+	r.MaxOverMS = ms(s.maxOver)
+	r.Untriaged = s.untriagedFailed
+	r.Codes = map[string]int{}
+	for code, n := range s.codes {
+		r.Codes[code.String()] = n
+	}
+	if len(mix) > 1 {
+		r.ByCriticality = map[string]float64{}
+		for l, b := range s.byLevel {
+			if b[1] > 0 {
+				r.ByCriticality[l.String()] = float64(b[0]) / float64(b[1])
+			}
+		}
+	}
+	return r, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// recoverySecond is one second of the recovery scenario after the overload.
+type recoverySecond struct {
+	Second  int     `json:"second"`
+	Success float64 `json:"success"`
+	P99ms   float64 `json:"p99_ms"`
+}
+
+type recoveryReport struct {
+	Variant     string           `json:"variant"`
+	BeforeP99ms float64          `json:"before_p99_ms"`
+	During      result           `json:"during_10x"`
+	After       []recoverySecond `json:"after"`
+}
+
+func recovery(ctx context.Context, cfg config, c float64, variant string) (recoveryReport, error) {
+	rr := recoveryReport{Variant: variant}
+	b, err := startBackend(cfg, variant)
+	if err != nil {
+		return rr, err
+	}
+	defer b.stop()
+	ccs, closeAll, err := dial(cfg, b, variant)
+	if err != nil {
+		return rr, err
+	}
+	defer closeAll()
+	mix := []share{{criticality.Critical, 1}}
+	pre := openLoop(ctx, ccs, 0.5*c, 10*time.Second, cfg.deadline, mix, 1)
+	rr.BeforeP99ms = ms(summarize(pre, 5*time.Second, 10*time.Second).p99)
+	over := openLoop(ctx, ccs, 10*c, 30*time.Second, cfg.deadline, mix, 2)
+	s := summarize(over, 15*time.Second, 30*time.Second)
+	rr.During = result{Variant: variant, Load: 10, Goodput: s.goodputRPS / c, P50ms: ms(s.p50), P99ms: ms(s.p99), Sent: over.sent, Completed: over.done, Valid: over.lagOver == 0}
+	post := openLoop(ctx, ccs, 0.5*c, 15*time.Second, cfg.deadline, mix, 3)
+	for sec := 0; sec < 15; sec++ {
+		x := summarize(post, time.Duration(sec)*time.Second, time.Duration(sec+1)*time.Second)
+		succ := 0.0
+		if x.offered > 0 {
+			succ = float64(x.ok) / float64(x.offered)
+		}
+		rr.After = append(rr.After, recoverySecond{Second: sec, Success: succ, P99ms: ms(x.p99)})
+	}
+	fmt.Fprintf(os.Stderr, "  recovery %s: before p99 %.1f ms, during 10x goodput %.2f\n", variant, rr.BeforeP99ms, rr.During.Goodput)
+	return rr, nil
+}
+
+func printTable(w io.Writer, rep report) {
+	fmt.Fprintf(w, "capacity C = %.0f req/s at cost %.2f ms (one backend CPU)\n\n", rep.CapacityRPS, rep.CostMS)
+	if rep.Recovery != nil {
+		b, _ := json.MarshalIndent(rep.Recovery, "", "  ")
+		fmt.Fprintln(w, string(b))
+		return
+	}
+	fmt.Fprintf(w, "%-17s %5s %8s %8s %8s %8s %8s %6s %s\n", "VARIANT", "LOAD", "GOODPUT", "P50ms", "P99ms", "RSS_MB", "SURVIVED", "VALID", "NOTES")
+	res := append([]result(nil), rep.Results...)
+	sort.SliceStable(res, func(i, j int) bool { return res[i].Load < res[j].Load })
+	for _, r := range res {
+		notes := fmt.Sprintf("sent=%d completed=%d late_sends=%d max_lag=%.0fms over_deadline_max=%.0fms untriaged_failures=%d goroutines=%d->%d",
+			r.Sent, r.Completed, r.LateSends, r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
+		if len(r.ByCriticality) > 0 {
+			notes += fmt.Sprintf(" by_criticality=%v", r.ByCriticality)
+		}
+		fmt.Fprintf(w, "%-17s %5.1f %8.2f %8.1f %8.1f %8.1f %8v %6v %s\n", r.Variant, r.Load, r.Goodput, r.P50ms, r.P99ms, r.PeakRSSMB, r.Survived, r.Valid, notes)
+	}
+	_ = codes.OK
+}

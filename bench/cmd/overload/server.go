@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-kratos/aegis/ratelimit"
+	"github.com/go-kratos/aegis/ratelimit/bbr"
+	"github.com/zeromicro/go-zero/core/load"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
+)
+
+// The benchmark's service: one unary method that burns CPU.
+const method = "/triage.bench.Burn/Burn"
+
+type burnServer interface{}
+
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: "triage.bench.Burn",
+	HandlerType: (*burnServer)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Burn",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+			in := new(wrapperspb.StringValue)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			h := func(ctx context.Context, req any) (any, error) {
+				return srv.(*burner).burn(ctx, req.(*wrapperspb.StringValue))
+			}
+			if interceptor == nil {
+				return h(ctx, in)
+			}
+			return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, h)
+		},
+	}},
+	Metadata: "bench",
+}
+
+// burner burns a calibrated amount of CPU per request.
+type burner struct {
+	rounds int // sha256 rounds per request
+}
+
+var sink atomic.Uint64
+
+func (b *burner) burn(ctx context.Context, in *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+	var sum [32]byte
+	copy(sum[:], in.GetValue())
+	for i := 0; i < b.rounds; i++ {
+		sum = sha256.Sum256(sum[:])
+	}
+	sink.Add(uint64(sum[0]))
+	return wrapperspb.String("ok"), nil
+}
+
+// calibrate returns the sha256 rounds that take cost of CPU on this core.
+func calibrate(cost time.Duration) int {
+	var sum [32]byte
+	best := time.Duration(1 << 62)
+	const n = 20000
+	for try := 0; try < 5; try++ {
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			sum = sha256.Sum256(sum[:])
+		}
+		best = min(best, time.Since(start))
+	}
+	sink.Add(uint64(sum[0]))
+	return max(1, int(float64(n)*float64(cost)/float64(best)))
+}
+
+// serverMain runs one backend: GOMAXPROCS is set by the driver (1).
+func serverMain(variant string, cost time.Duration) error {
+	b := &burner{rounds: calibrate(cost)}
+	opts, ctl, err := serverOptions(variant)
+	if err != nil {
+		return err
+	}
+	s := grpc.NewServer(opts...)
+	s.RegisterService(&serviceDesc, b)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	admin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/stats", func(w http.ResponseWriter, r *http.Request) {
+		m := map[string]any{
+			"goroutines": runtime.NumGoroutine(),
+			"rss_mb":     rssMB(),
+			"rounds":     b.rounds,
+		}
+		if ctl != nil {
+			st := ctl.Stats()
+			m["limit"], m["executing"], m["queued"], m["pending"], m["service_ms"] = st.Limit, st.Executing, st.Queued, st.Pending, float64(st.ServiceTime)/1e6
+			m["pending_cap"] = st.PendingCap
+		}
+		json.NewEncoder(w).Encode(m)
+	})
+	go http.Serve(admin, mux)
+	fmt.Printf("LISTEN %s %s\n", lis.Addr(), admin.Addr())
+	os.Stdout.Sync()
+	return s.Serve(lis)
+}
+
+// rssMB reads the process's peak resident set (VmHWM) in MB.
+func rssMB() float64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	var kb float64
+	for _, line := range splitLines(string(b)) {
+		if _, err := fmt.Sscanf(line, "VmHWM: %f kB", &kb); err == nil {
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return out
+}
+
+var errShed = status.Error(codes.Unavailable, "shed")
+
+func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, error) {
+	switch variant {
+	case "none":
+		return nil, nil, nil
+	case "procrustean":
+		return []grpc.ServerOption{grpc.UnaryInterceptor(procrustean())}, nil, nil
+	case "go-zero":
+		shedder := load.NewAdaptiveShedder()
+		return []grpc.ServerOption{grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			p, err := shedder.Allow()
+			if err != nil {
+				return nil, errShed
+			}
+			resp, err := h(ctx, req)
+			if err != nil {
+				p.Fail()
+			} else {
+				p.Pass()
+			}
+			return resp, err
+		})}, nil, nil
+	case "kratos-bbr":
+		limiter := bbr.NewLimiter()
+		return []grpc.ServerOption{grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			done, err := limiter.Allow()
+			if err != nil {
+				return nil, errShed
+			}
+			resp, err := h(ctx, req)
+			done(ratelimit.DoneInfo{Err: err})
+			return resp, err
+		})}, nil, nil
+	case "oracle-tap16":
+		return oracleTap(16), nil, nil
+	case "triage-admission", "triage":
+		ctl, err := admission.New(admissionOptions()...)
+		if err != nil {
+			return nil, nil, err
+		}
+		srv, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl),
+			triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})))
+		if err != nil {
+			return nil, nil, err
+		}
+		return srv.ServerOptions(), ctl, nil
+	}
+	return nil, nil, fmt.Errorf("unknown variant %q", variant)
+}
+
+// admissionOptions reads experiment knobs from the environment
+// (TRIAGE_BENCH_TOLERANCE, TRIAGE_BENCH_QUEUE, TRIAGE_BENCH_MAXWAIT); the
+// published numbers use none of them: the defaults are what users get.
+func admissionOptions() []admission.Option {
+	var opts []admission.Option
+	if v, err := strconv.ParseFloat(os.Getenv("TRIAGE_BENCH_TOLERANCE"), 64); err == nil {
+		opts = append(opts, admission.WithTolerance(v))
+	}
+	if v, err := strconv.Atoi(os.Getenv("TRIAGE_BENCH_QUEUE")); err == nil {
+		opts = append(opts, admission.WithQueueFactor(v))
+	}
+	if v, err := time.ParseDuration(os.Getenv("TRIAGE_BENCH_MAXWAIT")); err == nil {
+		opts = append(opts, admission.WithMaxWait(v))
+	}
+	return opts
+}
+
+// procrustean is the CRE post's shedder: the load is the number of
+// requests in progress; above a soft quota of 25 it rejects a growing share
+// (n of every 10), everything at the hard quota of 45.
+func procrustean() grpc.UnaryServerInterceptor {
+	const hard, soft, steps = 45, 25, 10
+	divisor := float64(hard-soft) / steps
+	var inflight, modulus atomic.Int64
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		m := modulus.Add(1) % steps
+		threshold := int64((hard - float64(inflight.Load())) / divisor)
+		if m >= threshold {
+			return nil, errShed
+		}
+		inflight.Add(1)
+		defer inflight.Add(-1)
+		return h(ctx, req)
+	}
+}
+
+// oracleTap is the hand-tuned limit of issue 4's prototype: requests in
+// flight counted from the tap handle (stream arrival) to the end of the
+// stream, at most n.
+func oracleTap(n int64) []grpc.ServerOption {
+	var inflight atomic.Int64
+	return []grpc.ServerOption{grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if inflight.Add(1) > n {
+			inflight.Add(-1)
+			return nil, errShed
+		}
+		var once atomic.Bool
+		release := func() {
+			if once.CompareAndSwap(false, true) {
+				inflight.Add(-1)
+			}
+		}
+		context.AfterFunc(ctx, release)
+		return context.WithValue(ctx, releaseKey{}, release), nil
+	}), grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		if f, ok := ctx.Value(releaseKey{}).(func()); ok {
+			f()
+		}
+		return resp, err
+	})}
+}
+
+type releaseKey struct{}
+
+var errUsage = errors.New("usage")

@@ -1,0 +1,161 @@
+package e2e
+
+// Issue 4 over loopback sockets: admission control installed with
+// triagegrpc.WithAdmission rejects at the tap, serves waiting requests
+// highest criticality first, and never leaks a pending request, whatever
+// happens to the stream.
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
+)
+
+// gate is a handler that blocks until released.
+type gate struct {
+	mu      sync.Mutex
+	entered chan string
+	release chan struct{}
+}
+
+func startAdmitted(t *testing.T, ctl *admission.Controller, g *gate) string {
+	t.Helper()
+	srv, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl),
+		triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(srv.ServerOptions()...)
+	relay.Register(s, &relay.Tier{Name: "B", Observe: func(relay.Arrival) {}, Fail: func(ctx context.Context, body string) error {
+		g.entered <- criticality.Of(ctx).String()
+		<-g.release
+		return nil
+	}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	return lis.Addr().String()
+}
+
+func plainConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///"+addr,
+		append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond) // polling a real server over sockets
+	}
+}
+
+func TestAdmissionOverLoopback(t *testing.T) {
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{entered: make(chan string, 64), release: make(chan struct{})}
+	cc := plainConn(t, startAdmitted(t, ctl, g))
+	call := func(l criticality.Level) <-chan error {
+		ch := make(chan error, 1)
+		go func() {
+			_, err := relay.Invoke(criticality.NewContext(context.Background(), l), cc, "x")
+			ch <- err
+		}()
+		return ch
+	}
+	// One runs; eight SHEDDABLE wait (queue 0 x 1 + 8).
+	first := call(criticality.Critical)
+	if got := <-g.entered; got != "CRITICAL" {
+		t.Fatalf("entered %s", got)
+	}
+	var shed []<-chan error
+	for i := 0; i < 8; i++ {
+		shed = append(shed, call(criticality.Sheddable))
+		waitFor(t, "the queue to fill", func() bool { return ctl.Stats().Queued == int64(i+1) })
+	}
+	// Another SHEDDABLE finds the queue full and nobody less critical to
+	// displace: rejected with the standard status.
+	err = <-call(criticality.Sheddable)
+	if status.Code(err) != codes.Unavailable || !errors.Is(err, outcome.ErrTaskOverloaded) {
+		t.Fatalf("an arrival at a full task: %v", err)
+	}
+	// A CRITICAL_PLUS displaces the oldest SHEDDABLE and is served next.
+	vip := call(criticality.CriticalPlus)
+	if err := <-shed[0]; status.Code(err) != codes.Unavailable {
+		t.Fatalf("the displaced request got %v", err)
+	}
+	g.release <- struct{}{} // finish the first
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if got := <-g.entered; got != "CRITICAL_PLUS" {
+		t.Fatalf("after the first, %s entered; want CRITICAL_PLUS", got)
+	}
+	close(g.release)
+	for _, ch := range append(shed[1:], vip) {
+		if err := <-ch; err != nil && status.Code(err) != codes.Unavailable {
+			t.Fatalf("err %v", err)
+		}
+	}
+	waitFor(t, "every request to end", func() bool { s := ctl.Stats(); return s.Pending == 0 && s.Executing == 0 && s.Queued == 0 })
+}
+
+// Streams that end before their handler runs (cancelled while waiting,
+// unknown methods) give back their place.
+func TestAdmissionNeverLeaks(t *testing.T) {
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{entered: make(chan string, 64), release: make(chan struct{})}
+	cc := plainConn(t, startAdmitted(t, ctl, g))
+	go relay.Invoke(context.Background(), cc, "x")
+	<-g.entered
+	for i := 0; i < 20; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := relay.Invoke(ctx, cc, "x"); done <- err }()
+		waitFor(t, "a waiter", func() bool { return ctl.Stats().Queued == 1 })
+		cancel()
+		<-done
+		waitFor(t, "the cancelled waiter to leave", func() bool { return ctl.Stats().Queued == 0 && ctl.Stats().Pending == 1 })
+	}
+	for i := 0; i < 20; i++ {
+		err := cc.Invoke(context.Background(), "/no.such.Service/Method", &struct{}{}, &struct{}{})
+		if status.Code(err) != codes.Unimplemented && status.Code(err) != codes.Internal {
+			t.Logf("unknown method: %v", err)
+		}
+	}
+	close(g.release)
+	waitFor(t, "every request to end", func() bool { s := ctl.Stats(); return s.Pending == 0 && s.Executing == 0 && s.Queued == 0 })
+}
