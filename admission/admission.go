@@ -227,9 +227,12 @@ func WithDontRetryRatio(r float64) Option {
 
 // Controller is one task's admission control. It is safe for concurrent
 // use. Its memory is bounded: the waiting queue holds at most
-// QueueFactor x limit + 8 requests (limit <= MaxLimit), the pending count
-// at most twice the limit plus the queue, and the attempt histogram is a
-// fixed window. It starts no goroutines; everything it revisits (the limit,
+// QueueFactor x limit + 8 requests (limit <= MaxLimit), admitted requests
+// are bounded by the pending cap (<= 8 x MaxLimit, plus criticality
+// headroom), and the attempt histogram and the count of requests not yet
+// started are fixed rings. A request that is admitted but never reaches
+// Start or Done (its stream ended before a handler ran) stops counting
+// after eight seconds; nothing needs a per-request callback. It starts no goroutines; everything it revisits (the limit,
 // signals) is revisited by the requests themselves.
 type Controller struct {
 	start   time.Time
@@ -274,7 +277,13 @@ type Controller struct {
 	pendingCap atomic.Int64
 	capHit     atomic.Bool
 	_          [64]byte
-	pending    atomic.Int64
+	// Requests between Arrive and Start are counted per second of arrival
+	// in a ring of eight: a request that never reaches Start (its stream
+	// reset before the handler ran, an unknown method) stops counting
+	// after eight seconds, without any per-request callback.
+	prestart prestartRing
+	// inside counts requests between Start and Done (waiting or running).
+	inside     atomic.Int64
 	_          [56]byte
 	executing  atomic.Int64
 	_          [56]byte
@@ -353,6 +362,7 @@ func New(opts ...Option) (*Controller, error) {
 		ctl.obs = Nop{}
 	}
 	ctl.limit.Store(int64(c.initialLimit))
+	ctl.prestart.cur.Store(math.MinInt64 / 2)
 	ctl.pendingCap.Store(2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit)))
 	ctl.nextAdjust.Store(int64(c.interval))
 	ctl.best = math.MaxInt64
@@ -365,6 +375,88 @@ func New(opts ...Option) (*Controller, error) {
 
 func (c *Controller) now() int64 { return int64(c.since()) }
 
+const (
+	prestartSlots = 8
+	prestartEpoch = int64(time.Second)
+)
+
+type prestartSlot struct {
+	epoch atomic.Int64
+	n     atomic.Int64
+	_     [48]byte
+}
+
+// prestartRing counts admitted requests that have not reached Start, by
+// second of arrival, in eight slots. The sum of the complete seconds is
+// kept in older, recomputed at every rotation, so that reading the total
+// is three loads and counting is one atomic add.
+type prestartRing struct {
+	cur   atomic.Int64
+	older atomic.Int64
+	rot   sync.Mutex
+	slots [prestartSlots]prestartSlot
+}
+
+// rotate makes e the current second, dropping what arrived eight or more
+// seconds ago (requests that never started: their count ends there).
+func (r *prestartRing) rotate(e int64) {
+	r.rot.Lock()
+	defer r.rot.Unlock()
+	if e <= r.cur.Load() {
+		return
+	}
+	s := &r.slots[e%prestartSlots]
+	s.n.Store(0)
+	s.epoch.Store(e)
+	var older int64
+	for i := range r.slots {
+		x := &r.slots[i]
+		if ep := x.epoch.Load(); ep > e-prestartSlots && ep < e {
+			older += x.n.Load()
+		}
+	}
+	r.older.Store(older)
+	r.cur.Store(e)
+}
+
+func (r *prestartRing) add(e int64) {
+	if e > r.cur.Load() {
+		r.rotate(e)
+	}
+	if s := &r.slots[e%prestartSlots]; s.epoch.Load() == e {
+		s.n.Add(1)
+	}
+}
+
+func (r *prestartRing) remove(e int64) {
+	s := &r.slots[e%prestartSlots]
+	if s.epoch.Load() != e {
+		return // dropped with its second
+	}
+	s.n.Add(-1)
+	if e != r.cur.Load() {
+		r.older.Add(-1)
+	}
+}
+
+func (r *prestartRing) total(e int64) int64 {
+	if e > r.cur.Load() {
+		r.rotate(e)
+	}
+	cur := r.cur.Load()
+	n := r.older.Load()
+	if s := &r.slots[cur%prestartSlots]; s.epoch.Load() == cur {
+		n += s.n.Load()
+	}
+	return n
+}
+
+// occupancy is the requests admitted and not done: those not yet started
+// (arrived within the last eight seconds), waiting and running.
+func (c *Controller) occupancy(now int64) int64 {
+	return c.prestart.total(now/prestartEpoch) + c.queued.Load() + c.executing.Load()
+}
+
 // Ticket follows one request from Arrive to Done. Adapters keep it with
 // the request (the gRPC adapter in the request's context node) and pass a
 // pointer to Start and Done; the zero Ticket is not admitted.
@@ -372,11 +464,13 @@ type Ticket struct {
 	arrive, started int64
 	level           criticality.Level
 	state           uint8
+	sampled         bool // measured: delay before Start, service time
 }
 
 const (
-	ticketPending uint8 = iota + 1
-	ticketRunning
+	ticketPending uint8 = iota + 1 // arrived, Start not called
+	ticketInside                   // in Start: waiting, or rejected there
+	ticketRunning                  // holds an execution slot
 	ticketDone
 )
 
@@ -393,7 +487,8 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	now := c.now()
 	c.maybeAdjust(now)
-	if rand.Uint32()&c.sampleMask.Load() == 0 {
+	sampled := rand.Uint32()&c.sampleMask.Load() == 0
+	if sampled {
 		retry := uint32(0)
 		if attemptN > 0 {
 			retry = 1
@@ -412,12 +507,12 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 			return c.reject(l, Deadline, now)
 		}
 	}
-	if c.pending.Add(1) > c.capFor(l) && !c.evictBelow(l) {
-		c.pending.Add(-1)
+	if c.occupancy(now)+1 > c.capFor(l) && !c.evictBelow(l) {
 		c.capHit.Store(true)
 		return c.reject(l, Concurrency, now)
 	}
-	*t = Ticket{arrive: now, level: l, state: ticketPending}
+	c.prestart.add(now / prestartEpoch)
+	*t = Ticket{arrive: now, level: l, state: ticketPending, sampled: sampled}
 	return nil
 }
 
@@ -462,20 +557,23 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 	if t.state != ticketPending {
 		return errors.New("admission: Start without Arrive")
 	}
-	if rand.Uint32()&c.sampleMask.Load() == 0 {
-		c.delaySum.Add(max(c.now()-t.arrive, 0))
+	c.prestart.remove(t.arrive / prestartEpoch)
+	t.state = ticketInside
+	if t.sampled {
+		t.started = c.now()
+		c.delaySum.Add(max(t.started-t.arrive, 0))
 		c.delayCount.Add(1)
 	}
 	if c.queued.Load() == 0 && c.tryAcquire() {
-		return c.started(t)
+		return c.started(t, false)
 	}
 	return c.wait(ctx, t)
 }
 
-func (c *Controller) started(t *Ticket) error {
-	t.state, t.started = ticketRunning, 0
-	if rand.Uint32()&c.sampleMask.Load() == 0 {
-		t.started = c.now()
+func (c *Controller) started(t *Ticket, waited bool) error {
+	t.state = ticketRunning
+	if t.sampled && waited {
+		t.started = c.now() // service starts when the slot is given
 	}
 	c.obs.Admitted(t.level)
 	return nil
@@ -499,17 +597,18 @@ func (c *Controller) tryAcquire() bool {
 func (c *Controller) Done(t *Ticket) {
 	switch t.state {
 	case ticketRunning:
-		if t.started != 0 {
+		if t.sampled {
 			c.svcSum.Add(max(c.now()-t.started, 1))
 			c.svcCount.Add(1)
 		}
 		c.release()
+	case ticketInside:
 	case ticketPending:
+		c.prestart.remove(t.arrive / prestartEpoch)
 	default:
 		return
 	}
 	t.state = ticketDone
-	c.pending.Add(-1)
 }
 
 // release gives back an execution slot and hands free slots to waiters.
@@ -566,7 +665,7 @@ type SignalValue struct {
 // Stats returns a snapshot.
 func (c *Controller) Stats() Stats {
 	s := Stats{
-		Limit: c.limit.Load(), Pending: c.pending.Load(), Executing: c.executing.Load(), Queued: c.queued.Load(),
+		Limit: c.limit.Load(), Pending: c.occupancy(c.now()), Executing: c.executing.Load(), Queued: c.queued.Load(),
 		PendingCap:  c.pendingCap.Load(),
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 	}

@@ -207,19 +207,75 @@ func markWaited(c *admission.Controller) {
 func TestLimitAdaptsToTheWork(t *testing.T) {
 	cpuBound := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	ioBound := func(int) time.Duration { return 20 * time.Millisecond }
+	// The pending cap is not under test here: the simulation's own queue
+	// stands in for the controller's waiting queue.
 	f := clock.NewFake(epoch)
-	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 2, 1000))
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 2, 1000), admission.WithTargetDelay(time.Hour))
 	l := sim(t, c, f, 5000, 20*time.Second, cpuBound)
 	t.Logf("CPU-bound limit %d", l)
 	if l < 1 || l > 4 {
 		t.Errorf("CPU-bound: limit %d, want 1-4", l)
 	}
 	f2 := clock.NewFake(epoch)
-	c2 := mustNew(t, admission.WithClock(f2), admission.WithLimits(1, 2, 1000))
+	c2 := mustNew(t, admission.WithClock(f2), admission.WithLimits(1, 2, 1000), admission.WithTargetDelay(time.Hour))
 	l = sim(t, c2, f2, 5000, 20*time.Second, ioBound)
 	t.Logf("I/O-bound limit %d", l)
 	if l < 90 {
 		t.Errorf("I/O-bound at 5000/s x 20 ms (100 in flight needed): limit %d", l)
+	}
+}
+
+// On one CPU whose handlers never yield, admitted requests wait as runnable
+// goroutines before their handler starts: the queue no interceptor sees.
+// The pending cap finds the size at which that wait meets the target, for
+// any handler cost: about target/cost requests.
+func TestPendingCapBoundsTheInvisibleQueue(t *testing.T) {
+	for _, cost := range []time.Duration{200 * time.Microsecond, time.Millisecond, 5 * time.Millisecond} {
+		f := clock.NewFake(epoch)
+		c := mustNew(t, admission.WithClock(f))
+		var queue []*admission.Ticket // FIFO, like Go's run queue
+		var running *admission.Ticket
+		var busyUntil time.Time
+		step := cost / 10 // 10x the capacity
+		var served, waited int
+		var waitSum time.Duration
+		arrivedAt := map[*admission.Ticket]time.Time{}
+		end := f.Now().Add(30 * time.Second)
+		for f.Now().Before(end) {
+			now := f.Now()
+			if running != nil && !now.Before(busyUntil) {
+				c.Done(running)
+				running = nil
+				served++
+			}
+			tk := &admission.Ticket{}
+			if c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
+				queue = append(queue, tk)
+				arrivedAt[tk] = now
+			}
+			if running == nil && len(queue) > 0 {
+				running, queue = queue[0], queue[1:]
+				if err := c.Start(context.Background(), running); err != nil {
+					t.Fatal(err)
+				}
+				if now.After(end.Add(-10 * time.Second)) {
+					waitSum += now.Sub(arrivedAt[running])
+					waited++
+				}
+				delete(arrivedAt, running)
+				busyUntil = now.Add(cost)
+			}
+			f.Advance(step)
+		}
+		mean := waitSum / time.Duration(waited)
+		st := c.Stats()
+		t.Logf("cost %v: pending cap %d, mean wait before start %v over the last 10 s, served %.2f of capacity", cost, st.PendingCap, mean, float64(served)*float64(cost)/float64(30*time.Second))
+		if mean > 2*admission.DefaultTargetDelay || mean < admission.DefaultTargetDelay/5 {
+			t.Errorf("cost %v: mean wait before start %v, target %v", cost, mean, admission.DefaultTargetDelay)
+		}
+		if float64(served)*float64(cost)/float64(30*time.Second) < 0.95 {
+			t.Errorf("cost %v: the CPU idled: served %d", cost, served)
+		}
 	}
 }
 

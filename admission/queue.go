@@ -129,7 +129,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket) error {
 	case err = <-w.ch:
 		timer.Stop()
 		if err == nil {
-			return c.started(t)
+			return c.started(t, true)
 		}
 		return err
 	case <-timer.C():

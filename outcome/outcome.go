@@ -173,6 +173,9 @@ func Classify(err error) Kind {
 // RetryAfter); OutOfQuota keeps its kind; an outcome this process created
 // for itself, and any other error, is returned unchanged.
 func Upward(err error) error {
+	if err == nil {
+		return nil
+	}
 	oe, ok := As(err)
 	if !ok || !(oe.Downstream || oe.Local) {
 		return err
@@ -189,6 +192,12 @@ func Upward(err error) error {
 
 // As returns the first *Error in err's chain.
 func As(err error) (*Error, bool) {
+	if err == nil {
+		return nil, false
+	}
+	if oe, ok := err.(*Error); ok {
+		return oe, true
+	}
 	var oe *Error
 	ok := errors.As(err, &oe)
 	return oe, ok

@@ -2,7 +2,6 @@ package triagegrpc
 
 import (
 	"context"
-	"sync/atomic"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
@@ -11,24 +10,16 @@ import (
 
 // admitted is the context node of an admitted request: criticality and
 // attempt (answering the same keys as reqctx's node) and the admission
-// Ticket, in one allocation. state guards the Ticket: the handler's
-// goroutine and the context's AfterFunc (the safety net for requests that
-// never reach a handler: unknown methods, streams reset before their first
-// message) race to end it, and only one may.
+// Ticket, in one allocation. Only the handler's goroutine touches the
+// Ticket. A request admitted at the tap whose handler never runs (its
+// stream was reset first, or the method is unknown) needs nothing: the
+// Controller stops counting it after a few seconds.
 type admitted struct {
 	context.Context
 	level, attempt uint8
-	state          atomic.Uint32 // admittedPending, admittedRunning, admittedDone
 	ctl            *admission.Controller
 	ticket         admission.Ticket
-	stop           func() bool
 }
-
-const (
-	admittedPending uint32 = iota
-	admittedRunning
-	admittedDone
-)
 
 type admittedKey struct{}
 
@@ -58,33 +49,18 @@ func (s *Server) admit(ctx context.Context, l criticality.Level, n int) (context
 	if err := s.admission.Arrive(&node.ticket, l, n, deadline); err != nil {
 		return nil, s.rejection(err)
 	}
-	node.stop = context.AfterFunc(ctx, node.abandon)
 	return node, nil
 }
 
-// start takes an execution slot for the handler.
+// start takes an execution slot for the handler; on error the request is
+// already finished.
 func (n *admitted) start(ctx context.Context) error {
-	if !n.state.CompareAndSwap(admittedPending, admittedRunning) {
-		return ctx.Err() // the stream ended before its handler started
-	}
 	if err := n.ctl.Start(ctx, &n.ticket); err != nil {
-		n.finish()
+		n.ctl.Done(&n.ticket)
 		return err
 	}
 	return nil
 }
 
-// finish ends a request whose handler ran (or tried to).
-func (n *admitted) finish() {
-	if n.state.CompareAndSwap(admittedRunning, admittedDone) {
-		n.stop()
-		n.ctl.Done(&n.ticket)
-	}
-}
-
-// abandon ends a request whose stream ended before its handler started.
-func (n *admitted) abandon() {
-	if n.state.CompareAndSwap(admittedPending, admittedDone) {
-		n.ctl.Done(&n.ticket)
-	}
-}
+// finish ends a request whose handler ran.
+func (n *admitted) finish() { n.ctl.Done(&n.ticket) }

@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/relay"
@@ -190,4 +192,76 @@ func BenchmarkClientChainOverhead(b *testing.B) {
 	b.ReportMetric(float64(tBare.Nanoseconds())/float64(n), "bare-ns/call")
 	b.ReportMetric(float64(tTri.Nanoseconds())/float64(n), "triage-ns/call")
 	b.ReportMetric(100*(float64(tTri)/float64(tBare)-1), "overhead-%")
+}
+
+// BenchmarkServerStack measures what the server side adds to an empty
+// loopback unary call: the same plain client calls a bare server, a server
+// with triage's tap handle and interceptors, and one with admission control
+// too. Compare allocs/op and B/op between the sub-benchmarks.
+func BenchmarkServerStack(b *testing.B) {
+	for _, variant := range []string{"bare", "triage", "triage+admission"} {
+		b.Run(variant, func(b *testing.B) {
+			var sopts []grpc.ServerOption
+			if variant != "bare" {
+				opts := []triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}
+				if variant == "triage+admission" {
+					ctl, err := admission.New()
+					if err != nil {
+						b.Fatal(err)
+					}
+					opts = append(opts, triagegrpc.WithAdmission(ctl))
+				}
+				srv, err := triagegrpc.NewServer(opts...)
+				if err != nil {
+					b.Fatal(err)
+				}
+				sopts = srv.ServerOptions()
+			}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := grpc.NewServer(sopts...)
+			s.RegisterService(&emptyDesc, struct{}{})
+			go s.Serve(lis)
+			defer s.Stop()
+			cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cc.Close()
+			ctx := context.Background()
+			in, out := &emptypb.Empty{}, &emptypb.Empty{}
+			if err := cc.Invoke(ctx, "/triage.bench.Empty/Call", in, out); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := cc.Invoke(ctx, "/triage.bench.Empty/Call", in, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// emptyDesc is a service with one unary method that does nothing, so that
+// BenchmarkServerStack measures the stack and not a handler.
+var emptyDesc = grpc.ServiceDesc{
+	ServiceName: "triage.bench.Empty",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Call",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+			in := new(emptypb.Empty)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			h := func(ctx context.Context, req any) (any, error) { return req, nil }
+			if icpt == nil {
+				return h(ctx, in)
+			}
+			return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/triage.bench.Empty/Call"}, h)
+		},
+	}},
 }

@@ -39,6 +39,10 @@ type Metrics struct {
 	strippedMisc prometheus.Counter
 
 	client clientVecs
+
+	admAdmitted *prometheus.CounterVec
+	admRejected *prometheus.CounterVec
+	admLimit    prometheus.Gauge
 }
 
 // New returns Metrics with every series created at zero.
@@ -58,6 +62,18 @@ func New() *Metrics {
 		}, []string{"key"}),
 		strippedKeys: map[string]prometheus.Counter{},
 		client:       newClientVecs(),
+		admAdmitted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "triage_admission_admitted_total",
+			Help: "Requests given an execution slot by admission control, by criticality.",
+		}, []string{"criticality"}),
+		admRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "triage_admission_rejected_total",
+			Help: "Requests rejected by admission control, by criticality, reason (concurrency, utilization, deadline) and answer (task-overloaded, overloaded-dont-retry).",
+		}, []string{"criticality", "reason", "answer"}),
+		admLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "triage_admission_limit",
+			Help: "Execution limit found by admission control.",
+		}),
 	}
 	for _, l := range criticality.All() {
 		for r := range m.byDecision[l] {
@@ -79,6 +95,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.invalid.Describe(ch)
 	m.stripped.Describe(ch)
 	m.client.each(func(v *prometheus.CounterVec) { v.Describe(ch) })
+	m.admAdmitted.Describe(ch)
+	m.admRejected.Describe(ch)
+	m.admLimit.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -87,6 +106,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.invalid.Collect(ch)
 	m.stripped.Collect(ch)
 	m.client.each(func(v *prometheus.CounterVec) { v.Collect(ch) })
+	m.admAdmitted.Collect(ch)
+	m.admRejected.Collect(ch)
+	m.admLimit.Collect(ch)
 }
 
 // Classified implements edge.Observer.

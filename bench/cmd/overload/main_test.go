@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"os"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as the backend process, as the command does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "server" {
+		fs := flag.NewFlagSet("server", flag.ExitOnError)
+		variant := fs.String("variant", "none", "")
+		cost := fs.Duration("cost", time.Millisecond, "")
+		fs.Parse(os.Args[2:])
+		if err := serverMain(*variant, *cost); err != nil {
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func TestFlagsRejectBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"--loads", "0"}, {"--loads", "x"}, {"--variants", "nginx"}, {"--cost", "1ns"},
+		{"--step", "1s"}, {"--deadline", "1ms"}, {"--conns", "0"}, {"--scenario", "chaos"},
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+	if c, err := parseFlags(nil); err != nil || len(c.variants) != len(allVariants) || len(c.loads) != 5 {
+		t.Fatalf("defaults: %+v, %v", c, err)
+	}
+}
+
+// A short run end to end: real processes, real sockets, one step.
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts backend processes")
+	}
+	cfg, err := parseFlags([]string{"--loads", "2", "--variants", "none,triage-admission", "--step", "2s", "--warmup", "0s", "--json", "--server-cpu", "", "--load-cpu", ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), cfg, &out); err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if rep.CapacityRPS <= 0 || len(rep.Results) != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+	for _, r := range rep.Results {
+		if r.Sent != r.Completed || r.Sent == 0 {
+			t.Errorf("%s: sent %d, completed %d", r.Variant, r.Sent, r.Completed)
+		}
+		if r.Variant == "triage-admission" && (!r.Survived || r.Untriaged != 0 || r.Goodput <= 0) {
+			t.Errorf("triage-admission: %+v", r)
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package triageprom
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/criticality"
+)
+
+// AdmissionObserver is an admission.Observer for one Controller, returned
+// by Metrics.Admission. Counters are resolved once.
+type AdmissionObserver struct {
+	admitted [criticality.NumLevels]prometheus.Counter
+	rejected [criticality.NumLevels][admission.NumReasons][2]prometheus.Counter
+	limit    prometheus.Gauge
+}
+
+// Admission returns the observer to pass to admission.WithObserver, and a
+// collector of the controller's state (limits, occupancy, signal values)
+// read at scrape time; register the collector with your registry once the
+// Controller exists:
+//
+//	obs := m.Admission()
+//	ctl, _ := admission.New(admission.WithObserver(obs))
+//	reg.MustRegister(triageprom.AdmissionState(ctl))
+//
+// Series: triage_admission_admitted_total{criticality},
+// triage_admission_rejected_total{criticality,reason,answer} (answer is
+// task-overloaded or overloaded-dont-retry), triage_admission_limit.
+func (m *Metrics) Admission() *AdmissionObserver {
+	o := &AdmissionObserver{limit: m.admLimit}
+	for _, l := range criticality.All() {
+		o.admitted[l] = m.admAdmitted.WithLabelValues(l.String())
+		for r := admission.Reason(0); r < admission.NumReasons; r++ {
+			o.rejected[l][r][0] = m.admRejected.WithLabelValues(l.String(), r.String(), "task-overloaded")
+			o.rejected[l][r][1] = m.admRejected.WithLabelValues(l.String(), r.String(), "overloaded-dont-retry")
+		}
+	}
+	return o
+}
+
+// Admitted implements admission.Observer.
+func (o *AdmissionObserver) Admitted(l criticality.Level) { o.admitted[lvl(l)].Inc() }
+
+// Rejected implements admission.Observer.
+func (o *AdmissionObserver) Rejected(l criticality.Level, r admission.Reason, dontRetry bool) {
+	if r >= admission.NumReasons {
+		return
+	}
+	i := 0
+	if dontRetry {
+		i = 1
+	}
+	o.rejected[lvl(l)][r][i].Inc()
+}
+
+// LimitChanged implements admission.Observer.
+func (o *AdmissionObserver) LimitChanged(n int) { o.limit.Set(float64(n)) }
+
+var _ admission.Observer = (*AdmissionObserver)(nil)
+
+// AdmissionState returns a collector that reads a Controller's Stats at
+// scrape time: triage_admission_pending, _pending_cap, _executing,
+// _queued, _service_seconds, _retry_share and
+// triage_admission_signal_utilization{signal}.
+func AdmissionState(ctl *admission.Controller) prometheus.Collector { return stateCollector{ctl} }
+
+type stateCollector struct{ ctl *admission.Controller }
+
+var (
+	descPending    = prometheus.NewDesc("triage_admission_pending", "Requests admitted and not done (not yet started, waiting, running).", nil, nil)
+	descPendingCap = prometheus.NewDesc("triage_admission_pending_cap", "Current bound on admitted requests (before criticality headroom), found by the controller.", nil, nil)
+	descExecuting  = prometheus.NewDesc("triage_admission_executing", "Requests holding an execution slot.", nil, nil)
+	descQueued     = prometheus.NewDesc("triage_admission_queued", "Requests waiting for an execution slot.", nil, nil)
+	descService    = prometheus.NewDesc("triage_admission_service_seconds", "Mean service time of the last interval.", nil, nil)
+	descRetryShare = prometheus.NewDesc("triage_admission_retry_share", "Share of retries among recent requests (the attempt histogram).", nil, nil)
+	descSignal     = prometheus.NewDesc("triage_admission_signal_utilization", "Utilization signal value as a fraction of its target.", []string{"signal"}, nil)
+)
+
+func (s stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPending, descPendingCap, descExecuting, descQueued, descService, descRetryShare, descSignal} {
+		ch <- d
+	}
+}
+
+func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
+	st := s.ctl.Stats()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(descPending, float64(st.Pending))
+	gauge(descPendingCap, float64(st.PendingCap))
+	gauge(descExecuting, float64(st.Executing))
+	gauge(descQueued, float64(st.Queued))
+	gauge(descService, st.ServiceTime.Seconds())
+	gauge(descRetryShare, st.RetryShare)
+	for _, sv := range st.Signals {
+		gauge(descSignal, sv.Utilization, sv.Name)
+	}
+}
+
+// AdmittedCounter returns the admitted counter of a criticality (by name),
+// for tests and dashboards built in code; nil for an unknown name.
+func (o *AdmissionObserver) AdmittedCounter(level string) prometheus.Counter {
+	l, err := criticality.Parse(level)
+	if err != nil {
+		return nil
+	}
+	return o.admitted[l]
+}
+
+// RejectedCounter returns one rejected counter by label values; nil for
+// unknown ones.
+func (o *AdmissionObserver) RejectedCounter(level, reason, answer string) prometheus.Counter {
+	l, err := criticality.Parse(level)
+	if err != nil {
+		return nil
+	}
+	for r := admission.Reason(0); r < admission.NumReasons; r++ {
+		if r.String() != reason {
+			continue
+		}
+		switch answer {
+		case "task-overloaded":
+			return o.rejected[l][r][0]
+		case "overloaded-dont-retry":
+			return o.rejected[l][r][1]
+		}
+	}
+	return nil
+}
