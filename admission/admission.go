@@ -266,6 +266,7 @@ type Controller struct {
 	queued      atomic.Int64
 	nextAdjust  atomic.Int64
 	expectedSvc atomic.Int64 // ns, last interval's mean service time
+	lastDelay   atomic.Int64 // ns, last interval's mean wait before Start
 	// sampleMask selects the requests whose service time is measured and
 	// which enter the attempt histogram (rand & mask == 0): all under light
 	// traffic, one in eight under heavy, which spares clock reads and
@@ -532,11 +533,12 @@ func (c *Controller) capFor(l criticality.Level) int64 {
 }
 
 // expectedWaitAndService is the time a request arriving now would take:
-// the queue ahead of it divided among the slots, plus one service time.
+// the recent wait before Start, the queue for slots divided among them,
+// and one service time.
 func (c *Controller) expectedWaitAndService() int64 {
 	svc := c.expectedSvc.Load()
 	limit := c.limit.Load()
-	return svc + c.queued.Load()*svc/limit
+	return c.lastDelay.Load() + svc + c.queued.Load()*svc/limit
 }
 
 func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
@@ -744,6 +746,7 @@ func (c *Controller) adjustPending() {
 	if n == 0 {
 		return
 	}
+	c.lastDelay.Store(sum / n)
 	p := c.pendingCap.Load()
 	next := p
 	switch {

@@ -45,6 +45,7 @@ import (
 var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "oracle-tap16", "triage-admission", "triage"}
 
 type config struct {
+	rounds    int // work per request, calibrated once by run
 	cost      time.Duration
 	loads     []float64
 	variants  []string
@@ -66,9 +67,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "server" {
 		fs := flag.NewFlagSet("server", flag.ExitOnError)
 		variant := fs.String("variant", "none", "")
-		cost := fs.Duration("cost", time.Millisecond, "")
+		rounds := fs.Int("rounds", 0, "")
 		fs.Parse(os.Args[2:])
-		if err := serverMain(*variant, *cost); err != nil {
+		if err := serverMain(*variant, *rounds); err != nil {
 			fmt.Fprintln(os.Stderr, "server:", err)
 			os.Exit(1)
 		}
@@ -151,7 +152,7 @@ func startBackend(cfg config, variant string) (*backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := []string{exe, "server", "--variant", variant, "--cost", cfg.cost.String()}
+	args := []string{exe, "server", "--variant", variant, "--rounds", strconv.Itoa(cfg.rounds)}
 	if cfg.serverCPU != "" {
 		if ts, err := exec.LookPath("taskset"); err == nil {
 			args = append([]string{ts, "-c", cfg.serverCPU}, args...)
@@ -316,7 +317,8 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 			}
 		}
 	}
-	fmt.Fprintf(os.Stderr, "overload: probing capacity (cost %v, GOMAXPROCS=1 backend, %d CPUs here)\n", cfg.cost, runtime.NumCPU())
+	cfg.rounds = calibrate(cfg.cost)
+	fmt.Fprintf(os.Stderr, "overload: %d sha256 rounds per request (cost %v); probing capacity (GOMAXPROCS=1 backend, %d CPUs here)\n", cfg.rounds, cfg.cost, runtime.NumCPU())
 	c, err := probe(ctx, cfg)
 	if err != nil {
 		return err

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"os"
 	"testing"
-	"time"
 )
 
 // The test binary doubles as the backend process, as the command does.
@@ -15,9 +14,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "server" {
 		fs := flag.NewFlagSet("server", flag.ExitOnError)
 		variant := fs.String("variant", "none", "")
-		cost := fs.Duration("cost", time.Millisecond, "")
+		rounds := fs.Int("rounds", 0, "")
 		fs.Parse(os.Args[2:])
-		if err := serverMain(*variant, *cost); err != nil {
+		if err := serverMain(*variant, *rounds); err != nil {
 			os.Exit(1)
 		}
 		return

@@ -72,12 +72,14 @@ func (b *burner) burn(ctx context.Context, in *wrapperspb.StringValue) (*wrapper
 	return wrapperspb.String("ok"), nil
 }
 
-// calibrate returns the sha256 rounds that take cost of CPU on this core.
+// calibrate returns the sha256 rounds that take cost of CPU on this core:
+// the best of 20 timings, so that a neighbour's burst does not make the
+// work smaller.
 func calibrate(cost time.Duration) int {
 	var sum [32]byte
 	best := time.Duration(1 << 62)
 	const n = 20000
-	for try := 0; try < 5; try++ {
+	for try := 0; try < 20; try++ {
 		start := time.Now()
 		for i := 0; i < n; i++ {
 			sum = sha256.Sum256(sum[:])
@@ -88,9 +90,14 @@ func calibrate(cost time.Duration) int {
 	return max(1, int(float64(n)*float64(cost)/float64(best)))
 }
 
-// serverMain runs one backend: GOMAXPROCS is set by the driver (1).
-func serverMain(variant string, cost time.Duration) error {
-	b := &burner{rounds: calibrate(cost)}
+// serverMain runs one backend: GOMAXPROCS is set by the driver (1). rounds
+// is the work per request, calibrated once by the driver so that every
+// variant's backend does exactly the same work.
+func serverMain(variant string, rounds int) error {
+	if rounds < 1 {
+		return fmt.Errorf("rounds must be at least 1, got %d", rounds)
+	}
+	b := &burner{rounds: rounds}
 	opts, ctl, err := serverOptions(variant)
 	if err != nil {
 		return err
