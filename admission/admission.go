@@ -283,6 +283,17 @@ type Controller struct {
 	// reset before the handler ran, an unknown method) stops counting
 	// after eight seconds, without any per-request callback.
 	prestart prestartRing
+	// notStarted counts, per criticality, requests between Arrive and
+	// Start; owed, how many of them were displaced by more critical
+	// arrivals and must be refused at Start.
+	notStarted [criticality.NumLevels]atomic.Int64
+	owed       [criticality.NumLevels]atomic.Int64
+	// started counts, per criticality, requests between Start and Done;
+	// usual is a smoothed peak of each criticality's occupancy (in
+	// requests, fixed point x1000), revisited every interval: the room
+	// less critical requests leave free for the more critical ones.
+	startedN [criticality.NumLevels]atomic.Int64
+	usual    [criticality.NumLevels]atomic.Int64
 	// inside counts requests between Start and Done (waiting or running).
 	inside     atomic.Int64
 	_          [56]byte
@@ -468,6 +479,9 @@ type Ticket struct {
 	sampled         bool // measured: delay before Start, service time
 }
 
+// Level returns the request's criticality.
+func (t *Ticket) Level() criticality.Level { return t.level }
+
 const (
 	ticketPending uint8 = iota + 1 // arrived, Start not called
 	ticketInside                   // in Start: waiting, or rejected there
@@ -508,11 +522,12 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 			return c.reject(l, Deadline, now)
 		}
 	}
-	if c.occupancy(now)+1 > c.capFor(l) && !c.evictBelow(l) {
+	if c.occupancy(now)+c.reserved(l)+1 > c.capFor(l) && !c.evictBelow(l) {
 		c.capHit.Store(true)
 		return c.reject(l, Concurrency, now)
 	}
 	c.prestart.add(now / prestartEpoch)
+	c.notStarted[l].Add(1)
 	*t = Ticket{arrive: now, level: l, state: ticketPending, sampled: sampled}
 	return nil
 }
@@ -524,12 +539,31 @@ func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + 
 // then SHEDDABLE_PLUS, CRITICAL, CRITICAL_PLUS. The higher classes are
 // admitted beyond the cap rather than the lower ones held below it, so that
 // the task stays work-conserving: with only SHEDDABLE traffic, SHEDDABLE
-// uses all of it.
-var headroom = [criticality.NumLevels]int64{0, 10, 25, 50}
+// uses all of it. The cap is small (about 5 ms of work), so CRITICAL's
+// doubling and CRITICAL_PLUS's tripling cost at most 10 and 15 ms of
+// queueing when the task is full of them.
+var headroom = [criticality.NumLevels]int64{0, 25, 100, 200}
+
+// levelOccupancy is the requests of level l admitted and not done.
+func (c *Controller) levelOccupancy(l criticality.Level) int64 {
+	return max(c.notStarted[l].Load(), 0) + c.startedN[l].Load()
+}
+
+// reserved is the room a request of level l must leave free for the more
+// critical ones: their usual occupancy, less what they occupy now. Lower
+// criticalities are thus admitted into what the higher ones do not use;
+// with no more critical traffic, nothing is reserved.
+func (c *Controller) reserved(l criticality.Level) int64 {
+	var r int64
+	for h := l + 1; h < criticality.NumLevels; h++ {
+		r += max((c.usual[h].Load()+999)/1000-c.levelOccupancy(h), 0)
+	}
+	return r
+}
 
 func (c *Controller) capFor(l criticality.Level) int64 {
 	p := c.pendingCap.Load()
-	return p + p*headroom[l]/100
+	return p + (p*headroom[l]+99)/100 // rounded up: even a small cap leaves each class some headroom
 }
 
 // expectedWaitAndService is the time a request arriving now would take:
@@ -560,7 +594,12 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 		return errors.New("admission: Start without Arrive")
 	}
 	c.prestart.remove(t.arrive / prestartEpoch)
+	c.notStarted[t.level].Add(-1)
+	c.startedN[t.level].Add(1)
 	t.state = ticketInside
+	if c.displaced(t.level) {
+		return c.reject(t.level, Concurrency, c.now())
+	}
 	if t.sampled {
 		t.started = c.now()
 		c.delaySum.Add(max(t.started-t.arrive, 0))
@@ -604,9 +643,12 @@ func (c *Controller) Done(t *Ticket) {
 			c.svcCount.Add(1)
 		}
 		c.release()
+		c.startedN[t.level].Add(-1)
 	case ticketInside:
+		c.startedN[t.level].Add(-1)
 	case ticketPending:
 		c.prestart.remove(t.arrive / prestartEpoch)
+		c.notStarted[t.level].Add(-1)
 	default:
 		return
 	}
@@ -741,6 +783,16 @@ func (c *Controller) maybeAdjust(now int64) {
 // wait before handlers start exceeds the target, more while the cap
 // turned requests away and the wait is within it. c.adjust is held.
 func (c *Controller) adjustPending() {
+	// The usual occupancy of each criticality: its current occupancy at
+	// once when higher, else decaying by a fifth per interval.
+	for l := range c.usual {
+		now := c.levelOccupancy(criticality.Level(l)) * 1000
+		if u := c.usual[l].Load(); now >= u {
+			c.usual[l].Store(now)
+		} else {
+			c.usual[l].Store(u - (u-now)/5)
+		}
+	}
 	n, sum := c.delayCount.Swap(0), c.delaySum.Swap(0)
 	hit := c.capHit.Swap(false)
 	if n == 0 {

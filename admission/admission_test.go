@@ -250,8 +250,9 @@ func TestCancelledWaiterLeavesTheQueue(t *testing.T) {
 
 // Arrive bounds the pending requests. The cap starts at twice the limit
 // plus the queue (here 10); more critical requests may go past it
-// (SHEDDABLE_PLUS by 10%, CRITICAL by 25%, CRITICAL_PLUS by 50%), so that
-// when the task is full the least critical are refused first.
+// (SHEDDABLE_PLUS by 25%, CRITICAL by 100%, CRITICAL_PLUS by 200%, rounded
+// up), and when even that is full they displace less critical requests
+// that have not started yet: those are refused when they reach Start.
 func TestArriveBoundsPendingByCriticality(t *testing.T) {
 	c := mustNew(t, admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0))
 	var held []*admission.Ticket
@@ -268,28 +269,39 @@ func TestArriveBoundsPendingByCriticality(t *testing.T) {
 			t.Fatalf("arrival %d: %v", i, err)
 		}
 	}
-	for _, tc := range []struct {
-		l     criticality.Level
-		extra int
-	}{{criticality.Sheddable, 0}, {criticality.SheddablePlus, 1}, {criticality.Critical, 1}, {criticality.CriticalPlus, 3}} {
-		for i := 0; i < tc.extra; i++ {
-			if err := admit(tc.l); err != nil {
-				t.Fatalf("%v past the cap (%d pending): %v", tc.l, c.Stats().Pending, err)
-			}
-		}
-		err := admit(tc.l)
-		if reason(t, err) != admission.Concurrency {
-			t.Fatalf("%v at %d pending: %v", tc.l, c.Stats().Pending, err)
-		}
-		oe, _ := outcome.As(err)
-		if oe.Kind != outcome.TaskOverloaded || oe.Local || oe.Downstream {
-			t.Fatalf("rejection %#v", oe)
+	err := admit(criticality.Sheddable)
+	if reason(t, err) != admission.Concurrency {
+		t.Fatalf("SHEDDABLE at the cap: %v", err)
+	}
+	if oe, _ := outcome.As(err); oe.Kind != outcome.TaskOverloaded || oe.Local || oe.Downstream {
+		t.Fatalf("rejection %#v", oe)
+	}
+	// CRITICAL_PLUS: 20 within its headroom (cap 30), then 10 more by
+	// displacing the 10 SHEDDABLE, then no more.
+	for i := 0; i < 30; i++ {
+		if err := admit(criticality.CriticalPlus); err != nil {
+			t.Fatalf("CRITICAL_PLUS %d: %v", i, err)
 		}
 	}
+	if err := admit(criticality.CriticalPlus); reason(t, err) != admission.Concurrency {
+		t.Fatalf("CRITICAL_PLUS with nothing left to displace: %v", err)
+	}
+	// The displaced SHEDDABLE are refused at Start; CRITICAL_PLUS run.
+	refused := 0
 	for _, tk := range held {
+		err := c.Start(context.Background(), tk)
+		if err != nil {
+			if tk.Level() != criticality.Sheddable {
+				t.Fatalf("%v refused at Start: %v", tk.Level(), err)
+			}
+			refused++
+		}
 		c.Done(tk)
 	}
-	if c.Stats().Pending != 0 {
-		t.Fatal("pending left")
+	if refused != 10 {
+		t.Fatalf("%d SHEDDABLE refused at Start, want 10", refused)
+	}
+	if s := c.Stats(); s.Pending != 0 {
+		t.Fatalf("left: %+v", s)
 	}
 }

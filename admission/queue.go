@@ -72,22 +72,52 @@ func (c *Controller) popHighest() *waiter {
 	return nil
 }
 
-// evictBelow displaces the oldest waiting request of the lowest
-// criticality below l, if there is one, and reports whether it did.
+// evictBelow makes room for a request of level l by displacing a less
+// critical one, and reports whether it did. It first displaces the oldest
+// waiter of the lowest criticality in the slot queue; failing that, it
+// marks one not-yet-started request of the lowest criticality that has
+// some as displaced: that request is refused when it reaches Start (on a
+// busy CPU, admitted requests wait as runnable goroutines that no queue of
+// ours holds, so they cannot be taken out before they run).
 func (c *Controller) evictBelow(l criticality.Level) bool {
-	if c.queued.Load() == 0 {
-		return false
+	if c.queued.Load() > 0 {
+		c.mu.Lock()
+		for low := criticality.Level(0); low < l; low++ {
+			if w := c.queues[low].pop(); w != nil {
+				c.queued.Add(-1)
+				w.ch <- c.reject(w.level, Concurrency, c.now())
+				c.mu.Unlock()
+				return true
+			}
+		}
+		c.mu.Unlock()
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	for low := criticality.Level(0); low < l; low++ {
-		if w := c.queues[low].pop(); w != nil {
-			c.queued.Add(-1)
-			w.ch <- c.reject(w.level, Concurrency, c.now())
-			return true
+		for {
+			owed := c.owed[low].Load()
+			if c.notStarted[low].Load()-owed <= 0 {
+				break
+			}
+			if c.owed[low].CompareAndSwap(owed, owed+1) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// displaced reports whether a request of level l reaching Start must be
+// refused to pay for an eviction, and takes the debt.
+func (c *Controller) displaced(l criticality.Level) bool {
+	for {
+		owed := c.owed[l].Load()
+		if owed <= 0 {
+			return false
+		}
+		if c.owed[l].CompareAndSwap(owed, owed-1) {
+			return true
+		}
+	}
 }
 
 // wait queues the request for an execution slot.

@@ -190,14 +190,15 @@ func (b *backend) stop() {
 }
 
 type stats struct {
-	Goroutines int     `json:"goroutines"`
-	RSSMB      float64 `json:"rss_mb"`
-	Limit      int     `json:"limit"`
-	Executing  int     `json:"executing"`
-	Queued     int     `json:"queued"`
-	Pending    int     `json:"pending"`
-	ServiceMS  float64 `json:"service_ms"`
-	PendingCap int     `json:"pending_cap"`
+	Goroutines int              `json:"goroutines"`
+	RSSMB      float64          `json:"rss_mb"`
+	Limit      int              `json:"limit"`
+	Executing  int              `json:"executing"`
+	Queued     int              `json:"queued"`
+	Pending    int              `json:"pending"`
+	ServiceMS  float64          `json:"service_ms"`
+	PendingCap int              `json:"pending_cap"`
+	Rejected   map[string]int64 `json:"rejected"`
 }
 
 func (b *backend) stats() (stats, error) {
@@ -391,6 +392,9 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	s := summarize(p, cfg.step/2, cfg.step)
 	time.Sleep(2 * time.Second) // let the backend settle before reading its goroutines
 	after, err := b.stats()
+	if len(after.Rejected) > 0 {
+		fmt.Fprintf(os.Stderr, "    rejections by criticality/reason: %v\n", after.Rejected)
+	}
 	r.Survived = err == nil && b.cmd.ProcessState == nil
 	r.Goodput = s.goodputRPS / c
 	r.P50ms, r.P99ms = ms(s.p50), ms(s.p99)

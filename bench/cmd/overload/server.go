@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -123,6 +124,7 @@ func serverMain(variant string, rounds int) error {
 			st := ctl.Stats()
 			m["limit"], m["executing"], m["queued"], m["pending"], m["service_ms"] = st.Limit, st.Executing, st.Queued, st.Pending, float64(st.ServiceTime)/1e6
 			m["pending_cap"] = st.PendingCap
+			m["rejected"] = benchObs.snapshot()
 		}
 		json.NewEncoder(w).Encode(m)
 	})
@@ -196,7 +198,7 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 	case "oracle-tap16":
 		return oracleTap(16), nil, nil
 	case "triage-admission", "triage":
-		ctl, err := admission.New(admissionOptions()...)
+		ctl, err := admission.New(append(admissionOptions(), admission.WithObserver(benchObs))...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -276,3 +278,31 @@ func oracleTap(n int64) []grpc.ServerOption {
 type releaseKey struct{}
 
 var errUsage = errors.New("usage")
+
+// countingObserver counts rejections by criticality and reason, for the
+// benchmark's diagnostics.
+type countingObserver struct {
+	rejected [4][admission.NumReasons]atomic.Int64
+}
+
+var benchObs = &countingObserver{}
+
+func (o *countingObserver) Admitted(criticality.Level) {}
+func (o *countingObserver) Rejected(l criticality.Level, r admission.Reason, _ bool) {
+	if l.Valid() && r < admission.NumReasons {
+		o.rejected[l][r].Add(1)
+	}
+}
+func (o *countingObserver) LimitChanged(int) {}
+
+func (o *countingObserver) snapshot() map[string]int64 {
+	m := map[string]int64{}
+	for l := range o.rejected {
+		for r := range o.rejected[l] {
+			if n := o.rejected[l][r].Load(); n > 0 {
+				m[criticality.Level(l).String()+"/"+admission.Reason(r).String()] = n
+			}
+		}
+	}
+	return m
+}
