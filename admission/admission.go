@@ -781,7 +781,8 @@ func (c *Controller) maybeAdjust(now int64) {
 
 // adjustPending revisits the pending cap: fewer admitted while the mean
 // wait before handlers start exceeds the target, more while the cap
-// turned requests away and the wait is within it. c.adjust is held.
+// turned requests away and the wait is under half the target. c.adjust is
+// held.
 func (c *Controller) adjustPending() {
 	// The usual occupancy of each criticality: its current occupancy at
 	// once when higher, else decaying by a fifth per interval.
@@ -803,8 +804,10 @@ func (c *Controller) adjustPending() {
 	next := p
 	switch {
 	case sum/n > c.targetDelay:
-		next = max(c.minLimit, min(p-1, p*9/10))
-	case hit:
+		next = max(1, min(p-1, p*9/10))
+	case hit && sum/n < c.targetDelay/2:
+		// Grow only well within the target, so that a cap one step from
+		// the target does not oscillate across it.
 		next = min(c.maxLimit*8, p+max(1, p/10))
 	}
 	c.pendingCap.Store(next)

@@ -228,7 +228,8 @@ func TestLimitAdaptsToTheWork(t *testing.T) {
 // On one CPU whose handlers never yield, admitted requests wait as runnable
 // goroutines before their handler starts: the queue no interceptor sees.
 // The pending cap finds the size at which that wait meets the target, for
-// any handler cost: about target/cost requests.
+// any handler cost: about target/cost requests (CRITICAL traffic here, whose
+// headroom doubles the cap).
 func TestPendingCapBoundsTheInvisibleQueue(t *testing.T) {
 	for _, cost := range []time.Duration{200 * time.Microsecond, time.Millisecond, 5 * time.Millisecond} {
 		f := clock.NewFake(epoch)
