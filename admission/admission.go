@@ -95,6 +95,9 @@ type Observer interface {
 	Rejected(l criticality.Level, r Reason, dontRetry bool)
 	// LimitChanged: the controller set a new execution limit.
 	LimitChanged(limit int)
+	// Degraded: Degrade told a request of level l to serve a degraded
+	// answer.
+	Degraded(l criticality.Level)
 }
 
 // Nop is an Observer that does nothing.
@@ -103,6 +106,7 @@ type Nop struct{}
 func (Nop) Admitted(criticality.Level)               {}
 func (Nop) Rejected(criticality.Level, Reason, bool) {}
 func (Nop) LimitChanged(int)                         {}
+func (Nop) Degraded(criticality.Level)               {}
 
 // Defaults.
 const (
@@ -666,20 +670,22 @@ func (c *Controller) release() {
 }
 
 // Degrade reports whether a request of level l should be served a degraded
-// (cheaper) answer because the task is near its limit: requests are
-// waiting for execution slots, or a signal is within 0.1 of the level's
-// threshold. SRE book ch. 21: "a degraded response ... when its request to
+// (cheaper) answer because the task is near its limit: the task is full
+// (its occupancy has reached the pending cap, or requests wait for
+// execution slots), or a signal is within 0.1 of the level's threshold. SRE book ch. 21: "a degraded response ... when its request to
 // the DB Frontend failed"; here the handler can choose before it fails.
 func (c *Controller) Degrade(l criticality.Level) bool {
 	if !l.Valid() {
 		l = criticality.Default
 	}
-	if c.queued.Load() > 0 {
+	if c.queued.Load() > 0 || c.occupancy(c.now()) >= c.pendingCap.Load() {
+		c.obs.Degraded(l)
 		return true
 	}
 	for i := range c.gates {
 		g := &c.gates[i]
 		if g.sig.Utilization() >= g.th.Start[l]-0.1 {
+			c.obs.Degraded(l)
 			return true
 		}
 	}

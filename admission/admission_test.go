@@ -29,6 +29,7 @@ type counter struct {
 	rejected map[admission.Reason]int
 	dr       int
 	limits   []int
+	degraded int
 }
 
 func (o *counter) Admitted(criticality.Level) { o.admitted++ }
@@ -41,7 +42,8 @@ func (o *counter) Rejected(_ criticality.Level, r admission.Reason, dr bool) {
 		o.dr++
 	}
 }
-func (o *counter) LimitChanged(n int) { o.limits = append(o.limits, n) }
+func (o *counter) LimitChanged(n int)         { o.limits = append(o.limits, n) }
+func (o *counter) Degraded(criticality.Level) { o.degraded++ }
 
 func reason(t *testing.T, err error) admission.Reason {
 	t.Helper()
@@ -303,5 +305,28 @@ func TestArriveBoundsPendingByCriticality(t *testing.T) {
 	}
 	if s := c.Stats(); s.Pending != 0 {
 		t.Fatalf("left: %+v", s)
+	}
+}
+
+// Degrade says yes when the task is full, before anything is rejected.
+func TestDegradeWhenFull(t *testing.T) {
+	obs := &counter{}
+	c := mustNew(t, admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithObserver(obs))
+	if c.Degrade(criticality.Critical) {
+		t.Fatal("an idle task degrades")
+	}
+	var held []*admission.Ticket
+	for c.Stats().Pending < c.Stats().PendingCap {
+		tk := &admission.Ticket{}
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, tk)
+	}
+	if !c.Degrade(criticality.Critical) || obs.degraded != 1 {
+		t.Fatalf("a full task does not degrade (observer %d)", obs.degraded)
+	}
+	for _, tk := range held {
+		c.Done(tk)
 	}
 }

@@ -11,6 +11,7 @@ import (
 // by Metrics.Admission. Counters are resolved once.
 type AdmissionObserver struct {
 	admitted [criticality.NumLevels]prometheus.Counter
+	degraded [criticality.NumLevels]prometheus.Counter
 	rejected [criticality.NumLevels][admission.NumReasons][2]prometheus.Counter
 	limit    prometheus.Gauge
 }
@@ -26,11 +27,13 @@ type AdmissionObserver struct {
 //
 // Series: triage_admission_admitted_total{criticality},
 // triage_admission_rejected_total{criticality,reason,answer} (answer is
-// task-overloaded or overloaded-dont-retry), triage_admission_limit.
+// task-overloaded or overloaded-dont-retry),
+// triage_admission_degraded_total{criticality}, triage_admission_limit.
 func (m *Metrics) Admission() *AdmissionObserver {
 	o := &AdmissionObserver{limit: m.admLimit}
 	for _, l := range criticality.All() {
 		o.admitted[l] = m.admAdmitted.WithLabelValues(l.String())
+		o.degraded[l] = m.admDegraded.WithLabelValues(l.String())
 		for r := admission.Reason(0); r < admission.NumReasons; r++ {
 			o.rejected[l][r][0] = m.admRejected.WithLabelValues(l.String(), r.String(), "task-overloaded")
 			o.rejected[l][r][1] = m.admRejected.WithLabelValues(l.String(), r.String(), "overloaded-dont-retry")
@@ -53,6 +56,9 @@ func (o *AdmissionObserver) Rejected(l criticality.Level, r admission.Reason, do
 	}
 	o.rejected[lvl(l)][r][i].Inc()
 }
+
+// Degraded implements admission.Observer.
+func (o *AdmissionObserver) Degraded(l criticality.Level) { o.degraded[lvl(l)].Inc() }
 
 // LimitChanged implements admission.Observer.
 func (o *AdmissionObserver) LimitChanged(n int) { o.limit.Set(float64(n)) }

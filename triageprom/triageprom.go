@@ -42,6 +42,7 @@ type Metrics struct {
 
 	admAdmitted *prometheus.CounterVec
 	admRejected *prometheus.CounterVec
+	admDegraded *prometheus.CounterVec
 	admLimit    prometheus.Gauge
 }
 
@@ -70,6 +71,10 @@ func New() *Metrics {
 			Name: "triage_admission_rejected_total",
 			Help: "Requests rejected by admission control, by criticality, reason (concurrency, utilization, deadline) and answer (task-overloaded, overloaded-dont-retry).",
 		}, []string{"criticality", "reason", "answer"}),
+		admDegraded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "triage_admission_degraded_total",
+			Help: "Requests told by admission control to serve a degraded answer, by criticality.",
+		}, []string{"criticality"}),
 		admLimit: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "triage_admission_limit",
 			Help: "Execution limit found by admission control.",
@@ -97,6 +102,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.client.each(func(v *prometheus.CounterVec) { v.Describe(ch) })
 	m.admAdmitted.Describe(ch)
 	m.admRejected.Describe(ch)
+	m.admDegraded.Describe(ch)
 	m.admLimit.Describe(ch)
 }
 
@@ -108,6 +114,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.client.each(func(v *prometheus.CounterVec) { v.Collect(ch) })
 	m.admAdmitted.Collect(ch)
 	m.admRejected.Collect(ch)
+	m.admDegraded.Collect(ch)
 	m.admLimit.Collect(ch)
 }
 

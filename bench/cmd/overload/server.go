@@ -293,7 +293,8 @@ func (o *countingObserver) Rejected(l criticality.Level, r admission.Reason, _ b
 		o.rejected[l][r].Add(1)
 	}
 }
-func (o *countingObserver) LimitChanged(int) {}
+func (o *countingObserver) LimitChanged(int)           {}
+func (o *countingObserver) Degraded(criticality.Level) {}
 
 func (o *countingObserver) snapshot() map[string]int64 {
 	m := map[string]int64{}
