@@ -287,17 +287,13 @@ type Controller struct {
 	// reset before the handler ran, an unknown method) stops counting
 	// after eight seconds, without any per-request callback.
 	prestart prestartRing
-	// notStarted counts, per criticality, requests between Arrive and
-	// Start; owed, how many of them were displaced by more critical
-	// arrivals and must be refused at Start.
-	notStarted [criticality.NumLevels]atomic.Int64
-	owed       [criticality.NumLevels]atomic.Int64
-	// started counts, per criticality, requests between Start and Done;
-	// usual is a smoothed peak of each criticality's occupancy (in
-	// requests, fixed point x1000), revisited every interval: the room
-	// less critical requests leave free for the more critical ones.
-	startedN [criticality.NumLevels]atomic.Int64
-	usual    [criticality.NumLevels]atomic.Int64
+	// Per criticality, on a cache line of its own: requests between
+	// Arrive and Start (notStarted) and between Start and Done (started);
+	// how many not-started ones were displaced by more critical arrivals
+	// and must be refused at Start (owed); and a smoothed peak of the
+	// occupancy (usual, x1000, revisited every interval): the room less
+	// critical requests leave free for the more critical ones.
+	lv [criticality.NumLevels]levelCounters
 	// inside counts requests between Start and Done (waiting or running).
 	inside     atomic.Int64
 	_          [56]byte
@@ -531,7 +527,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		return c.reject(l, Concurrency, now)
 	}
 	c.prestart.add(now / prestartEpoch)
-	c.notStarted[l].Add(1)
+	c.lv[l].notStarted.Add(1)
 	*t = Ticket{arrive: now, level: l, state: ticketPending, sampled: sampled}
 	return nil
 }
@@ -548,9 +544,14 @@ func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + 
 // queueing when the task is full of them.
 var headroom = [criticality.NumLevels]int64{0, 25, 100, 200}
 
+type levelCounters struct {
+	notStarted, started, owed, usual atomic.Int64
+	_                                [32]byte
+}
+
 // levelOccupancy is the requests of level l admitted and not done.
 func (c *Controller) levelOccupancy(l criticality.Level) int64 {
-	return max(c.notStarted[l].Load(), 0) + c.startedN[l].Load()
+	return max(c.lv[l].notStarted.Load(), 0) + c.lv[l].started.Load()
 }
 
 // reserved is the room a request of level l must leave free for the more
@@ -560,7 +561,7 @@ func (c *Controller) levelOccupancy(l criticality.Level) int64 {
 func (c *Controller) reserved(l criticality.Level) int64 {
 	var r int64
 	for h := l + 1; h < criticality.NumLevels; h++ {
-		r += max((c.usual[h].Load()+999)/1000-c.levelOccupancy(h), 0)
+		r += max((c.lv[h].usual.Load()+999)/1000-c.levelOccupancy(h), 0)
 	}
 	return r
 }
@@ -598,8 +599,8 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 		return errors.New("admission: Start without Arrive")
 	}
 	c.prestart.remove(t.arrive / prestartEpoch)
-	c.notStarted[t.level].Add(-1)
-	c.startedN[t.level].Add(1)
+	c.lv[t.level].notStarted.Add(-1)
+	c.lv[t.level].started.Add(1)
 	t.state = ticketInside
 	if c.displaced(t.level) {
 		return c.reject(t.level, Concurrency, c.now())
@@ -647,12 +648,12 @@ func (c *Controller) Done(t *Ticket) {
 			c.svcCount.Add(1)
 		}
 		c.release()
-		c.startedN[t.level].Add(-1)
+		c.lv[t.level].started.Add(-1)
 	case ticketInside:
-		c.startedN[t.level].Add(-1)
+		c.lv[t.level].started.Add(-1)
 	case ticketPending:
 		c.prestart.remove(t.arrive / prestartEpoch)
-		c.notStarted[t.level].Add(-1)
+		c.lv[t.level].notStarted.Add(-1)
 	default:
 		return
 	}
@@ -792,12 +793,12 @@ func (c *Controller) maybeAdjust(now int64) {
 func (c *Controller) adjustPending() {
 	// The usual occupancy of each criticality: its current occupancy at
 	// once when higher, else decaying by a fifth per interval.
-	for l := range c.usual {
+	for l := range c.lv {
 		now := c.levelOccupancy(criticality.Level(l)) * 1000
-		if u := c.usual[l].Load(); now >= u {
-			c.usual[l].Store(now)
+		if u := c.lv[l].usual.Load(); now >= u {
+			c.lv[l].usual.Store(now)
 		} else {
-			c.usual[l].Store(u - (u-now)/5)
+			c.lv[l].usual.Store(u - (u-now)/5)
 		}
 	}
 	n, sum := c.delayCount.Swap(0), c.delaySum.Swap(0)

@@ -94,11 +94,11 @@ func (c *Controller) evictBelow(l criticality.Level) bool {
 	}
 	for low := criticality.Level(0); low < l; low++ {
 		for {
-			owed := c.owed[low].Load()
-			if c.notStarted[low].Load()-owed <= 0 {
+			owed := c.lv[low].owed.Load()
+			if c.lv[low].notStarted.Load()-owed <= 0 {
 				break
 			}
-			if c.owed[low].CompareAndSwap(owed, owed+1) {
+			if c.lv[low].owed.CompareAndSwap(owed, owed+1) {
 				return true
 			}
 		}
@@ -110,11 +110,11 @@ func (c *Controller) evictBelow(l criticality.Level) bool {
 // refused to pay for an eviction, and takes the debt.
 func (c *Controller) displaced(l criticality.Level) bool {
 	for {
-		owed := c.owed[l].Load()
+		owed := c.lv[l].owed.Load()
 		if owed <= 0 {
 			return false
 		}
-		if c.owed[l].CompareAndSwap(owed, owed-1) {
+		if c.lv[l].owed.CompareAndSwap(owed, owed-1) {
 			return true
 		}
 	}
