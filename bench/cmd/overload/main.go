@@ -65,14 +65,7 @@ func main() {
 	logx.Disable()
 	stat.DisableLog()
 	if len(os.Args) > 1 && os.Args[1] == "server" {
-		fs := flag.NewFlagSet("server", flag.ExitOnError)
-		variant := fs.String("variant", "none", "")
-		rounds := fs.Int("rounds", 0, "")
-		fs.Parse(os.Args[2:])
-		if err := serverMain(*variant, *rounds); err != nil {
-			fmt.Fprintln(os.Stderr, "server:", err)
-			os.Exit(1)
-		}
+		serverCommand(os.Args[2:])
 		return
 	}
 	cfg, err := parseFlags(os.Args[1:])
@@ -84,6 +77,19 @@ func main() {
 	defer stop()
 	if err := run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(1)
+	}
+}
+
+// serverCommand runs the backend process the driver starts ("overload
+// server --variant V --rounds N"); it exits on error.
+func serverCommand(args []string) {
+	fs := flag.NewFlagSet("server", flag.ExitOnError)
+	variant := fs.String("variant", "none", "")
+	rounds := fs.Int("rounds", 0, "")
+	fs.Parse(args)
+	if err := serverMain(*variant, *rounds); err != nil {
+		fmt.Fprintln(os.Stderr, "server:", err)
 		os.Exit(1)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"os"
 	"testing"
 )
@@ -12,13 +11,7 @@ import (
 // The test binary doubles as the backend process, as the command does.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "server" {
-		fs := flag.NewFlagSet("server", flag.ExitOnError)
-		variant := fs.String("variant", "none", "")
-		rounds := fs.Int("rounds", 0, "")
-		fs.Parse(os.Args[2:])
-		if err := serverMain(*variant, *rounds); err != nil {
-			os.Exit(1)
-		}
+		serverCommand(os.Args[2:])
 		return
 	}
 	os.Exit(m.Run())
