@@ -252,7 +252,7 @@ func TestCancelledWaiterLeavesTheQueue(t *testing.T) {
 
 // Arrive bounds the pending requests. The cap starts at twice the limit
 // plus the queue (here 10); more critical requests may go past it
-// (SHEDDABLE_PLUS by 25%, CRITICAL by 100%, CRITICAL_PLUS by 200%, rounded
+// (SHEDDABLE_PLUS by 25%, CRITICAL by 200%, CRITICAL_PLUS by 400%, rounded
 // up), and when even that is full they displace less critical requests
 // that have not started yet: those are refused when they reach Start.
 func TestArriveBoundsPendingByCriticality(t *testing.T) {
@@ -278,9 +278,9 @@ func TestArriveBoundsPendingByCriticality(t *testing.T) {
 	if oe, _ := outcome.As(err); oe.Kind != outcome.TaskOverloaded || oe.Local || oe.Downstream {
 		t.Fatalf("rejection %#v", oe)
 	}
-	// CRITICAL_PLUS: 20 within its headroom (cap 30), then 10 more by
+	// CRITICAL_PLUS: 40 within its headroom (cap 50), then 10 more by
 	// displacing the 10 SHEDDABLE, then no more.
-	for i := 0; i < 30; i++ {
+	for i := 0; i < 50; i++ {
 		if err := admit(criticality.CriticalPlus); err != nil {
 			t.Fatalf("CRITICAL_PLUS %d: %v", i, err)
 		}
