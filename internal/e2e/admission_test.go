@@ -8,7 +8,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +22,6 @@ import (
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/trust"
 )
 
 // gate is a handler that blocks until released.
@@ -34,25 +32,11 @@ type gate struct {
 }
 
 func startAdmitted(t *testing.T, ctl *admission.Controller, g *gate) string {
-	t.Helper()
-	srv, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl),
-		triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer(srv.ServerOptions()...)
-	relay.Register(s, &relay.Tier{Name: "B", Observe: func(relay.Arrival) {}, Fail: func(ctx context.Context, body string) error {
+	return serveB(t, func(ctx context.Context, body string) error {
 		g.entered <- criticality.Of(ctx).String()
 		<-g.release
 		return nil
-	}})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	return lis.Addr().String()
+	}, triagegrpc.WithAdmission(ctl))
 }
 
 func plainConn(t *testing.T, addr string) *grpc.ClientConn {

@@ -58,14 +58,19 @@ func (b *limitedBackend) fail(ctx context.Context, _ string) error {
 	return nil
 }
 
-func startLimited(t *testing.T, b *limitedBackend) string {
+func startLimited(t *testing.T, b *limitedBackend) string { return serveB(t, b.fail) }
+
+// serveB starts tier B on loopback, trusting 127.0.0.1, with fail as its
+// Fail hook and extra triagegrpc options; it stops with the test.
+func serveB(t *testing.T, fail func(context.Context, string) error, extra ...triagegrpc.ServerOption) string {
 	t.Helper()
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	opts := append([]triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}, extra...)
+	srv, err := triagegrpc.NewServer(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := grpc.NewServer(srv.ServerOptions()...)
-	relay.Register(s, &relay.Tier{Name: "B", Fail: b.fail, Observe: func(relay.Arrival) {}})
+	relay.Register(s, &relay.Tier{Name: "B", Fail: fail, Observe: func(relay.Arrival) {}})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
