@@ -278,10 +278,14 @@ type Controller struct {
 	sampleMask atomic.Uint32
 	waited     atomic.Bool
 	// pendingCap bounds the requests admitted at arrival and not yet done
-	// (for CRITICAL and above, a share more: headroom).
+	// (for the higher criticalities, a share more: headroom), in
+	// thousandths of a request: for costly work the right bound is a
+	// request or two, and headroom is a share of that.
 	pendingCap atomic.Int64
 	capHit     atomic.Bool
 	_          [64]byte
+	recent     atomic.Int64 // the clock as the last sampled arrival read it
+	_          [56]byte
 	// Requests between Arrive and Start are counted per second of arrival
 	// in a ring of eight: a request that never reaches Start (its stream
 	// reset before the handler ran, an unknown method) stops counting
@@ -375,7 +379,7 @@ func New(opts ...Option) (*Controller, error) {
 	}
 	ctl.limit.Store(int64(c.initialLimit))
 	ctl.prestart.cur.Store(math.MinInt64 / 2)
-	ctl.pendingCap.Store(2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit)))
+	ctl.pendingCap.Store(milli * (2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit))))
 	ctl.nextAdjust.Store(int64(c.interval))
 	ctl.best = math.MaxInt64
 	for r := Reason(0); r < NumReasons; r++ {
@@ -500,9 +504,19 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	if !l.Valid() {
 		l = criticality.Default
 	}
-	now := c.now()
-	c.maybeAdjust(now)
+	// Under heavy traffic only sampled requests read the clock; the others
+	// take the time the last sampled one read, a few requests old. It
+	// serves the interval, the second of arrival and the deadline check,
+	// none of which needs better.
 	sampled := rand.Uint32()&c.sampleMask.Load() == 0
+	var now int64
+	if sampled {
+		now = c.now()
+		c.recent.Store(now)
+	} else {
+		now = c.recent.Load()
+	}
+	c.maybeAdjust(now)
 	if sampled {
 		retry := uint32(0)
 		if attemptN > 0 {
@@ -569,10 +583,20 @@ func (c *Controller) reserved(l criticality.Level) int64 {
 	return r
 }
 
+// capFor is the occupancy a request of level l may reach: the pending cap
+// plus the level's headroom, rounded up to whole requests, so that every
+// level may have at least one request in the task.
 func (c *Controller) capFor(l criticality.Level) int64 {
-	p := c.pendingCap.Load()
-	return p + (p*headroom[l]+99)/100 // rounded up: even a small cap leaves each class some headroom
+	p := c.pendingCap.Load() * (100 + headroom[l])
+	return (p + 100*milli - 1) / (100 * milli)
 }
+
+// milli is the pending cap's unit: a thousandth of a request.
+const milli = 1000
+
+// minPendingCap is the pending cap's floor, in thousandths: a tenth of a
+// request, which still admits one request of every level.
+const minPendingCap = milli / 10
 
 // expectedWaitAndService is the time a request arriving now would take:
 // the recent wait before Start, the queue for slots divided among them,
@@ -682,7 +706,7 @@ func (c *Controller) Degrade(l criticality.Level) bool {
 	if !l.Valid() {
 		l = criticality.Default
 	}
-	if c.queued.Load() > 0 || c.occupancy(c.now()) >= c.pendingCap.Load() {
+	if c.queued.Load() > 0 || c.occupancy(c.now()) >= c.capFor(criticality.Sheddable) {
 		c.obs.Degraded(l)
 		return true
 	}
@@ -700,8 +724,8 @@ func (c *Controller) Degrade(l criticality.Level) bool {
 type Stats struct {
 	Limit, Pending, Executing, Queued int64
 	// PendingCap is the current bound on pending requests (before
-	// criticality headroom).
-	PendingCap int64
+	// criticality headroom; fractional, see capFor).
+	PendingCap float64
 	// ServiceTime is the mean service time of the last interval.
 	ServiceTime time.Duration
 	// RetryShare is the share of retries among recent requests.
@@ -720,7 +744,7 @@ type SignalValue struct {
 func (c *Controller) Stats() Stats {
 	s := Stats{
 		Limit: c.limit.Load(), Pending: c.occupancy(c.now()), Executing: c.executing.Load(), Queued: c.queued.Load(),
-		PendingCap:  c.pendingCap.Load(),
+		PendingCap:  float64(c.pendingCap.Load()) / milli,
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 	}
 	if w, _ := c.attempts.Sums(c.now()); w.A > 0 {
@@ -814,11 +838,11 @@ func (c *Controller) adjustPending() {
 	next := p
 	switch {
 	case sum/n > c.targetDelay:
-		next = max(1, min(p-1, p*9/10))
+		next = max(minPendingCap, min(p-milli/10, p*9/10))
 	case hit && sum/n < c.targetDelay/2:
 		// Grow only well within the target, so that a cap one step from
 		// the target does not oscillate across it.
-		next = min(c.maxLimit*8, p+max(1, p/10))
+		next = min(c.maxLimit*8*milli, p+max(milli/10, p/10))
 	}
 	c.pendingCap.Store(next)
 }

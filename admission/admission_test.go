@@ -316,7 +316,7 @@ func TestDegradeWhenFull(t *testing.T) {
 		t.Fatal("an idle task degrades")
 	}
 	var held []*admission.Ticket
-	for c.Stats().Pending < c.Stats().PendingCap {
+	for float64(c.Stats().Pending) < c.Stats().PendingCap {
 		tk := &admission.Ticket{}
 		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
 			t.Fatal(err)

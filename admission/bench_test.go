@@ -10,11 +10,15 @@ import (
 )
 
 // BenchmarkAdmission is one request's admission decision and completion
-// (Arrive, Start, Done) on the real clock, below the limit; run with -cpu
-// 1,2. go-zero's shedder measured 401 ns and 1 alloc here, kratos' BBR
-// 291 ns and 1 alloc (issue 3).
+// (Arrive, Start, Done) on the real clock, with the default limits (at
+// least GOMAXPROCS execution slots, so RunParallel's goroutines stay below
+// the limit); run with -cpu 1,2. go-zero's shedder measured 401 ns and 1
+// alloc here, kratos' BBR 291 ns and 1 alloc (issue 4). With a minimum
+// limit of 1 the controller reads a 50 ns "service time" inflated by
+// preemption as congestion, lowers the limit, and the benchmark then
+// measures hand-offs through the slot queue instead.
 func BenchmarkAdmission(b *testing.B) {
-	c, err := admission.New(admission.WithLimits(1, 1000, 1000))
+	c, err := admission.New()
 	if err != nil {
 		b.Fatal(err)
 	}

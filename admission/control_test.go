@@ -270,7 +270,7 @@ func TestPendingCapBoundsTheInvisibleQueue(t *testing.T) {
 		}
 		mean := waitSum / time.Duration(waited)
 		st := c.Stats()
-		t.Logf("cost %v: pending cap %d, mean wait before start %v over the last 10 s, served %.2f of capacity", cost, st.PendingCap, mean, float64(served)*float64(cost)/float64(30*time.Second))
+		t.Logf("cost %v: pending cap %.2f, mean wait before start %v over the last 10 s, served %.2f of capacity", cost, st.PendingCap, mean, float64(served)*float64(cost)/float64(30*time.Second))
 		if mean > 2*admission.DefaultTargetDelay || mean < admission.DefaultTargetDelay/5 {
 			t.Errorf("cost %v: mean wait before start %v, target %v", cost, mean, admission.DefaultTargetDelay)
 		}

@@ -45,11 +45,13 @@ func admittedOf(ctx context.Context) *admitted {
 // admit asks the controller at arrival and returns the request's context.
 func (s *Server) admit(ctx context.Context, l criticality.Level, n int) (context.Context, error) {
 	deadline, _ := ctx.Deadline()
-	node := &admitted{Context: ctx, level: uint8(l), attempt: uint8(n), ctl: s.admission}
-	if err := s.admission.Arrive(&node.ticket, l, n, deadline); err != nil {
+	// The ticket lives on the stack until the request is admitted, so a
+	// rejection allocates nothing here.
+	var t admission.Ticket
+	if err := s.admission.Arrive(&t, l, n, deadline); err != nil {
 		return nil, s.rejection(err)
 	}
-	return node, nil
+	return &admitted{Context: ctx, level: uint8(l), attempt: uint8(n), ctl: s.admission, ticket: t}, nil
 }
 
 // start takes an execution slot for the handler; on error the request is

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
@@ -264,4 +266,43 @@ var emptyDesc = grpc.ServiceDesc{
 			return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/triage.bench.Empty/Call"}, h)
 		},
 	}},
+}
+
+// BenchmarkRejectAtTap is a unary call over loopback that the server's tap
+// handle rejects, decoded by the client, with the outcome in compact form
+// (code and message, what triagegrpc's admission sends) against the same
+// outcome with ErrorInfo details (what handlers send). Client and server
+// share the process, so ns/op is both sides' CPU.
+func BenchmarkRejectAtTap(b *testing.B) {
+	e := &outcome.Error{Kind: outcome.TaskOverloaded, Reason: "concurrency"}
+	for _, form := range []struct {
+		name string
+		err  error
+	}{
+		{"compact", status.Error(triagegrpc.Code(e.Kind), e.Error())},
+		{"details", triagegrpc.Status(e).Err()},
+	} {
+		b.Run(form.name, func(b *testing.B) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := grpc.NewServer(grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) { return ctx, form.err }))
+			relay.Register(s, &relay.Tier{Name: "B"})
+			go s.Serve(lis)
+			defer s.Stop()
+			cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cc.Close()
+			b.ReportAllocs()
+			for b.Loop() {
+				_, err := relay.Invoke(context.Background(), cc, "x")
+				if oe, ok := triagegrpc.FromStatus(status.Convert(err)); !ok || oe.Reason != "concurrency" {
+					b.Fatalf("%v decoded as %v", err, oe)
+				}
+			}
+		})
+	}
 }

@@ -20,7 +20,11 @@
 // OUT_OF_QUOTA) and, when the server has a retry-after, a google.rpc.RetryInfo
 // detail. Those are standard messages, so any gRPC client decodes them (in Go
 // with google.golang.org/genproto/googleapis/rpc/errdetails). The codes are
-// chosen so that clients without triage also do the right thing:
+// chosen so that clients without triage also do the right thing. Admission
+// rejections at the tap handle, the bulk of a task's answers under heavy
+// overload, are sent in compact form, code and message only, because
+// grpc-go marshals details anew for every rejected stream; FromStatus reads
+// both forms. The codes are:
 //
 //	task overloaded          UNAVAILABLE         (retriable, on another task)
 //	overloaded; don't retry  RESOURCE_EXHAUSTED  (not retried by default)

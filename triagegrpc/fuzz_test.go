@@ -19,7 +19,8 @@ import (
 )
 
 // FuzzFromStatus feeds arbitrary bytes as the grpc-status-details-bin
-// trailer (a serialized google.rpc.Status) to the outcome decoder.
+// trailer (a serialized google.rpc.Status) to the outcome decoder, which
+// reads its details or, without details, its code and message.
 func FuzzFromStatus(f *testing.F) {
 	for _, e := range []*outcome.Error{
 		outcome.New(outcome.TaskOverloaded, "cpu"),
@@ -27,6 +28,9 @@ func FuzzFromStatus(f *testing.F) {
 		{Kind: outcome.DontRetry, RetryAfter: -time.Second},
 	} {
 		b, _ := proto.Marshal(triagegrpc.Status(e).Proto())
+		f.Add(b)
+		// The compact form: code and message only.
+		b, _ = proto.Marshal(status.New(triagegrpc.Code(e.Kind), e.Error()).Proto())
 		f.Add(b)
 	}
 	f.Add([]byte{})

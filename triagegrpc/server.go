@@ -26,7 +26,8 @@ type Server struct {
 	classifier *edge.Classifier
 	admission  *admission.Controller
 	// rejections holds the status error of every admission rejection,
-	// built once, so that rejecting allocates nothing in triage.
+	// built once in compact form (see compactStatus), so that rejecting
+	// allocates nothing in triage and as little as possible in grpc-go.
 	rejections [admission.NumReasons][2]error
 }
 
@@ -81,8 +82,8 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission}
 	for r := admission.Reason(0); r < admission.NumReasons; r++ {
-		s.rejections[r][0] = Status(&outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}).Err()
-		s.rejections[r][1] = Status(&outcome.Error{Kind: outcome.DontRetry, Reason: r.String()}).Err()
+		s.rejections[r][0] = compactStatus(&outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}).Err()
+		s.rejections[r][1] = compactStatus(&outcome.Error{Kind: outcome.DontRetry, Reason: r.String()}).Err()
 	}
 	return s, nil
 }

@@ -203,7 +203,7 @@ type stats struct {
 	Queued     int              `json:"queued"`
 	Pending    int              `json:"pending"`
 	ServiceMS  float64          `json:"service_ms"`
-	PendingCap int              `json:"pending_cap"`
+	PendingCap float64          `json:"pending_cap"`
 	Rejected   map[string]int64 `json:"rejected"`
 }
 
@@ -393,7 +393,7 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	}()
 	p := openLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, mix, 2)
 	if mid.Limit > 0 {
-		fmt.Fprintf(os.Stderr, "    during the step: limit %d executing %d queued %d pending %d/%d service %.1f ms\n", mid.Limit, mid.Executing, mid.Queued, mid.Pending, mid.PendingCap, mid.ServiceMS)
+		fmt.Fprintf(os.Stderr, "    during the step: limit %d executing %d queued %d pending %d/%.2f service %.1f ms\n", mid.Limit, mid.Executing, mid.Queued, mid.Pending, mid.PendingCap, mid.ServiceMS)
 	}
 	s := summarize(p, cfg.step/2, cfg.step)
 	time.Sleep(2 * time.Second) // let the backend settle before reading its goroutines
