@@ -1,7 +1,8 @@
 // Command triage is the toolkit's CLI. It only parses flags, handles signals
 // and wires packages together.
 //
-//	triage demo [flags]   run the loopback demo stack (see internal/demo)
+//	triage demo [flags]              run the loopback demo stack (see internal/demo)
+//	triage sim subsetting [flags]    connections per backend under a subsetting algorithm
 package main
 
 import (
@@ -24,7 +25,11 @@ Usage:
   triage demo [flags]    run an HTTP frontend and two gRPC tiers on loopback and
                          show criticality and overload outcomes across the hops
 
-Run 'triage demo -h' for the demo's flags.
+  triage sim subsetting [flags]
+                         connections per backend under deterministic, random or
+                         ringsteady subsetting (Figures 20-3 to 20-5), and churn
+
+Run 'triage demo -h' or 'triage sim subsetting -h' for the flags.
 `
 
 func main() {
@@ -41,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
+	case "sim":
+		return runSim(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

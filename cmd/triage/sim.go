@@ -1,0 +1,149 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/triagehq/triage/subset"
+)
+
+const simUsage = `Usage:
+  triage sim subsetting [flags]   connections per backend under a subsetting
+                                  algorithm (SRE book Figures 20-3 to 20-5)
+`
+
+func runSim(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "subsetting" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			fmt.Fprint(stdout, simUsage)
+			return 0
+		}
+		fmt.Fprint(stderr, simUsage)
+		return 2
+	}
+	return runSimSubsetting(args[1:], stdout, stderr)
+}
+
+// subsettingResult is the JSON of 'triage sim subsetting --json'.
+type subsettingResult struct {
+	Algorithm   string   `json:"algorithm"`
+	Clients     int      `json:"clients"`
+	Backends    int      `json:"backends"`
+	Subset      int      `json:"subset"`
+	Seed        uint64   `json:"seed"`
+	Connections []int    `json:"connections"`
+	Min         int      `json:"min"`
+	Mean        float64  `json:"mean"`
+	Max         int      `json:"max"`
+	MinFrac     float64  `json:"min_frac"`
+	MaxFrac     float64  `json:"max_frac"`
+	Churn       *float64 `json:"churn,omitempty"`
+	Removed     *int     `json:"removed_backend,omitempty"`
+}
+
+const maxSimSize = 10000
+
+func runSimSubsetting(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("triage sim subsetting", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	clients := fs.Int("clients", 300, "client tasks (1-10000)")
+	backends := fs.Int("backends", 300, "backend tasks (1-10000)")
+	size := fs.Int("subset", 10, "subset size: backends per client (1-backends)")
+	algorithm := fs.String("algorithm", "deterministic", "deterministic, random or ringsteady (low churn)")
+	seed := fs.Uint64("seed", 1, "seed of random subsetting")
+	churn := fs.Bool("churn", false, "also report churn: the fraction of clients whose subset changes when one backend (the middle one) leaves and comes back")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "triage sim subsetting: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	switch {
+	case *clients < 1 || *clients > maxSimSize:
+		fmt.Fprintf(stderr, "triage sim subsetting: --clients must be between 1 and %d, got %d\n", maxSimSize, *clients)
+		return 2
+	case *backends < 1 || *backends > maxSimSize:
+		fmt.Fprintf(stderr, "triage sim subsetting: --backends must be between 1 and %d, got %d\n", maxSimSize, *backends)
+		return 2
+	case *size < 1 || *size > *backends:
+		fmt.Fprintf(stderr, "triage sim subsetting: --subset must be between 1 and --backends (%d), got %d\n", *backends, *size)
+		return 2
+	case *churn && *backends < 2:
+		fmt.Fprintln(stderr, "triage sim subsetting: --churn needs at least 2 backends")
+		return 2
+	}
+	alg, err := subset.ByName(*algorithm, *seed)
+	if err != nil {
+		fmt.Fprintf(stderr, "triage sim subsetting: %v\n", err)
+		return 2
+	}
+	conns := subset.Connections(alg, *clients, *backends, *size)
+	total := 0
+	for _, c := range conns {
+		total += c
+	}
+	r := subsettingResult{
+		Algorithm: alg.Name(), Clients: *clients, Backends: *backends, Subset: *size, Seed: *seed,
+		Connections: conns, Min: slices.Min(conns), Max: slices.Max(conns), Mean: float64(total) / float64(len(conns)),
+	}
+	if r.Mean > 0 {
+		r.MinFrac, r.MaxFrac = float64(r.Min)/r.Mean, float64(r.Max)/r.Mean
+	}
+	if *churn {
+		gone := *backends / 2
+		c := subset.Churn(alg, *clients, *backends, *size, gone)
+		r.Churn, r.Removed = &c, &gone
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		if err := enc.Encode(r); err != nil {
+			fmt.Fprintf(stderr, "triage sim subsetting: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	printSubsetting(stdout, r)
+	return 0
+}
+
+func printSubsetting(w io.Writer, r subsettingResult) {
+	fmt.Fprintf(w, "%s subsetting: %d clients, %d backends, subset %d\n", r.Algorithm, r.Clients, r.Backends, r.Subset)
+	fmt.Fprintf(w, "connections per backend: min %d (%.0f%% of the mean), mean %.1f, max %d (%.0f%% of the mean)\n",
+		r.Min, 100*r.MinFrac, r.Mean, r.Max, 100*r.MaxFrac)
+	// A histogram: how many backends have each connection count.
+	hist := map[int]int{}
+	for _, c := range r.Connections {
+		hist[c]++
+	}
+	counts := make([]int, 0, len(hist))
+	for c := range hist {
+		counts = append(counts, c)
+	}
+	slices.Sort(counts)
+	most := 0
+	for _, n := range hist {
+		most = max(most, n)
+	}
+	fmt.Fprintln(w, "connections  backends  fraction of the mean")
+	for _, c := range counts {
+		bar := strings.Repeat("#", max(1, hist[c]*50/most))
+		frac := 0.0
+		if r.Mean > 0 {
+			frac = float64(c) / r.Mean
+		}
+		fmt.Fprintf(w, "%11d  %8d  %5.2f %s\n", c, hist[c], frac, bar)
+	}
+	if r.Churn != nil {
+		fmt.Fprintf(w, "churn: %.1f%% of clients change subset when backend %d leaves (and again when it returns)\n", 100**r.Churn, *r.Removed)
+	}
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestSimSubsettingArguments(t *testing.T) {
+	for _, tt := range []struct {
+		args    []string
+		code    int
+		errText string
+	}{
+		{[]string{"sim"}, 2, "Usage"},
+		{[]string{"sim", "queueing"}, 2, "Usage"},
+		{[]string{"sim", "subsetting", "--clients", "0"}, 2, "--clients must be between 1 and 10000"},
+		{[]string{"sim", "subsetting", "--backends", "10001"}, 2, "--backends must be between 1 and 10000"},
+		{[]string{"sim", "subsetting", "--backends", "5", "--subset", "6"}, 2, "--subset must be between 1 and --backends"},
+		{[]string{"sim", "subsetting", "--algorithm", "consistent"}, 2, "unknown algorithm"},
+		{[]string{"sim", "subsetting", "--backends", "1", "--subset", "1", "--churn"}, 2, "at least 2 backends"},
+		{[]string{"sim", "subsetting", "--clients", "x"}, 2, "invalid value"},
+		{[]string{"sim", "subsetting", "extra"}, 2, "unexpected argument"},
+	} {
+		var out, errb strings.Builder
+		if code := run(context.Background(), tt.args, &out, &errb); code != tt.code || !strings.Contains(errb.String(), tt.errText) {
+			t.Errorf("run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, errb.String(), tt.code, tt.errText)
+		}
+	}
+}
+
+func simJSON(t *testing.T, args ...string) subsettingResult {
+	t.Helper()
+	var out, errb strings.Builder
+	if code := run(context.Background(), append([]string{"sim", "subsetting", "--json"}, args...), &out, &errb); code != 0 {
+		t.Fatalf("%q: exit %d: %s", args, code, errb.String())
+	}
+	var r subsettingResult
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+		t.Fatalf("%q: %v in %q", args, err, out.String())
+	}
+	return r
+}
+
+// The book's figures through the command: deterministic gives every
+// backend 10 of 300 clients' connections (Figure 20-5); random subsets of
+// 30% and 10% spread widely (Figures 20-3 and 20-4); ringsteady keeps the
+// spread and changes few subsets when a backend leaves.
+func TestSimSubsettingFigures(t *testing.T) {
+	det := simJSON(t, "--algorithm", "deterministic", "--subset", "10", "--churn")
+	if det.Min != 10 || det.Max != 10 || len(det.Connections) != 300 || det.MinFrac != 1 || det.MaxFrac != 1 {
+		t.Errorf("deterministic: %d..%d over %d backends", det.Min, det.Max, len(det.Connections))
+	}
+	if det.Churn == nil || *det.Churn < 0.9 {
+		t.Errorf("deterministic churn %v", det.Churn)
+	}
+	for _, tc := range []struct {
+		size             string
+		loBelow, hiAbove float64
+	}{{"90", 0.85, 1.15}, {"30", 0.7, 1.3}} {
+		r := simJSON(t, "--algorithm", "random", "--subset", tc.size)
+		if r.MinFrac > tc.loBelow || r.MaxFrac < tc.hiAbove {
+			t.Errorf("random subset %s: %.2f..%.2f of the mean", tc.size, r.MinFrac, r.MaxFrac)
+		}
+	}
+	uneven := simJSON(t, "--clients", "310", "--backends", "307", "--subset", "10")
+	if uneven.Max-uneven.Min > 1 {
+		t.Errorf("307 backends: connections %d..%d", uneven.Min, uneven.Max)
+	}
+	ring := simJSON(t, "--algorithm", "ringsteady", "--subset", "10", "--churn")
+	if ring.Min != 10 || ring.Max != 10 || ring.Churn == nil || *ring.Churn > 10.0/300+1e-9 {
+		t.Errorf("ringsteady: %d..%d, churn %v", ring.Min, ring.Max, ring.Churn)
+	}
+	var out, errb strings.Builder
+	if code := run(context.Background(), []string{"sim", "subsetting", "--churn"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "min 10 (100% of the mean)") || !strings.Contains(out.String(), "churn:") {
+		t.Errorf("table: exit %d, %q %q", code, out.String(), errb.String())
+	}
+}
