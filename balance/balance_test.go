@@ -1,0 +1,295 @@
+package balance
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+)
+
+func newBalancer(t testing.TB, clk clock.Clock, ids int, opts ...Option) (*Balancer, []*Endpoint) {
+	t.Helper()
+	b, err := New(append([]Option{WithClock(clk)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, ids)
+	for i := range names {
+		names[i] = fmt.Sprintf("t%d", i)
+	}
+	eps, err := b.SetEndpoints(names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		e.SetState(Healthy)
+	}
+	return b, eps
+}
+
+func TestRoundRobinSkipsUnhealthyAndLameDuck(t *testing.T) {
+	b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 4)
+	eps[1].SetState(LameDuck)
+	eps[2].SetState(Refusing)
+	counts := map[string]int{}
+	for range 100 {
+		e, err := b.Pick()
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[e.ID()]++
+		e.Done(false)
+	}
+	if counts["t0"] != 50 || counts["t3"] != 50 || len(counts) != 2 {
+		t.Fatalf("picks %v, want t0 and t3 50 each", counts)
+	}
+	eps[0].SetState(LameDuck)
+	eps[3].SetState(LameDuck)
+	if _, err := b.Pick(); err != ErrNoEndpoint {
+		t.Fatalf("all lame duck: %v", err)
+	}
+}
+
+// "When this active-request count reaches a configured limit, the client
+// treats the backend as unhealthy and no longer sends it requests."
+func TestFlowControlCap(t *testing.T) {
+	for _, p := range []Policy{RoundRobin, LeastLoaded, WeightedRoundRobin} {
+		b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 3, WithPolicy(p), WithMaxActive(2))
+		var held []*Endpoint
+		for range 6 {
+			e, err := b.Pick()
+			if err != nil {
+				t.Fatalf("%v: %v", p, err)
+			}
+			held = append(held, e)
+		}
+		for _, e := range eps {
+			if e.Active() != 2 {
+				t.Fatalf("%v: %s has %d active", p, e.ID(), e.Active())
+			}
+		}
+		if _, err := b.Pick(); err != ErrNoEndpoint {
+			t.Fatalf("%v: all at the cap: %v", p, err)
+		}
+		held[0].Done(false)
+		if e, err := b.Pick(); err != nil || e != held[0] {
+			t.Fatalf("%v: after one Done got %v, %v", p, e, err)
+		}
+	}
+}
+
+// The book's table: active requests 2 1 0 0 1 0 2 0 0 1 on t0..t9; new
+// requests go to the least loaded (t2, t3, t5, t7, t8), round robin among
+// them, until all but t0 and t6 have one.
+func TestLeastLoadedBookExample(t *testing.T) {
+	b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 10, WithPolicy(LeastLoaded))
+	for i, n := range []int64{2, 1, 0, 0, 1, 0, 2, 0, 0, 1} {
+		eps[i].w.Add(uint64(n) * oneActive)
+	}
+	got := map[string]bool{}
+	for range 5 {
+		e, err := b.Pick()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[e.ID()] = true
+	}
+	for _, id := range []string{"t2", "t3", "t5", "t7", "t8"} {
+		if !got[id] {
+			t.Fatalf("picked %v, want each of t2 t3 t5 t7 t8 once", got)
+		}
+	}
+	want := []int64{2, 1, 1, 1, 1, 1, 2, 1, 1, 1}
+	for i, e := range eps {
+		if e.Active() != want[i] {
+			t.Fatalf("t%d has %d active, want %d", i, e.Active(), want[i])
+		}
+	}
+	eps[4].Done(false) // t4's request finishes: it gets the next one
+	if e, _ := b.Pick(); e != eps[4] {
+		t.Fatalf("picked %s, want t4", e.ID())
+	}
+}
+
+// sinkholeShare runs 10 backends on virtual time: nine hold each request
+// 10 ms, one answers every request at once with an error. Requests arrive
+// 2 per ms for 10 s. It returns the failing backend's share of requests.
+func sinkholeShare(t *testing.T, opts ...Option) float64 {
+	clk := clock.NewFake(time.Unix(0, 0))
+	b, eps := newBalancer(t, clk, 10, append([]Option{WithPolicy(LeastLoaded)}, opts...)...)
+	bad := eps[3]
+	type pending struct {
+		e   *Endpoint
+		end time.Duration
+	}
+	var inflight []pending
+	var toBad, total int
+	for ms := range 10000 {
+		now := time.Duration(ms) * time.Millisecond
+		clk.Set(time.Unix(0, 0).Add(now))
+		b.readClock()
+		keep := inflight[:0]
+		for _, p := range inflight {
+			if p.end <= now {
+				p.e.Done(false)
+			} else {
+				keep = append(keep, p)
+			}
+		}
+		inflight = keep
+		for range 2 {
+			e, err := b.Pick()
+			if err != nil {
+				t.Fatal(err)
+			}
+			total++
+			if e == bad {
+				toBad++
+				e.Done(true)
+				continue
+			}
+			inflight = append(inflight, pending{e, now + 10*time.Millisecond})
+		}
+	}
+	return float64(toBad) / float64(total)
+}
+
+// "If a task is seriously unhealthy, it might start serving 100% errors
+// ... clients might start sending a very large amount of traffic to the
+// unhealthy task": counting recent errors as active requests prevents it.
+func TestLeastLoadedCountsErrors(t *testing.T) {
+	with := sinkholeShare(t)
+	without := sinkholeShare(t, WithErrorWeight(0))
+	t.Logf("failing backend's share: %.3f with errors counted, %.3f without (fair share 0.100)", with, without)
+	if with > 0.1 {
+		t.Errorf("with errors counted the failing backend got %.3f of requests, more than its fair share", with)
+	}
+	if without < 0.5 {
+		t.Errorf("without errors counted the failing backend got only %.3f: the test does not reproduce sinkholing", without)
+	}
+}
+
+func report(e *Endpoint, qps, eps, util float64) {
+	e.Report(Load{QPS: qps, EPS: eps, Utilization: util})
+}
+
+func shares(t *testing.T, b *Balancer, n int) map[string]float64 {
+	t.Helper()
+	counts := map[string]float64{}
+	for range n {
+		e, err := b.Pick()
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[e.ID()]++
+		e.Done(false)
+	}
+	for k := range counts {
+		counts[k] /= float64(n)
+	}
+	return counts
+}
+
+func TestWeightedRoundRobinFollowsCapability(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	b, eps := newBalancer(t, clk, 3, WithPolicy(WeightedRoundRobin))
+	// t0 serves 300 qps at 50% utilization (600 per unit), t1 and t2 150
+	// at 50% (300 per unit): t0 is twice as capable.
+	report(eps[0], 300, 0, 0.5)
+	report(eps[1], 150, 0, 0.5)
+	report(eps[2], 150, 0, 0.5)
+	b.UpdateWeights()
+	if s := shares(t, b, 3000); math.Abs(s["t0"]-1.0/3) > 0.01 {
+		t.Fatalf("during the blackout: %v, want equal shares", s)
+	}
+	clk.Advance(11 * time.Second)
+	for _, e := range eps { // reports keep coming
+		e.Report(e.Load())
+	}
+	b.UpdateWeights()
+	s := shares(t, b, 4000)
+	if math.Abs(s["t0"]-0.5) > 0.01 || math.Abs(s["t1"]-0.25) > 0.01 {
+		t.Fatalf("after the blackout: %v, want 0.5 / 0.25 / 0.25", s)
+	}
+	if w0, w1 := eps[0].Weight(), eps[1].Weight(); math.Abs(w0/w1-2) > 1e-9 {
+		t.Fatalf("weights %v %v", w0, w1)
+	}
+	// Errors cost: t0 failing one query in two has its score cut to
+	// qps / (0.5 + 1*150/300) = 300 (equal to the others).
+	report(eps[0], 300, 150, 0.5)
+	b.UpdateWeights()
+	if s := shares(t, b, 3000); math.Abs(s["t0"]-1.0/3) > 0.01 {
+		t.Fatalf("with errors: %v, want equal shares", s)
+	}
+	// Reports older than the expiry are forgotten: t0 (still reporting)
+	// alone has a score, the others get the mean.
+	clk.Advance(4 * time.Minute)
+	report(eps[0], 300, 0, 0.5)
+	clk.Advance(11 * time.Second)
+	report(eps[0], 300, 0, 0.5)
+	b.UpdateWeights()
+	if eps[1].Weight() != 0 || eps[0].Weight() == 0 {
+		t.Fatalf("expiry: weights %v %v", eps[0].Weight(), eps[1].Weight())
+	}
+	if s := shares(t, b, 3000); math.Abs(s["t0"]-1.0/3) > 0.01 {
+		t.Fatalf("after expiry: %v, want equal shares (the mean for the silent ones)", s)
+	}
+}
+
+// The weights are recomputed by Pick itself once the period is over.
+func TestWeightsUpdateFromPick(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	b, eps := newBalancer(t, clk, 2, WithPolicy(WeightedRoundRobin), WithBlackout(0))
+	report(eps[0], 400, 0, 0.5)
+	report(eps[1], 100, 0, 0.5)
+	clk.Advance(2 * time.Second)
+	s := shares(t, b, 10000)
+	if s["t0"] < 0.75 {
+		t.Fatalf("shares %v, want about 0.8 / 0.2 once Pick updated the weights", s)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	for _, opts := range [][]Option{
+		{WithPolicy(7)}, {WithMaxActive(-1)}, {WithErrorWindow(0)}, {WithWeightPeriod(-time.Second)},
+		{WithExpiry(0)}, {WithBlackout(-1)}, {WithErrorWeight(-1)}, {WithErrorPenalty(math.NaN())}, {WithErrorPenalty(-1)},
+	} {
+		if _, err := New(opts...); err == nil {
+			t.Errorf("New accepted %v", opts)
+		}
+	}
+	b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 2, WithPolicy(WeightedRoundRobin), WithBlackout(0))
+	for _, l := range []Load{{QPS: math.NaN()}, {QPS: -1}, {Utilization: math.Inf(1)}, {EPS: -3}} {
+		eps[0].Report(l)
+	}
+	b.UpdateWeights()
+	if eps[0].Weight() != 0 {
+		t.Errorf("malformed reports gave weight %v", eps[0].Weight())
+	}
+	if _, err := b.SetEndpoints([]string{"a", "a"}); err == nil {
+		t.Error("duplicate endpoints accepted")
+	}
+	if _, err := ParsePolicy("random"); err == nil {
+		t.Error("unknown policy parsed")
+	}
+	if p, err := ParsePolicy("least_loaded"); err != nil || p != LeastLoaded {
+		t.Errorf("ParsePolicy: %v %v", p, err)
+	}
+}
+
+// Replacing the subset keeps what the balancer knows of backends that stay.
+func TestSetEndpointsKeepsState(t *testing.T) {
+	b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 3)
+	eps[1].SetState(LameDuck)
+	e, _ := b.Pick()
+	now, err := b.SetEndpoints([]string{"t1", "t0", "t9"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now[0] != eps[1] || now[0].State() != LameDuck || now[1] != eps[0] || now[2].State() != Refusing {
+		t.Fatalf("endpoints not carried over: %v", now)
+	}
+	e.Done(false) // Done on an endpoint that may have left is harmless
+}
