@@ -440,6 +440,7 @@ type Endpoint struct {
 	picks atomic.Uint64
 	id    string
 	b     *Balancer
+	value atomic.Value
 
 	mu          sync.Mutex // guards the report fields
 	load        Load
@@ -447,6 +448,13 @@ type Endpoint struct {
 	lastReport  int64
 	weight      atomic.Uint64 // float64 bits; 0: none
 }
+
+// SetValue attaches v to the endpoint, for the adapter (the gRPC adapter
+// keeps the endpoint's current sub-picker there).
+func (e *Endpoint) SetValue(v any) { e.value.Store(v) }
+
+// Value returns what SetValue attached, or nil.
+func (e *Endpoint) Value() any { return e.value.Load() }
 
 // ID returns the endpoint's id.
 func (e *Endpoint) ID() string { return e.id }

@@ -3,12 +3,14 @@ package triagegrpc
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/tap"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
@@ -25,6 +27,7 @@ type Server struct {
 	trust      *trust.Policy
 	classifier *edge.Classifier
 	admission  *admission.Controller
+	trailers   *trailers // nil without load reports and lifecycle
 	// rejections holds the status error of every admission rejection,
 	// built once in compact form (see compactStatus), so that rejecting
 	// allocates nothing in triage and as little as possible in grpc-go.
@@ -38,6 +41,8 @@ type serverConfig struct {
 	trust      *trust.Policy
 	classifier *edge.Classifier
 	admission  *admission.Controller
+	meter      *balance.Meter
+	lifecycle  *Lifecycle
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -67,6 +72,22 @@ func WithAdmission(c *admission.Controller) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.admission = c })
 }
 
+// WithLoadReports makes every response carry the task's load report from
+// m (queries and errors per second, utilization) in ORCA's per-call format,
+// the endpoint-load-metrics-bin trailer, for weighted round robin in
+// triage's balancer or grpc-go's weighted_round_robin. The interceptors
+// record each call's outcome in m. The report is rebuilt every 100 ms.
+// Default: none.
+func WithLoadReports(m *balance.Meter) ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.meter = m })
+}
+
+// WithLifecycle makes every response carry triage-lame-duck: 1 while l is
+// in lame duck. Default: none.
+func WithLifecycle(l *Lifecycle) ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.lifecycle = l })
+}
+
 // NewServer returns a Server.
 func NewServer(opts ...ServerOption) (*Server, error) {
 	var c serverConfig
@@ -81,6 +102,9 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		c.classifier = cl
 	}
 	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission}
+	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, start: time.Now()}); t.enabled() {
+		s.trailers = t
+	}
 	for r := admission.Reason(0); r < admission.NumReasons; r++ {
 		s.rejections[r][0] = compactStatus(&outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}).Err()
 		s.rejections[r][1] = compactStatus(&outcome.Error{Kind: outcome.DontRetry, Reason: r.String()}).Err()
@@ -150,6 +174,9 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if n != nil {
 			n.finish()
 		}
+		if s.trailers != nil {
+			s.trailers.finish(ctx, err)
+		}
 		return resp, ToError(outcome.Upward(err))
 	}
 }
@@ -173,7 +200,11 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 			}
 			defer n.finish()
 		}
-		return ToError(outcome.Upward(handler(srv, ss)))
+		err = handler(srv, ss)
+		if s.trailers != nil {
+			s.trailers.finishStream(ss, err)
+		}
+		return ToError(outcome.Upward(err))
 	}
 }
 

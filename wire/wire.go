@@ -52,12 +52,17 @@ const (
 	// OutcomeKey names an overload outcome on an HTTP response
 	// (outcome.Kind.Token).
 	OutcomeKey = "triage-outcome"
+	// LameDuckKey, "1" on a response (a gRPC trailer, an HTTP header),
+	// says the backend is in lame duck state: SRE book ch. 20, "it
+	// broadcasts that fact to all its active clients".
+	LameDuckKey = "triage-lame-duck"
 )
 
 var registry = [...]Key{
 	{CriticalityKey, Request, 14, "criticality of the request: CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS or SHEDDABLE"},
 	{AttemptKey, Request, 2, "attempt counter, 0 on the first try; advisory, feeds histograms only"},
 	{OutcomeKey, Response, 32, "overload outcome of an HTTP response: task-overloaded, overloaded-dont-retry, out-of-quota"},
+	{LameDuckKey, Response, 1, "1 while the backend is in lame duck state: send new requests elsewhere"},
 }
 
 // Keys returns every registered key. The result is a copy.

@@ -1,0 +1,323 @@
+package triagegrpc
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/endpointsharding"
+	"google.golang.org/grpc/balancer/pickfirst"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	_ "google.golang.org/grpc/orca" // parses endpoint-load-metrics-bin trailers into DoneInfo.ServerLoad
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/serviceconfig"
+	"google.golang.org/grpc/status"
+
+	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/subset"
+	"github.com/triagehq/triage/wire"
+)
+
+// BalancerName is the name under which RegisterBalancer registers triage's
+// load balancer, for the service config's loadBalancingConfig:
+//
+//	{"loadBalancingConfig": [{"triage": {
+//	    "policy": "weighted_round_robin",
+//	    "subsetSize": 20, "clientId": 7}}]}
+const BalancerName = "triage"
+
+// BalancerConfig is the JSON configuration of the "triage" balancer. Zero
+// fields take the defaults of package balance and subset.
+type BalancerConfig struct {
+	serviceconfig.LoadBalancingConfig `json:"-"`
+
+	// Policy: round_robin (default), least_loaded or weighted_round_robin.
+	Policy string `json:"policy,omitempty"`
+	// SubsetSize is how many of the resolved backends this client
+	// connects to; 0 means all.
+	SubsetSize int `json:"subsetSize,omitempty"`
+	// SubsetAlgorithm: deterministic (default), random or ringsteady.
+	SubsetAlgorithm string `json:"subsetAlgorithm,omitempty"`
+	// ClientID is this client task's index among the clients of the
+	// service (the book's client_id); required when SubsetSize > 0.
+	ClientID *int `json:"clientId,omitempty"`
+	// MaxActive is the flow-control cap per backend (default 100; -1
+	// disables it).
+	MaxActive int `json:"maxActive,omitempty"`
+	// ErrorWindow, WeightPeriod, Blackout and Expiry are durations ("1s").
+	ErrorWindow  string `json:"errorWindow,omitempty"`
+	WeightPeriod string `json:"weightPeriod,omitempty"`
+	Blackout     string `json:"blackout,omitempty"`
+	Expiry       string `json:"expiry,omitempty"`
+	// ErrorPenalty is the weighted round robin error penalty (default 1).
+	ErrorPenalty *float64 `json:"errorPenalty,omitempty"`
+	// ErrorWeight is how many active requests a recent error counts as
+	// under least_loaded (default 1; 0 turns the protection against
+	// sinkholing off).
+	ErrorWeight *int `json:"errorWeight,omitempty"`
+
+	opts []balance.Option
+	alg  subset.Algorithm
+}
+
+// RegisterBalancer registers the "triage" load balancer with grpc-go, so
+// that a service config can select it. grpc-go's registry is global: call
+// it once, from main, before dialing. Triage registers nothing by itself.
+func RegisterBalancer() { balancer.Register(balancerBuilder{}) }
+
+type balancerBuilder struct{}
+
+func (balancerBuilder) Name() string { return BalancerName }
+
+// ParseConfig parses the balancer's JSON configuration strictly: unknown
+// fields, bad names and bad durations are errors.
+func (balancerBuilder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
+	return ParseBalancerConfig(js)
+}
+
+// ParseBalancerConfig parses and validates a "triage" balancer
+// configuration.
+func ParseBalancerConfig(js []byte) (*BalancerConfig, error) {
+	var c BalancerConfig
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("triage balancer: %w", err)
+	}
+	if c.Policy == "" {
+		c.Policy = balance.RoundRobin.String()
+	}
+	p, err := balance.ParsePolicy(c.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("triage balancer: %w", err)
+	}
+	c.opts = append(c.opts, balance.WithPolicy(p))
+	switch {
+	case c.MaxActive < -1:
+		return nil, fmt.Errorf("triage balancer: maxActive %d (want -1 to disable, or a positive cap)", c.MaxActive)
+	case c.MaxActive == -1:
+		c.opts = append(c.opts, balance.WithMaxActive(0))
+	case c.MaxActive > 0:
+		c.opts = append(c.opts, balance.WithMaxActive(c.MaxActive))
+	}
+	for _, d := range []struct {
+		name, v string
+		opt     func(time.Duration) balance.Option
+	}{{"errorWindow", c.ErrorWindow, balance.WithErrorWindow}, {"weightPeriod", c.WeightPeriod, balance.WithWeightPeriod}, {"blackout", c.Blackout, balance.WithBlackout}, {"expiry", c.Expiry, balance.WithExpiry}} {
+		if d.v == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.v)
+		if err != nil || v < 0 || (v == 0 && d.name != "blackout") {
+			return nil, fmt.Errorf("triage balancer: %s %q is not a positive duration", d.name, d.v)
+		}
+		c.opts = append(c.opts, d.opt(v))
+	}
+	if c.ErrorPenalty != nil {
+		c.opts = append(c.opts, balance.WithErrorPenalty(*c.ErrorPenalty))
+	}
+	if c.ErrorWeight != nil {
+		c.opts = append(c.opts, balance.WithErrorWeight(*c.ErrorWeight))
+	}
+	if c.SubsetSize < 0 {
+		return nil, fmt.Errorf("triage balancer: subsetSize %d", c.SubsetSize)
+	}
+	if c.SubsetAlgorithm == "" {
+		c.SubsetAlgorithm = "deterministic"
+	}
+	if c.alg, err = subset.ByName(c.SubsetAlgorithm, 0); err != nil {
+		return nil, fmt.Errorf("triage balancer: %w", err)
+	}
+	if c.SubsetSize > 0 && (c.ClientID == nil || *c.ClientID < 0) {
+		return nil, fmt.Errorf("triage balancer: subsetSize needs a clientId >= 0")
+	}
+	if _, err := balance.New(c.opts...); err != nil { // validates the values
+		return nil, fmt.Errorf("triage balancer: %w", err)
+	}
+	return &c, nil
+}
+
+func (balancerBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
+	b := &triageBalancer{ClientConn: cc}
+	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
+	return b
+}
+
+// triageBalancer applies subsetting to the resolved endpoints, lets
+// endpointsharding run one pick_first child per endpoint of the subset
+// (with client-side health checking when the service config enables it),
+// and picks among the ready children with a balance.Balancer.
+type triageBalancer struct {
+	// The balancer.ClientConn endpointsharding reports to: everything
+	// passes through to grpc's except UpdateState, where the picker is ours.
+	balancer.ClientConn
+	child balancer.Balancer
+
+	mu   sync.Mutex
+	cfg  *BalancerConfig
+	core *balance.Balancer
+}
+
+func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
+	cfg, ok := s.BalancerConfig.(*BalancerConfig)
+	if !ok || cfg == nil {
+		cfg, _ = ParseBalancerConfig([]byte("{}"))
+	}
+	b.mu.Lock()
+	if b.core == nil || b.cfg == nil || !sameConfig(b.cfg, cfg) {
+		core, err := balance.New(cfg.opts...)
+		if err != nil {
+			b.mu.Unlock()
+			return err
+		}
+		b.core = core
+	}
+	b.cfg = cfg
+	b.mu.Unlock()
+
+	eps := slices.Clone(s.ResolverState.Endpoints)
+	slices.SortFunc(eps, func(x, y resolver.Endpoint) int { return compareStrings(endpointID(x), endpointID(y)) })
+	if cfg.SubsetSize > 0 && cfg.SubsetSize < len(eps) {
+		eps = subset.Of(eps, cfg.alg.Subset(len(eps), *cfg.ClientID, cfg.SubsetSize))
+	}
+	rs := s.ResolverState
+	rs.Endpoints = eps
+	return b.child.UpdateClientConnState(balancer.ClientConnState{ResolverState: pickfirst.EnableHealthListener(rs)})
+}
+
+func sameConfig(a, b *BalancerConfig) bool {
+	x, _ := json.Marshal(a)
+	y, _ := json.Marshal(b)
+	return bytes.Equal(x, y)
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func endpointID(e resolver.Endpoint) string {
+	if len(e.Addresses) == 0 {
+		return ""
+	}
+	return e.Addresses[0].Addr
+}
+
+func (b *triageBalancer) ResolverError(err error) { b.child.ResolverError(err) }
+func (b *triageBalancer) UpdateSubConnState(balancer.SubConn, balancer.SubConnState) {
+}
+func (b *triageBalancer) Close()    { b.child.Close() }
+func (b *triageBalancer) ExitIdle() { b.child.ExitIdle() }
+
+// endpointData is what the picker keeps on each balance.Endpoint.
+type endpointData struct {
+	picker balancer.Picker
+	done   func(balancer.DoneInfo)
+}
+
+func (b *triageBalancer) UpdateState(s balancer.State) {
+	children := endpointsharding.ChildStatesFromPicker(s.Picker)
+	b.mu.Lock()
+	core := b.core
+	b.mu.Unlock()
+	ids := make([]string, len(children))
+	for i, c := range children {
+		ids[i] = endpointID(c.Endpoint)
+	}
+	eps, err := core.SetEndpoints(ids)
+	if err != nil {
+		b.ClientConn.UpdateState(s) // duplicate ids cannot happen: endpointsharding dedups
+		return
+	}
+	ready := 0
+	for i, c := range children {
+		e := eps[i]
+		switch c.State.ConnectivityState {
+		case connectivity.Ready:
+			ready++
+			if e.State() != balance.LameDuck {
+				e.SetState(balance.Healthy)
+			}
+		default:
+			e.SetState(balance.Refusing) // a new connection starts afresh
+		}
+		e.SetValue(&endpointData{picker: c.State.Picker, done: doneFunc(e)})
+	}
+	if ready == 0 {
+		b.ClientConn.UpdateState(s) // connecting or failing: endpointsharding's picker says so
+		return
+	}
+	b.ClientConn.UpdateState(balancer.State{ConnectivityState: connectivity.Ready, Picker: &picker{core: core}})
+}
+
+type picker struct{ core *balance.Balancer }
+
+func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	e, err := p.core.Pick()
+	if err != nil {
+		// Every ready backend is at the flow-control cap or in lame duck:
+		// the call waits for a new picker (grpc-go blocks on
+		// ErrNoSubConnAvailable until the state changes or the deadline).
+		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+	}
+	d, _ := e.Value().(*endpointData)
+	if d == nil || d.picker == nil {
+		e.Done(false)
+		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+	}
+	r, err := d.picker.Pick(info)
+	if err != nil {
+		e.Done(false)
+		return r, err
+	}
+	if inner := r.Done; inner != nil {
+		r.Done = func(di balancer.DoneInfo) { d.done(di); inner(di) }
+	} else {
+		r.Done = d.done
+	}
+	return r, nil
+}
+
+// doneFunc is an endpoint's completion: it ends the active request,
+// counts backend errors, takes the load report and the lame duck
+// announcement from the trailer.
+func doneFunc(e *balance.Endpoint) func(balancer.DoneInfo) {
+	return func(di balancer.DoneInfo) {
+		e.Done(backendFailed(di.Err))
+		if l, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && l != nil {
+			u := l.GetApplicationUtilization()
+			if u <= 0 {
+				u = l.GetCpuUtilization()
+			}
+			e.Report(balance.Load{QPS: l.GetRpsFractional(), EPS: l.GetEps(), Utilization: u})
+		}
+		if v := di.Trailer.Get(wire.LameDuckKey); len(v) > 0 && v[0] == "1" {
+			e.SetState(balance.LameDuck)
+		}
+	}
+}
+
+// backendFailed says whether an error counts against the backend: errors a
+// failing or overloaded task returns, not the caller's cancellation or an
+// application's answer.
+func backendFailed(err error) bool {
+	if err == nil {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Internal, codes.Unknown, codes.DataLoss, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
