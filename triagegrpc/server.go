@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/tap"
 
 	"github.com/triagehq/triage/admission"
-	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"

@@ -266,3 +266,80 @@ func listenAndServe(t *testing.T, s *grpc.Server) string {
 	t.Cleanup(s.Stop)
 	return lis.Addr().String()
 }
+
+// TestLeastLoadedSinkhole: four equal backends, one of which answers every
+// request at once with an error. Least-loaded round robin that counts
+// recent errors as active requests gives it no more than its fair share;
+// counting active requests only (triage with errorWeight 0, and grpc-go's
+// least_request) sends it far more, because it always looks idle.
+func TestLeastLoadedSinkhole(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real load")
+	}
+	var addrs []string
+	for i := range 4 {
+		b := startSlotBackend(t, 4, 20*time.Millisecond)
+		if i == 2 {
+			b.failAll.Store(true)
+		}
+		addrs = append(addrs, b.addr)
+	}
+	share := func(config string) (float64, loadResult) {
+		cc := lbConn(t, addrs, config)
+		openLoop(cc, 50, time.Second) // connect
+		res := openLoop(cc, 300, 3*time.Second)
+		cc.Close()
+		return float64(res.failed) / float64(res.sent), res
+	}
+	with, _ := share(`{"loadBalancingConfig":[{"triage":{"policy":"least_loaded"}}]}`)
+	without, _ := share(`{"loadBalancingConfig":[{"triage":{"policy":"least_loaded","errorWeight":0}}]}`)
+	grpcLR, _ := share(`{"loadBalancingConfig":[{"least_request_experimental":{"choiceCount":2}}]}`)
+	rr, _ := share(`{"loadBalancingConfig":[{"triage":{"policy":"round_robin"}}]}`)
+	t.Logf("share of requests sent to the failing backend (fair share 0.25): least_loaded %.3f, without counting errors %.3f, grpc least_request %.3f, round robin %.3f", with, without, grpcLR, rr)
+	if with > 0.25 {
+		t.Errorf("least_loaded counting errors sent %.3f of requests to the failing backend, more than its fair share", with)
+	}
+	if without < 0.5 {
+		t.Errorf("least_loaded without errors counted sent only %.3f to the failing backend: the test does not reproduce sinkholing", without)
+	}
+}
+
+// TestSubsetOverLoopback: with subsetSize 2 of 4 backends, each client
+// connects to and sends to its own subset only, and clients 0 and 1 (one
+// round) cover all four backends between them.
+func TestSubsetOverLoopback(t *testing.T) {
+	var backends []*slotBackend
+	var addrs []string
+	for range 4 {
+		b := startSlotBackend(t, 8, time.Millisecond)
+		backends = append(backends, b)
+		addrs = append(addrs, b.addr)
+	}
+	covered := map[int]bool{}
+	for client := range 2 {
+		before := make([]int64, 4)
+		for i, b := range backends {
+			before[i] = b.served.Load()
+		}
+		cc := lbConn(t, addrs, fmt.Sprintf(`{"loadBalancingConfig":[{"triage":{"subsetSize":2,"clientId":%d}}]}`, client))
+		for range 40 {
+			if _, err := relay.Invoke(context.Background(), cc, "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cc.Close()
+		var got []int
+		for i, b := range backends {
+			if b.served.Load() > before[i] {
+				got = append(got, i)
+				covered[i] = true
+			}
+		}
+		if len(got) != 2 {
+			t.Fatalf("client %d reached backends %v, want a subset of 2", client, got)
+		}
+	}
+	if len(covered) != 4 {
+		t.Fatalf("clients 0 and 1 covered %v, want all four backends", covered)
+	}
+}
