@@ -30,12 +30,11 @@ import (
 //	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
 //	defer stop()
 //	<-ctx.Done()
-//	lc.Shutdown(context.Background())
+//	lc.Shutdown(context.Background(), grpcServer)
 //
 // A task can start in lame duck while it warms up (WithWarmup) and call
 // Ready when it can serve.
 type Lifecycle struct {
-	srv    *grpc.Server
 	health *health.Server
 	drain  time.Duration
 	clock  clock.Clock
@@ -58,13 +57,14 @@ func WithWarmup() LifecycleOption { return func(l *Lifecycle) { l.lame.Store(tru
 // clock.Real().
 func WithLifecycleClock(c clock.Clock) LifecycleOption { return func(l *Lifecycle) { l.clock = c } }
 
-// NewLifecycle returns the Lifecycle of srv, announcing its state through
-// hs (register hs on srv with healthpb.RegisterHealthServer).
-func NewLifecycle(srv *grpc.Server, hs *health.Server, opts ...LifecycleOption) (*Lifecycle, error) {
-	if srv == nil || hs == nil {
-		return nil, errors.New("triagegrpc: a Lifecycle needs a grpc.Server and a health.Server")
+// NewLifecycle returns a Lifecycle announcing the task's state through hs
+// (register hs on the grpc.Server with healthpb.RegisterHealthServer, and
+// pass the Lifecycle to NewServer with WithLifecycle).
+func NewLifecycle(hs *health.Server, opts ...LifecycleOption) (*Lifecycle, error) {
+	if hs == nil {
+		return nil, errors.New("triagegrpc: a Lifecycle needs a health.Server")
 	}
-	l := &Lifecycle{srv: srv, health: hs, drain: 30 * time.Second}
+	l := &Lifecycle{health: hs, drain: 30 * time.Second}
 	for _, o := range opts {
 		o(l)
 	}
@@ -95,9 +95,9 @@ func (l *Lifecycle) EnterLameDuck() {
 }
 
 // Shutdown enters lame duck, serves on for the drain interval (or until
-// ctx ends), then stops the server gracefully: it returns when every
-// request in flight has finished.
-func (l *Lifecycle) Shutdown(ctx context.Context) error {
+// ctx ends), then stops srv gracefully: it returns when every request in
+// flight has finished.
+func (l *Lifecycle) Shutdown(ctx context.Context, srv *grpc.Server) error {
 	l.EnterLameDuck()
 	t := l.clock.NewTimer(l.drain)
 	defer t.Stop()
@@ -107,6 +107,6 @@ func (l *Lifecycle) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
-	l.srv.GracefulStop()
+	srv.GracefulStop()
 	return err
 }

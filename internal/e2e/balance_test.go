@@ -47,7 +47,6 @@ type slotBackend struct {
 	busyNs  atomic.Int64 // total slot-time held
 	meter   *balance.Meter
 	srv     *grpc.Server
-	lc      *triagegrpc.Lifecycle
 
 	mu    sync.Mutex
 	marks []busyMark // for the utilization of the last second
@@ -90,9 +89,6 @@ func startSlotBackend(t *testing.T, slots int, service time.Duration) *slotBacke
 	}
 	b.srv = grpc.NewServer(srvTriage.ServerOptions()...)
 	healthpb.RegisterHealthServer(b.srv, hs)
-	if b.lc, err = triagegrpc.NewLifecycle(b.srv, hs); err != nil {
-		t.Fatal(err)
-	}
 	relay.Register(b.srv, &relay.Tier{Name: "B", Fail: func(ctx context.Context, body string) error {
 		if b.failAll.Load() {
 			return status.Error(codes.Unavailable, "unhealthy task")
