@@ -68,10 +68,34 @@ type BalancerConfig struct {
 
 // RegisterBalancer registers the "triage" load balancer with grpc-go, so
 // that a service config can select it. grpc-go's registry is global: call
-// it once, from main, before dialing. Triage registers nothing by itself.
-func RegisterBalancer() { balancer.Register(balancerBuilder{}) }
+// it once, from main, before dialing (a second call replaces the first).
+// Triage registers nothing by itself.
+func RegisterBalancer(opts ...BalancerOption) {
+	var b balancerBuilder
+	for _, o := range opts {
+		o(&b)
+	}
+	balancer.Register(b)
+}
 
-type balancerBuilder struct{}
+// BalancerOption configures RegisterBalancer.
+type BalancerOption func(*balancerBuilder)
+
+// BalancerTracker follows the balancers the "triage" policy creates, one
+// per ClientConn (and per configuration change), for metrics;
+// triageprom.BalancerMetrics is one.
+type BalancerTracker interface {
+	Observer(target string) balance.Observer
+	Add(target string, b *balance.Balancer)
+	Remove(b *balance.Balancer)
+}
+
+// WithBalancerMetrics reports every balancer to t. Default: none.
+func WithBalancerMetrics(t BalancerTracker) BalancerOption {
+	return func(b *balancerBuilder) { b.tracker = t }
+}
+
+type balancerBuilder struct{ tracker BalancerTracker }
 
 func (balancerBuilder) Name() string { return BalancerName }
 
@@ -143,8 +167,8 @@ func ParseBalancerConfig(js []byte) (*BalancerConfig, error) {
 	return &c, nil
 }
 
-func (balancerBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
-	b := &triageBalancer{ClientConn: cc}
+func (bb balancerBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
+	b := &triageBalancer{ClientConn: cc, tracker: bb.tracker}
 	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return b
 }
@@ -159,6 +183,8 @@ type triageBalancer struct {
 	balancer.ClientConn
 	child balancer.Balancer
 
+	tracker BalancerTracker
+
 	mu   sync.Mutex
 	cfg  *BalancerConfig
 	core *balance.Balancer
@@ -171,10 +197,20 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 	}
 	b.mu.Lock()
 	if b.core == nil || b.cfg == nil || !sameConfig(b.cfg, cfg) {
-		core, err := balance.New(cfg.opts...)
+		opts := cfg.opts
+		if b.tracker != nil {
+			opts = append(slices.Clip(opts), balance.WithObserver(b.tracker.Observer(b.Target())))
+		}
+		core, err := balance.New(opts...)
 		if err != nil {
 			b.mu.Unlock()
 			return err
+		}
+		if b.tracker != nil {
+			if b.core != nil {
+				b.tracker.Remove(b.core)
+			}
+			b.tracker.Add(b.Target(), core)
 		}
 		b.core = core
 	}
@@ -217,7 +253,14 @@ func endpointID(e resolver.Endpoint) string {
 func (b *triageBalancer) ResolverError(err error) { b.child.ResolverError(err) }
 func (b *triageBalancer) UpdateSubConnState(balancer.SubConn, balancer.SubConnState) {
 }
-func (b *triageBalancer) Close()    { b.child.Close() }
+func (b *triageBalancer) Close() {
+	b.child.Close()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.tracker != nil && b.core != nil {
+		b.tracker.Remove(b.core)
+	}
+}
 func (b *triageBalancer) ExitIdle() { b.child.ExitIdle() }
 
 // endpointData is what the picker keeps on each balance.Endpoint.
@@ -231,6 +274,10 @@ func (b *triageBalancer) UpdateState(s balancer.State) {
 	b.mu.Lock()
 	core := b.core
 	b.mu.Unlock()
+	if core == nil {
+		b.ClientConn.UpdateState(s)
+		return
+	}
 	ids := make([]string, len(children))
 	for i, c := range children {
 		ids[i] = endpointID(c.Endpoint)

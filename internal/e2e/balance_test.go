@@ -33,7 +33,7 @@ import (
 
 var registerOnce sync.Once
 
-func registerBalancer() { registerOnce.Do(triagegrpc.RegisterBalancer) }
+func registerBalancer() { registerOnce.Do(func() { triagegrpc.RegisterBalancer() }) }
 
 // slotBackend emulates a machine of some speed with worker slots: each
 // request holds a slot for the service time, and waits for one if all are
