@@ -1,0 +1,89 @@
+package triagegrpc_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/wire"
+)
+
+// A task that starts in lame duck (warming up) announces readiness, then
+// lame duck again on shutdown: health checking and the response trailer
+// say so, and Shutdown stops the server only after the drain interval.
+func TestLifecycleOverLoopback(t *testing.T) {
+	if _, err := triagegrpc.NewLifecycle(nil); err == nil {
+		t.Fatal("a Lifecycle without a health server")
+	}
+	if _, err := triagegrpc.NewLifecycle(health.NewServer(), triagegrpc.WithDrain(-time.Second)); err == nil {
+		t.Fatal("a negative drain interval")
+	}
+	clk := clock.NewFake(time.Unix(0, 0))
+	hs := health.NewServer()
+	lc, err := triagegrpc.NewLifecycle(hs, triagegrpc.WithWarmup(), triagegrpc.WithDrain(10*time.Second), triagegrpc.WithLifecycleClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := triagegrpc.NewServer(triagegrpc.WithLifecycle(lc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(srv.ServerOptions()...)
+	healthpb.RegisterHealthServer(s, hs)
+	relay.Register(s, &relay.Tier{Name: "B"})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(lis)
+	defer s.Stop()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	check := func(want healthpb.HealthCheckResponse_ServingStatus, lame bool) {
+		t.Helper()
+		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{})
+		if err != nil || r.GetStatus() != want {
+			t.Fatalf("health %v, %v; want %v", r.GetStatus(), err, want)
+		}
+		var tr metadata.MD
+		if _, err := relay.Invoke(context.Background(), cc, "x", grpc.Trailer(&tr)); err != nil {
+			t.Fatal(err) // a task in lame duck still serves
+		}
+		if got := len(tr.Get(wire.LameDuckKey)) > 0; got != lame || lc.InLameDuck() != lame {
+			t.Fatalf("lame duck trailer %v, InLameDuck %v; want %v", tr, lc.InLameDuck(), lame)
+		}
+	}
+	check(healthpb.HealthCheckResponse_NOT_SERVING, true) // warming up
+	lc.Ready()
+	check(healthpb.HealthCheckResponse_SERVING, false)
+	done := make(chan error, 1)
+	go func() { done <- lc.Shutdown(context.Background(), s) }()
+	clk.BlockUntil(1, nil) // Shutdown waits on its drain timer
+	check(healthpb.HealthCheckResponse_NOT_SERVING, true)
+	select {
+	case <-done:
+		t.Fatal("Shutdown returned before the drain interval")
+	default:
+	}
+	clk.Advance(10 * time.Second)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.Invoke(context.Background(), cc, "x"); err == nil {
+		t.Fatal("the server still serves after Shutdown")
+	}
+}
