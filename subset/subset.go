@@ -36,6 +36,7 @@
 package subset
 
 import (
+	"cmp"
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
@@ -172,25 +173,15 @@ func (r Ringsteady) ring(n int) ring {
 			rg = append(rg, i)
 		}
 	}
-	slices.SortFunc(rg, func(a, b int) int { return cmpPos(position(a), position(b)) })
+	slices.SortFunc(rg, func(a, b int) int { return cmp.Compare(position(a), position(b)) })
 	return rg
-}
-
-func cmpPos(a, b uint32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (rg ring) subset(client, size int) []int {
 	if size >= len(rg) {
 		return slices.Clone(rg)
 	}
-	start, _ := slices.BinarySearchFunc(rg, position(client), func(i int, p uint32) int { return cmpPos(position(i), p) })
+	start, _ := slices.BinarySearchFunc(rg, position(client), func(i int, p uint32) int { return cmp.Compare(position(i), p) })
 	out := make([]int, size)
 	for k := range out {
 		out[k] = rg[(start+k)%len(rg)]

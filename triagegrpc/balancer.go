@@ -2,6 +2,7 @@ package triagegrpc
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -218,7 +219,7 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 	b.mu.Unlock()
 
 	eps := slices.Clone(s.ResolverState.Endpoints)
-	slices.SortFunc(eps, func(x, y resolver.Endpoint) int { return compareStrings(endpointID(x), endpointID(y)) })
+	slices.SortFunc(eps, func(x, y resolver.Endpoint) int { return cmp.Compare(endpointID(x), endpointID(y)) })
 	if cfg.SubsetSize > 0 && cfg.SubsetSize < len(eps) {
 		eps = subset.Of(eps, cfg.alg.Subset(len(eps), *cfg.ClientID, cfg.SubsetSize))
 	}
@@ -231,16 +232,6 @@ func sameConfig(a, b *BalancerConfig) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return bytes.Equal(x, y)
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func endpointID(e resolver.Endpoint) string {

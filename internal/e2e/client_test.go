@@ -71,13 +71,7 @@ func serveB(t *testing.T, fail func(context.Context, string) error, extra ...tri
 	}
 	s := grpc.NewServer(srv.ServerOptions()...)
 	relay.Register(s, &relay.Tier{Name: "B", Fail: fail, Observe: func(relay.Arrival) {}})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	return lis.Addr().String()
+	return listenAndServe(t, s)
 }
 
 func dialWith(t *testing.T, addr string, p *retry.Policy) *grpc.ClientConn {

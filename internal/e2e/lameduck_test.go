@@ -144,6 +144,19 @@ func startProc(t *testing.T, addr string) *backendProc {
 	return p
 }
 
+// startProcs starts n backend processes on free loopback ports.
+func startProcs(t *testing.T, n int) ([]*backendProc, []string) {
+	t.Helper()
+	var procs []*backendProc
+	var addrs []string
+	for range n {
+		p := startProc(t, freeAddr(t))
+		procs = append(procs, p)
+		addrs = append(addrs, p.addr)
+	}
+	return procs, addrs
+}
+
 // expect waits for a line starting with prefix and returns it.
 func (p *backendProc) expect(t *testing.T, prefix string) string {
 	t.Helper()
@@ -225,13 +238,7 @@ func TestRollingRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and restarts backend processes")
 	}
-	var procs []*backendProc
-	var addrs []string
-	for range 3 {
-		p := startProc(t, freeAddr(t))
-		procs = append(procs, p)
-		addrs = append(addrs, p.addr)
-	}
+	procs, addrs := startProcs(t, 3)
 	cc := lbConn(t, addrs, lameDuckConfig)
 	stop := make(chan struct{})
 	wait := steadyLoad(cc, 150, 60*time.Second, stop)
@@ -284,13 +291,7 @@ func TestKillBackend(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts backend processes")
 	}
-	var procs []*backendProc
-	var addrs []string
-	for range 3 {
-		p := startProc(t, freeAddr(t))
-		procs = append(procs, p)
-		addrs = append(addrs, p.addr)
-	}
+	procs, addrs := startProcs(t, 3)
 	cc := lbConn(t, addrs, lameDuckConfig)
 	stop := make(chan struct{})
 	wait := steadyLoad(cc, 150, 20*time.Second, stop)
