@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/trust"
 )
 
@@ -81,6 +82,34 @@ func (e Edge) Build(opts ...edge.Option) (*trust.Policy, *edge.Classifier, error
 		return nil, nil, err
 	}
 	return pol, cl, nil
+}
+
+// ParseQuota parses and validates a quota policy (see quota.Config for
+// the format). A policy with any problem is refused as a whole; callers
+// reloading a file keep the policy in force when this returns an error.
+func ParseQuota(b []byte) (*quota.Policy, error) {
+	var c quota.Config
+	if err := decodeStrict(b, &c); err != nil {
+		return nil, fmt.Errorf("triageyaml: quota policy: %w", err)
+	}
+	p, err := quota.New(c)
+	if err != nil {
+		return nil, fmt.Errorf("triageyaml: %w", err)
+	}
+	return p, nil
+}
+
+// LoadQuota reads and parses a quota policy file.
+func LoadQuota(path string) (*quota.Policy, error) {
+	b, err := readBounded(path)
+	if err != nil {
+		return nil, err
+	}
+	p, err := ParseQuota(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
 }
 
 func readBounded(path string) ([]byte, error) {
