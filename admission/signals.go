@@ -1,8 +1,6 @@
 package admission
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"os"
 	"runtime"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/internal/proc"
 )
 
 // ExecutorLoad is the book's "executor load average": the number of
@@ -144,7 +143,7 @@ func (c CPU) Signal() (Signal, error) {
 	}
 	read := c.Read
 	if read == nil {
-		read = processCPU
+		read = proc.CPU
 	}
 	if _, err := read(); err != nil {
 		return nil, err
@@ -270,7 +269,3 @@ func (r *memReader) read() uint64 {
 	}
 	return r.samples[0].Value.Uint64() - r.samples[1].Value.Uint64()
 }
-
-var errNoCPUTime = errors.New("admission: process CPU time is not available on this platform")
-
-func errUnsupported() error { return fmt.Errorf("%w", errNoCPUTime) }

@@ -1,14 +1,14 @@
 //go:build unix
 
-package admission
+package proc
 
 import (
 	"syscall"
 	"time"
 )
 
-// processCPU returns the process's user + system CPU time.
-func processCPU() (time.Duration, error) {
+// CPU returns the process's user + system CPU time.
+func CPU() (time.Duration, error) {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0, err

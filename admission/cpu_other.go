@@ -1,7 +1,0 @@
-//go:build !unix
-
-package admission
-
-import "time"
-
-func processCPU() (time.Duration, error) { return 0, errUnsupported() }
