@@ -9,9 +9,9 @@
 // # How it estimates
 //
 // A request is active from Begin to End except while it is blocked on
-// something other than the CPU: its outgoing RPCs (triage's client
-// interceptors and HTTP Transport mark them) and any wait the handler marks
-// with Block/Unblock. The Meter samples the process's CPU time
+// something other than the CPU, as marked with Block/Unblock: its outgoing
+// RPCs, I/O, a lock held elsewhere. (The server adapters do not mark
+// outgoing calls yet; the quota enforcement will.) The Meter samples the process's CPU time
 // (getrusage) and the total active time of all requests over a sliding
 // window (default 1 s of 20 buckets), and their ratio is the CPU a request
 // gets per second of being active: with two cores and ten active CPU-bound
