@@ -6,7 +6,8 @@ import (
 	"testing"
 )
 
-func work(n int) byte {
+// burn does n rounds of SHA-256 over 32 bytes: pure CPU.
+func burn(n int) byte {
 	var b [32]byte
 	for range n {
 		b = sha256.Sum256(b[:])
@@ -26,7 +27,7 @@ func BenchmarkAccounting(b *testing.B) {
 	for _, rounds := range []int{200, 10} {
 		b.Run(fmt.Sprintf("rounds=%d/bare", rounds), func(b *testing.B) {
 			for b.Loop() {
-				work(rounds)
+				burn(rounds)
 			}
 		})
 		b.Run(fmt.Sprintf("rounds=%d/metered", rounds), func(b *testing.B) {
@@ -34,7 +35,7 @@ func BenchmarkAccounting(b *testing.B) {
 			for b.Loop() {
 				var r Request
 				m.Begin(&r)
-				work(rounds)
+				burn(rounds)
 				m.End(&r)
 			}
 		})
