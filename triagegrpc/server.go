@@ -3,7 +3,6 @@ package triagegrpc
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -12,6 +11,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
@@ -43,6 +43,7 @@ type serverConfig struct {
 	admission  *admission.Controller
 	meter      *balance.Meter
 	lifecycle  *Lifecycle
+	clock      clock.Clock
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -88,6 +89,12 @@ func WithLifecycle(l *Lifecycle) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.lifecycle = l })
 }
 
+// WithServerClock sets the clock of the Server's own timing (how often the
+// load report trailer is rebuilt). Default clock.Real().
+func WithServerClock(c clock.Clock) ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.clock = c })
+}
+
 // NewServer returns a Server.
 func NewServer(opts ...ServerOption) (*Server, error) {
 	var c serverConfig
@@ -102,7 +109,8 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		c.classifier = cl
 	}
 	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission}
-	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, start: time.Now()}); t.enabled() {
+	clk := clock.OrReal(c.clock)
+	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: clock.SinceFunc(clk, clk.Now())}); t.enabled() {
 		s.trailers = t
 	}
 	for r := admission.Reason(0); r < admission.NumReasons; r++ {

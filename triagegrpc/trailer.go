@@ -29,7 +29,7 @@ const reportEvery = 100 * time.Millisecond
 type trailers struct {
 	meter     *balance.Meter
 	lifecycle *Lifecycle
-	start     time.Time
+	since     func() time.Duration // the server's clock
 	cached    atomic.Pointer[cachedTrailer]
 }
 
@@ -43,7 +43,7 @@ func (t *trailers) enabled() bool { return t != nil && (t.meter != nil || t.life
 
 // get returns the current trailer, shared and read-only (grpc copies it).
 func (t *trailers) get() metadata.MD {
-	now := time.Since(t.start)
+	now := t.since()
 	lame := t.lifecycle != nil && t.lifecycle.InLameDuck()
 	if c := t.cached.Load(); c != nil && c.lame == lame && (t.meter == nil || now-c.at < reportEvery) {
 		return c.md
