@@ -43,9 +43,12 @@ import (
 	"github.com/triagehq/triage/clock"
 )
 
-// ErrNoEndpoint is returned by Pick when no endpoint is eligible: none is
-// healthy, or all are at the flow-control cap.
-var ErrNoEndpoint = errors.New("balance: no eligible backend")
+// ErrNoEndpoint is returned by Pick when no endpoint is healthy.
+var ErrNoEndpoint = errors.New("balance: no healthy backend")
+
+// ErrFlowControl is returned by Pick when healthy endpoints exist but every
+// one is at the flow-control cap.
+var ErrFlowControl = errors.New("balance: every healthy backend is at the flow-control cap")
 
 // Policy is a load balancing policy.
 type Policy uint8
@@ -317,7 +320,7 @@ func (b *Balancer) Endpoints() []*Endpoint { return b.set.Load().eps }
 
 // Pick returns the endpoint for the next request and counts it active;
 // call its Done when the request ends. It returns ErrNoEndpoint when no
-// endpoint is healthy and below the flow-control cap.
+// endpoint is healthy, ErrFlowControl when every healthy one is at the cap.
 func (b *Balancer) Pick() (*Endpoint, error) {
 	s := b.set.Load()
 	n := len(s.eps)
@@ -350,6 +353,11 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 		e = b.roundRobin(s.eps)
 	}
 	if e == nil {
+		for _, x := range s.eps {
+			if x.w.Load()&notHealthy == 0 {
+				return nil, ErrFlowControl
+			}
+		}
 		return nil, ErrNoEndpoint
 	}
 	e.w.Add(oneActive)

@@ -70,7 +70,7 @@ func TestFlowControlCap(t *testing.T) {
 				t.Fatalf("%v: %s has %d active", p, e.ID(), e.Active())
 			}
 		}
-		if _, err := b.Pick(); err != ErrNoEndpoint {
+		if _, err := b.Pick(); err != ErrFlowControl {
 			t.Fatalf("%v: all at the cap: %v", p, err)
 		}
 		held[0].Done(false)

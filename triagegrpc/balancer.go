@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -301,12 +302,20 @@ func (b *triageBalancer) UpdateState(s balancer.State) {
 
 type picker struct{ core *balance.Balancer }
 
+var errFlowControl = status.Error(codes.Unavailable, "triage: every backend in the subset is at the client's flow-control cap")
+
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	e, err := p.core.Pick()
+	if errors.Is(err, balance.ErrFlowControl) {
+		// Every healthy backend has MaxActive of this client's requests:
+		// fail at once rather than leave the call blocked in the client
+		// until its deadline (the book's warning about this limit).
+		return balancer.PickResult{}, errFlowControl
+	}
 	if err != nil {
-		// Every ready backend is at the flow-control cap or in lame duck:
-		// the call waits for a new picker (grpc-go blocks on
-		// ErrNoSubConnAvailable until the state changes or the deadline).
+		// Every ready backend is in lame duck: the call waits for a new
+		// picker (grpc-go blocks on ErrNoSubConnAvailable until the
+		// state changes or the deadline).
 		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 	}
 	d, _ := e.Value().(*endpointData)

@@ -1,0 +1,98 @@
+package triagegrpc_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
+
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/triagegrpc"
+)
+
+// With every backend at the client's flow-control cap, a call fails at
+// once with UNAVAILABLE instead of waiting in the client until its
+// deadline; when a request finishes, calls go through again.
+func TestBalancerFlowControlFailsFast(t *testing.T) {
+	triagegrpc.RegisterBalancer()
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	s := grpc.NewServer()
+	relay.Register(s, &relay.Tier{Name: "B", Fail: func(ctx context.Context, body string) error {
+		if body == "hold" {
+			entered <- struct{}{}
+			<-release
+		}
+		return nil
+	}})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve(lis)
+	defer s.Stop()
+	r := manual.NewBuilderWithScheme("fctest")
+	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{{Addresses: []resolver.Address{{Addr: lis.Addr().String()}}}}})
+	cc, err := grpc.NewClient(r.Scheme()+":///b", grpc.WithResolvers(r), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"maxActive":1}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	if _, err := relay.Invoke(context.Background(), cc, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan error, 1)
+	go func() { _, err := relay.Invoke(context.Background(), cc, "hold"); held <- err }()
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = relay.Invoke(ctx, cc, "x")
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "flow-control cap") || time.Since(start) > 5*time.Second {
+		t.Fatalf("at the cap: %v after %v, want UNAVAILABLE at once", err, time.Since(start))
+	}
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.Invoke(context.Background(), cc, "x"); err != nil {
+		t.Fatalf("below the cap again: %v", err)
+	}
+}
+
+// A malformed configuration is refused when the service config is parsed.
+func TestParseBalancerConfigErrors(t *testing.T) {
+	for _, js := range []string{
+		`{"policy":"fastest"}`, `{"maxActive":-5}`, `{"subsetSize":3}`, `{"subsetSize":-1}`,
+		`{"subsetSize":3,"clientId":-1}`, `{"subsetAlgorithm":"consistent"}`, `{"errorWindow":"soon"}`,
+		`{"weightPeriod":"0s"}`, `{"blackout":"-1s"}`, `{"errorPenalty":-1}`, `{"errorWeight":-1}`, `{"unknown":1}`, `[]`,
+	} {
+		if _, err := triagegrpc.ParseBalancerConfig([]byte(js)); err == nil {
+			t.Errorf("%s accepted", js)
+		}
+	}
+	if _, err := triagegrpc.ParseBalancerConfig([]byte(`{"policy":"least_loaded","subsetSize":20,"clientId":3,"blackout":"0s","maxActive":-1}`)); err != nil {
+		t.Errorf("a good config refused: %v", err)
+	}
+}
+
+// FuzzParseBalancerConfig: service configs come from resolvers (DNS TXT
+// records, xDS); whatever the bytes, parsing returns a config New accepts
+// or an error, never a panic.
+func FuzzParseBalancerConfig(f *testing.F) {
+	f.Add([]byte(`{"policy":"weighted_round_robin","subsetSize":20,"clientId":7,"weightPeriod":"250ms"}`))
+	f.Add([]byte(`{"policy":"least_loaded","errorWeight":0,"maxActive":-1}`))
+	f.Add([]byte(`{"errorPenalty":1e308,"expiry":"9999999h"}`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = triagegrpc.ParseBalancerConfig(b)
+	})
+}
