@@ -24,8 +24,8 @@
 //     qps / (utilization + penalty × eps / qps).
 //
 // Pick and Done do not allocate and take no lock; a Pick reads the clock
-// once every 64 picks. Weights are recomputed by the Pick that finds the
-// period over, which rebuilds the schedule (a sort of at most maxSlots
+// once every 64 picks. Weights are recomputed by the Pick or Report that
+// finds the period over, which rebuilds the schedule (a sort of at most maxSlots
 // entries). The Balancer is bounded by its Endpoints: nothing grows
 // with traffic.
 package balance
@@ -580,6 +580,11 @@ func (e *Endpoint) Report(l Load) {
 	}
 	e.lastReport = now
 	e.mu.Unlock()
+	// A quiet client (fewer than 64 picks a period) still recomputes its
+	// weights on time: reports read the clock anyway.
+	if b := e.b; b.cfg.policy == WeightedRoundRobin && now >= b.nextUpdate.Load() {
+		b.updateWeights(now)
+	}
 }
 
 // Load returns the latest load report.

@@ -325,3 +325,20 @@ func TestMeter(t *testing.T) {
 		t.Error("a 1ms window")
 	}
 }
+
+// A quiet client's weights follow the reports without waiting for 64
+// picks: the Report that finds the period over recomputes them.
+func TestWeightsUpdateFromReport(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	b, eps := newBalancer(t, clk, 2, WithPolicy(WeightedRoundRobin), WithBlackout(0))
+	report(eps[0], 400, 0, 0.5)
+	report(eps[1], 100, 0, 0.5)
+	if eps[0].Weight() != 0 {
+		t.Fatal("weights computed before the period was over")
+	}
+	clk.Advance(1100 * time.Millisecond) // one period, not one pick
+	report(eps[0], 400, 0, 0.5)
+	if eps[0].Weight() != 800 || eps[1].Weight() != 200 || b.picks.Load() != 0 {
+		t.Fatalf("weights %v %v after the period, want 800 and 200 without picks", eps[0].Weight(), eps[1].Weight())
+	}
+}
