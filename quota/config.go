@@ -174,6 +174,11 @@ func validLimit(v float64) error {
 	return nil
 }
 
+// ValidName reports whether s may name a customer: 1 to MaxNameLen bytes
+// of [A-Za-z0-9._:/@-], not blank. Adapters check names received on the
+// wire with it.
+func ValidName(s string) error { return validName(s) }
+
 func validName(s string) error {
 	if strings.TrimSpace(s) == "" {
 		return errors.New("blank name")

@@ -17,6 +17,7 @@ import (
 type admitted struct {
 	context.Context
 	level, attempt uint8
+	customer       string
 	ctl            *admission.Controller
 	ticket         admission.Ticket
 }
@@ -29,6 +30,8 @@ func (n *admitted) Value(key any) any {
 		return n.level
 	case reqctx.IncomingAttemptKey:
 		return n.attempt
+	case reqctx.CustomerKey:
+		return n.customer
 	case admittedKey:
 		return n
 	}
@@ -43,7 +46,7 @@ func admittedOf(ctx context.Context) *admitted {
 }
 
 // admit asks the controller at arrival and returns the request's context.
-func (s *Server) admit(ctx context.Context, l criticality.Level, n int) (context.Context, error) {
+func (s *Server) admit(ctx context.Context, l criticality.Level, n int, customer string) (context.Context, error) {
 	deadline, _ := ctx.Deadline()
 	// The ticket lives on the stack until the request is admitted, so a
 	// rejection allocates nothing here.
@@ -51,7 +54,7 @@ func (s *Server) admit(ctx context.Context, l criticality.Level, n int) (context
 	if err := s.admission.Arrive(&t, l, n, deadline); err != nil {
 		return nil, s.rejection(err)
 	}
-	return &admitted{Context: ctx, level: uint8(l), attempt: uint8(n), ctl: s.admission, ticket: t}, nil
+	return &admitted{Context: ctx, level: uint8(l), attempt: uint8(n), customer: customer, ctl: s.admission, ticket: t}, nil
 }
 
 // start takes an execution slot for the handler; on error the request is

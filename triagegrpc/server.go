@@ -16,6 +16,7 @@ import (
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -28,6 +29,7 @@ type Server struct {
 	classifier *edge.Classifier
 	admission  *admission.Controller
 	trailers   *trailers // nil without load reports and lifecycle
+	customerID bool      // the peer's mTLS identity names the customer
 	// rejections holds the status error of every admission rejection,
 	// built once in compact form (see compactStatus), so that rejecting
 	// allocates nothing in triage and as little as possible in grpc-go.
@@ -44,6 +46,7 @@ type serverConfig struct {
 	meter      *balance.Meter
 	lifecycle  *Lifecycle
 	clock      clock.Clock
+	customerID bool
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -89,6 +92,15 @@ func WithLifecycle(l *Lifecycle) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.lifecycle = l })
 }
 
+// WithCustomerFromIdentity makes the peer's verified mTLS identity (its
+// first URI SAN, else DNS SAN) the customer of requests that do not carry
+// a trusted triage-customer: a client service authenticated by its
+// certificate spends its own quota. Default: only a trusted peer's
+// triage-customer names a customer; others are "" (the default limit).
+func WithCustomerFromIdentity() ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.customerID = true })
+}
+
 // WithServerClock sets the clock of the Server's own timing (how often the
 // load report trailer is rebuilt). Default clock.Real().
 func WithServerClock(c clock.Clock) ServerOption {
@@ -108,7 +120,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		}
 		c.classifier = cl
 	}
-	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission}
+	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission, customerID: c.customerID}
 	clk := clock.OrReal(c.clock)
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: clock.SinceFunc(clk, clk.Now())}); t.enabled() {
 		s.trailers = t
@@ -247,26 +259,33 @@ func single(md metadata.MD, key string) string {
 // context. raw says md is the transport's own map (the tap), which may be
 // edited in place; otherwise it is a copy and a cleaned copy is installed.
 func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string, raw bool) (context.Context, error) {
-	trusted := s.trust.Trusted(PeerOf(ctx))
+	p := PeerOf(ctx)
+	trusted := s.trust.Trusted(p)
 	req := edge.Request{
 		Trusted: trusted,
 		Host:    single(md, ":authority"),
 		Path:    fullMethod,
 	}
-	n := 0
+	n, customer := 0, ""
 	if trusted {
 		req.Header = single(md, wire.CriticalityKey)
 		if v := single(md, wire.AttemptKey); v != "" {
 			n, _ = attempt.Parse(v)
 		}
+		if v := single(md, wire.CustomerKey); len(v) <= wire.CustomerMaxLen {
+			customer = quota.Customer(v)
+		}
 	} else if strip(md, s.classifier.Observer()) && !raw {
 		ctx = metadata.NewIncomingContext(ctx, md)
 	}
+	if customer == "" && s.customerID && len(p.Identities) > 0 {
+		customer = quota.Customer(p.Identities[0])
+	}
 	d := s.classifier.Classify(&req)
 	if s.admission == nil {
-		return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n)), nil
+		return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n), customer), nil
 	}
-	return s.admit(ctx, d.Level, n)
+	return s.admit(ctx, d.Level, n, customer)
 }
 
 // strip deletes every triage key from md, reporting each to obs, and says

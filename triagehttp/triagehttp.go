@@ -34,6 +34,7 @@ import (
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
@@ -44,6 +45,7 @@ import (
 const (
 	criticalityHeader = "Triage-Criticality"
 	attemptHeader     = "Triage-Attempt"
+	customerHeader    = "Triage-Customer"
 	outcomeHeader     = "Triage-Outcome"
 	retryAfterHeader  = "Retry-After"
 )
@@ -56,6 +58,7 @@ type config struct {
 	classifier *edge.Classifier
 	group      func(*http.Request) string
 	admission  *admission.Controller
+	customerID bool
 }
 
 type optionFunc func(*config)
@@ -76,6 +79,14 @@ func WithClassifier(cl *edge.Classifier) Option {
 // classifier has a group rule. Default: no group.
 func WithGroup(f func(*http.Request) string) Option {
 	return optionFunc(func(c *config) { c.group = f })
+}
+
+// WithCustomerFromIdentity makes the peer's verified mTLS identity (its
+// first URI SAN, else DNS SAN) the customer of requests without a trusted
+// Triage-Customer header (quota.CustomerOf). Default: only a trusted
+// peer's header names a customer.
+func WithCustomerFromIdentity() Option {
+	return optionFunc(func(c *config) { c.customerID = true })
 }
 
 // WithAdmission installs admission control: before the handler runs, the
@@ -136,13 +147,17 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 }
 
 func (c *config) classify(r *http.Request) (*http.Request, edge.Decision) {
-	trusted := c.trust.Trusted(PeerOf(r))
+	p := PeerOf(r)
+	trusted := c.trust.Trusted(p)
 	req := edge.Request{Trusted: trusted, Host: r.Host, Path: r.URL.Path}
-	n := 0
+	n, customer := 0, ""
 	if trusted {
 		req.Header = single(r.Header, criticalityHeader)
 		if v := single(r.Header, attemptHeader); v != "" {
 			n, _ = attempt.Parse(v)
+		}
+		if v := single(r.Header, customerHeader); len(v) <= wire.CustomerMaxLen {
+			customer = quota.Customer(v)
 		}
 	} else {
 		strip(r.Header, c.classifier.Observer())
@@ -150,8 +165,11 @@ func (c *config) classify(r *http.Request) (*http.Request, edge.Decision) {
 	if c.group != nil && c.classifier.NeedsGroup() {
 		req.Group = c.group(r)
 	}
+	if customer == "" && c.customerID && len(p.Identities) > 0 {
+		customer = quota.Customer(p.Identities[0])
+	}
 	d := c.classifier.Classify(&req)
-	return r.WithContext(reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n))), d
+	return r.WithContext(reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n), customer)), d
 }
 
 // single returns the only value of a header, by canonical name; absent or

@@ -56,12 +56,20 @@ const (
 	// says the backend is in lame duck state: SRE book ch. 20, "it
 	// broadcasts that fact to all its active clients".
 	LameDuckKey = "triage-lame-duck"
+	// CustomerKey carries the customer a request is for (quota
+	// accounting), believed only from trusted peers: a frontend that
+	// authenticated the caller.
+	CustomerKey = "triage-customer"
+	// CustomerMaxLen bounds a customer name on the wire; longer values
+	// are ignored (the customer is unknown).
+	CustomerMaxLen = 64
 )
 
 var registry = [...]Key{
 	{CriticalityKey, Request, 14, "criticality of the request: CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS or SHEDDABLE"},
 	{AttemptKey, Request, 2, "attempt counter, 0 on the first try; advisory, feeds histograms only"},
 	{OutcomeKey, Response, 32, "overload outcome of an HTTP response: task-overloaded, overloaded-dont-retry, out-of-quota"},
+	{CustomerKey, Request, CustomerMaxLen, "customer the request is for (quotas); believed only from trusted peers"},
 	{LameDuckKey, Response, 1, "1 while the backend is in lame duck state: send new requests elsewhere"},
 }
 

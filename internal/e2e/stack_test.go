@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/internal/testcert"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -334,28 +336,36 @@ func TestMTLSIdentityTrust(t *testing.T) {
 	serverCert := leaf("spiffe://triage.test/b")
 	srvTLS := &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS13}
 	pol := trust.MustNew(trust.Config{Identities: []string{"spiffe://triage.test/a"}})
-	srv, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
-	b := &relay.Tier{Name: "B"}
+	srv, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithCustomerFromIdentity())
+	var customer atomic.Value
+	b := &relay.Tier{Name: "B", Fail: func(ctx context.Context, _ string) error {
+		customer.Store(quota.CustomerOf(ctx))
+		return nil
+	}}
 	addr := serveGRPC(t, b, srv, grpc.Creds(credentials.NewTLS(srvTLS)))
 
 	call := func(certs []tls.Certificate) string {
 		cliTLS := &tls.Config{Certificates: certs, RootCAs: ca.Pool, MinVersion: tls.VersionTLS13}
 		cc := grpcFrom(t, addr, internalIP, false, grpc.WithTransportCredentials(credentials.NewTLS(cliTLS)))
-		ctx := metadata.AppendToOutgoingContext(context.Background(), wire.CriticalityKey, "SHEDDABLE")
+		// Every caller claims to be acting for the customer "gmail".
+		ctx := metadata.AppendToOutgoingContext(context.Background(), wire.CriticalityKey, "SHEDDABLE", wire.CustomerKey, "gmail")
 		got, err := relay.Invoke(ctx, cc, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return got
 	}
-	if got := call([]tls.Certificate{leaf("spiffe://triage.test/a")}); got != "B:SHEDDABLE/0" {
-		t.Errorf("trusted identity: %q", got)
+	// The trusted frontend's claim is believed; an untrusted caller's is
+	// dropped and it spends its own (certificate) identity's quota; a
+	// caller without a certificate is nobody in particular.
+	if got := call([]tls.Certificate{leaf("spiffe://triage.test/a")}); got != "B:SHEDDABLE/0" || customer.Load() != "gmail" {
+		t.Errorf("trusted identity: %q, customer %q", got, customer.Load())
 	}
-	if got := call([]tls.Certificate{leaf("spiffe://triage.test/rogue")}); got != "B:CRITICAL/0" {
-		t.Errorf("untrusted identity: %q", got)
+	if got := call([]tls.Certificate{leaf("spiffe://triage.test/rogue")}); got != "B:CRITICAL/0" || customer.Load() != "spiffe://triage.test/rogue" {
+		t.Errorf("untrusted identity: %q, customer %q", got, customer.Load())
 	}
-	if got := call(nil); got != "B:CRITICAL/0" {
-		t.Errorf("no client certificate: %q", got)
+	if got := call(nil); got != "B:CRITICAL/0" || customer.Load() != "" {
+		t.Errorf("no client certificate: %q, customer %q", got, customer.Load())
 	}
 }
 

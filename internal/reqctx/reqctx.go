@@ -1,8 +1,8 @@
-// Package reqctx holds the context keys of criticality and the incoming
-// attempt counter, and a context node that carries both, so a server adapter
-// attaches what it decoded from a request with a single allocation. It
-// imports only the standard library; packages criticality and attempt read
-// through it.
+// Package reqctx holds the context keys of criticality, the incoming
+// attempt counter and the customer, and a context node that carries all
+// three, so a server adapter attaches what it decoded from a request with a
+// single allocation. It imports only the standard library; packages
+// criticality, attempt and quota read through it.
 package reqctx
 
 import "context"
@@ -15,16 +15,21 @@ type CriticalityKey struct{}
 // received; its value is a uint8.
 type IncomingAttemptKey struct{}
 
+// CustomerKey is the context key of the customer a request is for; its
+// value is a string ("" when unknown).
+type CustomerKey struct{}
+
 type node struct {
 	context.Context
-	level   uint8
-	attempt uint8
+	level    uint8
+	attempt  uint8
+	customer string
 }
 
-// WithRequest returns a child of parent that carries both values, in one
-// allocation. Cancellation and deadlines are the parent's.
-func WithRequest(parent context.Context, level, attempt uint8) context.Context {
-	return &node{Context: parent, level: level, attempt: attempt}
+// WithRequest returns a child of parent that carries the three values, in
+// one allocation. Cancellation and deadlines are the parent's.
+func WithRequest(parent context.Context, level, attempt uint8, customer string) context.Context {
+	return &node{Context: parent, level: level, attempt: attempt, customer: customer}
 }
 
 // Value answers the two keys and delegates everything else to the parent.
@@ -34,6 +39,8 @@ func (n *node) Value(key any) any {
 		return n.level
 	case IncomingAttemptKey:
 		return n.attempt
+	case CustomerKey:
+		return n.customer
 	}
 	return n.Context.Value(key)
 }
