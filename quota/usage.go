@@ -85,15 +85,20 @@ func (u *Usage) Add(customer string, l criticality.Level, cpu time.Duration) {
 	now := u.since()
 	uo := u.get(customer, now)
 	us := uint32(min(cpu.Microseconds(), 1<<32-1))
-	c := uo.lo
-	if l >= criticality.Critical {
-		c = uo.hi
-	}
-	if l == criticality.SheddablePlus || l == criticality.CriticalPlus {
+	if c, second := uo.counter(l); second {
 		c.Add(int64(now), 0, us)
 	} else {
 		c.Add(int64(now), us, 0)
 	}
+}
+
+// counter returns the counter of level l and whether l is its second kind.
+func (uo *usageOf) counter(l criticality.Level) (*window.Counter, bool) {
+	c := uo.lo
+	if l >= criticality.Critical {
+		c = uo.hi
+	}
+	return c, l == criticality.SheddablePlus || l == criticality.CriticalPlus
 }
 
 func (u *Usage) get(customer string, now time.Duration) *usageOf {
@@ -145,14 +150,10 @@ func (u *Usage) Rate(customer string, l criticality.Level) float64 {
 	if uo == nil || !l.Valid() {
 		return 0
 	}
-	now := int64(u.since())
-	c := uo.lo
-	if l >= criticality.Critical {
-		c = uo.hi
-	}
-	w, _ := c.Sums(now)
+	c, second := uo.counter(l)
+	w, _ := c.Sums(int64(u.since()))
 	v := w.A
-	if l == criticality.SheddablePlus || l == criticality.CriticalPlus {
+	if second {
 		v = w.B
 	}
 	return v / 1e6 / (time.Duration(u.width * int64(u.n))).Seconds()

@@ -2,14 +2,12 @@ package triagegrpc_test
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
@@ -32,20 +30,10 @@ func TestBalancerFlowControlFailsFast(t *testing.T) {
 		}
 		return nil
 	}})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(lis)
-	defer s.Stop()
 	r := manual.NewBuilderWithScheme("fctest")
-	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{{Addresses: []resolver.Address{{Addr: lis.Addr().String()}}}}})
-	cc, err := grpc.NewClient(r.Scheme()+":///b", grpc.WithResolvers(r), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{{Addresses: []resolver.Address{{Addr: serveLoopback(t, s)}}}}})
+	cc := dialLoopback(t, r.Scheme()+":///b", grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"maxActive":1}}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
 	if _, err := relay.Invoke(context.Background(), cc, "warm"); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +43,7 @@ func TestBalancerFlowControlFailsFast(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err = relay.Invoke(ctx, cc, "x")
+	_, err := relay.Invoke(ctx, cc, "x")
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "flow-control cap") || time.Since(start) > 5*time.Second {
 		t.Fatalf("at the cap: %v after %v, want UNAVAILABLE at once", err, time.Since(start))
 	}

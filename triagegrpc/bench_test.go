@@ -219,19 +219,9 @@ func BenchmarkServerStack(b *testing.B) {
 				}
 				sopts = srv.ServerOptions()
 			}
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
 			s := grpc.NewServer(sopts...)
 			s.RegisterService(&emptyDesc, struct{}{})
-			go s.Serve(lis)
-			defer s.Stop()
-			cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer cc.Close()
+			cc := dialLoopback(b, serveLoopback(b, s))
 			ctx := context.Background()
 			in, out := &emptypb.Empty{}, &emptypb.Empty{}
 			if err := cc.Invoke(ctx, "/triage.bench.Empty/Call", in, out); err != nil {
@@ -283,19 +273,9 @@ func BenchmarkRejectAtTap(b *testing.B) {
 		{"details", triagegrpc.Status(e).Err()},
 	} {
 		b.Run(form.name, func(b *testing.B) {
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				b.Fatal(err)
-			}
 			s := grpc.NewServer(grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) { return ctx, form.err }))
 			relay.Register(s, &relay.Tier{Name: "B"})
-			go s.Serve(lis)
-			defer s.Stop()
-			cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer cc.Close()
+			cc := dialLoopback(b, serveLoopback(b, s))
 			b.ReportAllocs()
 			for b.Loop() {
 				_, err := relay.Invoke(context.Background(), cc, "x")

@@ -2,12 +2,10 @@ package triagegrpc_test
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
@@ -41,17 +39,7 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	s := grpc.NewServer(srv.ServerOptions()...)
 	healthpb.RegisterHealthServer(s, hs)
 	relay.Register(s, &relay.Tier{Name: "B"})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(lis)
-	defer s.Stop()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := dialLoopback(t, serveLoopback(t, s))
 	hc := healthpb.NewHealthClient(cc)
 	check := func(want healthpb.HealthCheckResponse_ServingStatus, lame bool) {
 		t.Helper()
