@@ -285,7 +285,8 @@ type Controller struct {
 	capHit     atomic.Bool
 	_          [64]byte
 	recent     atomic.Int64 // the clock as the last sampled arrival read it
-	_          [56]byte
+	lastShed   atomic.Int64 // ns of a recent rejection (kept within interval/16)
+	_          [48]byte
 	// Requests between Arrive and Start are counted per second of arrival
 	// in a ring of eight: a request that never reaches Start (its stream
 	// reset before the handler ran, an unknown method) stops counting
@@ -381,6 +382,7 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.prestart.cur.Store(math.MinInt64 / 2)
 	ctl.pendingCap.Store(milli * (2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit))))
 	ctl.nextAdjust.Store(int64(c.interval))
+	ctl.lastShed.Store(math.MinInt64 / 2)
 	ctl.best = math.MaxInt64
 	for r := Reason(0); r < NumReasons; r++ {
 		ctl.errs[r][0] = &outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}
@@ -608,6 +610,9 @@ func (c *Controller) expectedWaitAndService() int64 {
 }
 
 func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
+	if now-c.lastShed.Load() > c.interval/16 {
+		c.lastShed.Store(now)
+	}
 	dr := 0
 	if w, _ := c.attempts.Sums(now); w.A >= dontRetryMinRequests/float64(c.sampleMask.Load()+1) && w.B >= c.dontRetryRatio*w.A {
 		dr = 1
@@ -738,6 +743,14 @@ type Stats struct {
 type SignalValue struct {
 	Name        string
 	Utilization float64
+}
+
+// Overloaded reports whether the Controller rejected a request for load
+// within the last interval: the task is shedding. It is the overload
+// signal quota enforcement uses to decide when soft limits apply
+// (quota.WithOverload).
+func (c *Controller) Overloaded() bool {
+	return c.now()-c.lastShed.Load() < c.interval
 }
 
 // Stats returns a snapshot.

@@ -330,3 +330,27 @@ func TestDegradeWhenFull(t *testing.T) {
 		c.Done(tk)
 	}
 }
+
+// Overloaded is true for an interval after a rejection for load, and only
+// then.
+func TestOverloadedFollowsShedding(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithInterval(time.Second))
+	if c.Overloaded() {
+		t.Fatal("overloaded before any request")
+	}
+	tks := make([]admission.Ticket, 100)
+	rejected := 0
+	for i := range tks {
+		if c.Arrive(&tks[i], criticality.Sheddable, 0, time.Time{}) != nil {
+			rejected++
+		}
+	}
+	if rejected == 0 || !c.Overloaded() {
+		t.Fatalf("%d rejected, overloaded %v", rejected, c.Overloaded())
+	}
+	f.Advance(1100 * time.Millisecond)
+	if c.Overloaded() {
+		t.Error("still overloaded an interval after the last rejection")
+	}
+}

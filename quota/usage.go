@@ -2,6 +2,8 @@ package quota
 
 import (
 	"errors"
+	"math"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,20 +17,29 @@ import (
 const Other = "(other)"
 
 // Usage is one task's CPU usage per customer and criticality over a
-// sliding window (default 10 s of 20 buckets), in CPU-seconds per second:
-// what each customer's requests cost (package cost) and what the task
-// reports to the quota service.
+// sliding window (default 4 s of 20 buckets: long enough that a customer
+// sending 50 requests a second is measured within a few percent, short
+// enough for enforcement to converge within seconds), in CPU-seconds per
+// second: what each
+// customer's requests cost (package cost), what the Enforcer compares with
+// the limits and what the task reports to the quota service. It also
+// counts each customer's served and refused requests, so that a customer's
+// demand (what it would use if nothing were refused) can be estimated,
+// and the whole task's usage.
 //
 // Bounded: at most MaxTracked customers (default 10,000) are tracked by
 // name; the usage of any further customer is counted under Other until a
 // tracked customer has been idle for a whole window and is dropped (the
-// map then holds at most MaxTracked+1 entries). Add takes a read lock and
-// one atomic add for a known customer.
+// map then holds at most MaxTracked+1 entries, each of fixed size). Add
+// takes a read lock, three atomic adds and the customer's own lock for a
+// known customer.
 type Usage struct {
 	since  func() time.Duration
 	width  int64
 	n      int
+	tau    float64 // ns, the time constant of the recent usage
 	max    int
+	all    *window.Counter // A: CPU µs of every customer
 	mu     sync.RWMutex
 	byName map[string]*usageOf
 }
@@ -37,7 +48,16 @@ type usageOf struct {
 	// lo counts CPU microseconds of SHEDDABLE (A) and SHEDDABLE_PLUS (B),
 	// hi of CRITICAL (A) and CRITICAL_PLUS (B).
 	lo, hi *window.Counter
-	last   atomic.Int64 // when it was last added to, ns (within a bucket)
+	// reqs counts served (A) and refused (B) requests.
+	reqs    *window.Counter
+	refused atomic.Uint64 // refused requests, ever
+	last    atomic.Int64  // when it was last added to, ns (within a bucket)
+
+	// recent is the usage per level decayed exponentially (time constant
+	// tau), as of at: what enforcement reads (see From).
+	mu     sync.Mutex
+	recent [criticality.NumLevels]float64
+	at     int64
 }
 
 // UsageOption configures a Usage.
@@ -49,7 +69,7 @@ type usageConfig struct {
 	clock  clock.Clock
 }
 
-// WithUsageWindow sets the sliding window. Default 10 s.
+// WithUsageWindow sets the sliding window. Default 4 s.
 func WithUsageWindow(d time.Duration) UsageOption { return func(c *usageConfig) { c.window = d } }
 
 // WithMaxTracked bounds the customers tracked by name. Default 10,000.
@@ -60,7 +80,7 @@ func WithUsageClock(c clock.Clock) UsageOption { return func(cfg *usageConfig) {
 
 // NewUsage returns a Usage.
 func NewUsage(opts ...UsageOption) (*Usage, error) {
-	c := usageConfig{window: 10 * time.Second, max: 10000}
+	c := usageConfig{window: 4 * time.Second, max: 10000}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -68,28 +88,59 @@ func NewUsage(opts ...UsageOption) (*Usage, error) {
 		return nil, errors.New("quota: usage window under 20ms or tracked customers out of range")
 	}
 	clk := clock.OrReal(c.clock)
+	width := int64(c.window / 20)
 	return &Usage{
-		since: clock.SinceFunc(clk, clk.Now()), width: int64(c.window / 20), n: 20, max: c.max,
-		byName: map[string]*usageOf{},
+		since: clock.SinceFunc(clk, clk.Now()), width: width, n: 20, max: c.max, tau: float64(c.window / 2),
+		all: window.New(width, 20, 1), byName: map[string]*usageOf{},
 	}, nil
 }
 
-// Add counts cpu spent by a request of customer at level l.
+// Window returns the sliding window.
+func (u *Usage) Window() time.Duration { return time.Duration(u.width * int64(u.n)) }
+
+// Add counts one served request of customer at level l that cost cpu.
 func (u *Usage) Add(customer string, l criticality.Level, cpu time.Duration) {
-	if cpu <= 0 {
-		return
-	}
 	if !l.Valid() {
 		l = criticality.Default
 	}
-	now := u.since()
+	now := int64(u.since())
 	uo := u.get(customer, now)
-	us := uint32(min(cpu.Microseconds(), 1<<32-1))
-	if c, second := uo.counter(l); second {
-		c.Add(int64(now), 0, us)
-	} else {
-		c.Add(int64(now), us, 0)
+	uo.reqs.Add(now, 1, 0)
+	if cpu <= 0 {
+		return
 	}
+	us := uint32(min(cpu.Microseconds(), 1<<32-1))
+	c, second := uo.counter(l)
+	if second {
+		c.Add(now, 0, us)
+	} else {
+		c.Add(now, us, 0)
+	}
+	u.all.Add(now, us, 0)
+	uo.mu.Lock()
+	uo.decay(now, u.tau)
+	uo.recent[l] += float64(cpu) / u.tau
+	uo.mu.Unlock()
+}
+
+// decay brings the recent usage to now. Callers hold uo.mu.
+func (uo *usageOf) decay(now int64, tau float64) {
+	if now <= uo.at {
+		return
+	}
+	f := math.Exp(-float64(now-uo.at) / tau)
+	for i := range uo.recent {
+		uo.recent[i] *= f
+	}
+	uo.at = now
+}
+
+// Refused counts one refused request of customer.
+func (u *Usage) Refused(customer string) {
+	now := int64(u.since())
+	uo := u.get(customer, now)
+	uo.reqs.Add(now, 0, 1)
+	uo.refused.Add(1)
 }
 
 // counter returns the counter of level l and whether l is its second kind.
@@ -101,22 +152,22 @@ func (uo *usageOf) counter(l criticality.Level) (*window.Counter, bool) {
 	return c, l == criticality.SheddablePlus || l == criticality.CriticalPlus
 }
 
-func (u *Usage) get(customer string, now time.Duration) *usageOf {
+func (u *Usage) get(customer string, now int64) *usageOf {
 	u.mu.RLock()
 	uo := u.byName[customer]
 	u.mu.RUnlock()
 	if uo == nil {
 		uo = u.add(customer, now)
 	}
-	if now-time.Duration(uo.last.Load()) > time.Duration(u.width) { // refreshed at most once a bucket
-		uo.last.Store(int64(now))
+	if now-uo.last.Load() > u.width { // refreshed at most once a bucket
+		uo.last.Store(now)
 	}
 	return uo
 }
 
 // add tracks customer, or counts it under Other when MaxTracked customers
 // are tracked and none has been idle for a window.
-func (u *Usage) add(customer string, now time.Duration) *usageOf {
+func (u *Usage) add(customer string, now int64) *usageOf {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if uo := u.byName[customer]; uo != nil {
@@ -124,7 +175,7 @@ func (u *Usage) add(customer string, now time.Duration) *usageOf {
 	}
 	if len(u.byName) >= u.max {
 		for name, uo := range u.byName { // drop the idle
-			if now-time.Duration(uo.last.Load()) > time.Duration(u.width*int64(u.n)) {
+			if now-uo.last.Load() > u.width*int64(u.n) {
 				delete(u.byName, name)
 			}
 		}
@@ -135,31 +186,72 @@ func (u *Usage) add(customer string, now time.Duration) *usageOf {
 			return uo
 		}
 	}
-	uo := &usageOf{lo: window.New(u.width, u.n, 1), hi: window.New(u.width, u.n, 1)}
-	uo.last.Store(int64(now))
+	uo := &usageOf{lo: window.New(u.width, u.n, 1), hi: window.New(u.width, u.n, 1), reqs: window.New(u.width, u.n, 1)}
+	uo.last.Store(now)
 	u.byName[customer] = uo
 	return uo
+}
+
+func (u *Usage) lookup(customer string) *usageOf {
+	u.mu.RLock()
+	uo := u.byName[customer]
+	u.mu.RUnlock()
+	return uo
+}
+
+// perSecond converts a window's sum of microseconds to CPU-seconds per
+// second.
+func (u *Usage) perSecond(us float64) float64 {
+	return us / 1e6 / time.Duration(u.width*int64(u.n)).Seconds()
+}
+
+// levels returns uo's usage per level, in CPU-seconds per second.
+func (u *Usage) levels(uo *usageOf, now int64) (r [criticality.NumLevels]float64) {
+	lo, _ := uo.lo.Sums(now)
+	hi, _ := uo.hi.Sums(now)
+	r[criticality.Sheddable] = u.perSecond(lo.A)
+	r[criticality.SheddablePlus] = u.perSecond(lo.B)
+	r[criticality.Critical] = u.perSecond(hi.A)
+	r[criticality.CriticalPlus] = u.perSecond(hi.B)
+	return r
 }
 
 // Rate returns customer's usage at level l in CPU-seconds per second over
 // the window.
 func (u *Usage) Rate(customer string, l criticality.Level) float64 {
-	u.mu.RLock()
-	uo := u.byName[customer]
-	u.mu.RUnlock()
+	uo := u.lookup(customer)
 	if uo == nil || !l.Valid() {
 		return 0
 	}
-	c, second := uo.counter(l)
-	w, _ := c.Sums(int64(u.since()))
-	v := w.A
-	if second {
-		v = w.B
-	}
-	return v / 1e6 / (time.Duration(u.width * int64(u.n))).Seconds()
+	return u.levels(uo, int64(u.since()))[l]
 }
 
-// Total returns customer's usage over all levels.
+// From returns customer's recent usage at level l and every level above
+// it, in CPU-seconds per second: what a request at l is measured by, since
+// the higher levels have the first claim on the customer's quota.
+//
+// Recent usage decays exponentially with a time constant of half the
+// window, rather than sliding: used as the feedback of enforcement, a
+// sliding window echoes every burst of admissions one window later (the
+// burst leaves the window at once, the customer is let in again at once),
+// and the served rate oscillates instead of settling at the limit.
+func (u *Usage) From(customer string, l criticality.Level) float64 {
+	uo := u.lookup(customer)
+	if uo == nil || !l.Valid() {
+		return 0
+	}
+	now := int64(u.since())
+	var t float64
+	uo.mu.Lock()
+	uo.decay(now, u.tau)
+	for k := l; k < criticality.NumLevels; k++ {
+		t += uo.recent[k]
+	}
+	uo.mu.Unlock()
+	return t
+}
+
+// Total returns customer's usage over all levels over the window.
 func (u *Usage) Total(customer string) float64 {
 	var t float64
 	for _, l := range criticality.All() {
@@ -168,9 +260,62 @@ func (u *Usage) Total(customer string) float64 {
 	return t
 }
 
+// All returns the whole task's usage, every customer together.
+func (u *Usage) All() float64 {
+	w, _ := u.all.Sums(int64(u.since()))
+	return u.perSecond(w.A)
+}
+
 // Tracked returns how many customers are tracked by name.
 func (u *Usage) Tracked() int {
 	u.mu.RLock()
 	defer u.mu.RUnlock()
 	return len(u.byName)
+}
+
+// CustomerUsage is one customer's line in a Snapshot.
+type CustomerUsage struct {
+	Customer string
+	// Used is the usage per level (indexed by criticality.Level), in
+	// CPU-seconds per second.
+	Used [criticality.NumLevels]float64
+	// Demand estimates what the customer would use if nothing were
+	// refused: its usage plus its refused requests at its mean cost per
+	// served request. This is what the quota service splits limits by.
+	Demand float64
+	// Refused counts the customer's refused requests since it was first
+	// tracked (a counter, for metrics).
+	Refused uint64
+	// Share is the share of the customer's limit the task holds under a
+	// valid lease, 0 if none (filled in by the quota client): a restarted
+	// quota service hands it back while it relearns the demand.
+	Share float64
+}
+
+// Snapshot returns every tracked customer's usage, sorted by name (at
+// most MaxTracked+1 lines), skipping customers idle for a whole window.
+func (u *Usage) Snapshot() []CustomerUsage {
+	now := int64(u.since())
+	u.mu.RLock()
+	out := make([]CustomerUsage, 0, len(u.byName))
+	for name, uo := range u.byName {
+		if now-uo.last.Load() > u.width*int64(u.n) {
+			continue
+		}
+		cu := CustomerUsage{Customer: name, Used: u.levels(uo, now), Refused: uo.refused.Load()}
+		var used float64
+		for _, v := range cu.Used {
+			used += v
+		}
+		cu.Demand = used
+		if r, _ := uo.reqs.Sums(now); r.A > 0 {
+			cu.Demand += used / r.A * r.B
+		} else if r.B > 0 {
+			cu.Demand += u.perSecond(r.B * 1000) // none served: guess 1 ms each
+		}
+		out = append(out, cu)
+	}
+	u.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Customer < out[j].Customer })
+	return out
 }

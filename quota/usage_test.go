@@ -15,7 +15,7 @@ import (
 // window after it stops.
 func TestUsageRates(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, err := NewUsage(WithUsageClock(clk))
+	u, err := NewUsage(WithUsageClock(clk), WithUsageWindow(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestUsageRates(t *testing.T) {
 // room.
 func TestUsageIsBounded(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, _ := NewUsage(WithUsageClock(clk), WithMaxTracked(10))
+	u, _ := NewUsage(WithUsageClock(clk), WithMaxTracked(10), WithUsageWindow(10*time.Second))
 	for i := range 1000 {
 		u.Add(fmt.Sprintf("c%d", i), criticality.Critical, time.Millisecond)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/wire"
 )
@@ -120,6 +121,9 @@ func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.str
 func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx = dropForwarded(ctx)
+		n := admittedOf(ctx) // the handler's request, if any: it waits meanwhile
+		n.block()
+		defer n.unblock()
 		if c.policy == nil {
 			return fromWire(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
 		}
@@ -187,7 +191,8 @@ func toWire(err error) error {
 // allocate when there are none.
 func dropForwarded(ctx context.Context) context.Context {
 	if metadata.ValueFromOutgoingContext(ctx, wire.CriticalityKey) == nil &&
-		metadata.ValueFromOutgoingContext(ctx, wire.AttemptKey) == nil {
+		metadata.ValueFromOutgoingContext(ctx, wire.AttemptKey) == nil &&
+		metadata.ValueFromOutgoingContext(ctx, wire.CustomerKey) == nil {
 		return ctx
 	}
 	md, _ := metadata.FromOutgoingContext(ctx)
@@ -217,8 +222,12 @@ func newHeaderTable() *headerTable {
 }
 
 // outgoing adds the triage headers of ctx (criticality.Of,
-// attempt.Outgoing) to its outgoing metadata. ctx must have been through
-// dropForwarded.
+// attempt.Outgoing, and quota.CustomerOf when there is one) to its
+// outgoing metadata. ctx must have been through dropForwarded.
 func (c *Client) outgoing(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, c.headers[criticality.Of(ctx)][attempt.Outgoing(ctx)]...)
+	h := c.headers[criticality.Of(ctx)][attempt.Outgoing(ctx)]
+	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
+		return metadata.AppendToOutgoingContext(ctx, append(h[:len(h):len(h)], wire.CustomerKey, cu)...)
+	}
+	return metadata.AppendToOutgoingContext(ctx, h...)
 }

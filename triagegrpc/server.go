@@ -3,6 +3,7 @@ package triagegrpc
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -12,6 +13,7 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
@@ -30,6 +32,10 @@ type Server struct {
 	admission  *admission.Controller
 	trailers   *trailers // nil without load reports and lifecycle
 	customerID bool      // the peer's mTLS identity names the customer
+	quota      *quota.Enforcer
+	meter      *cost.Meter
+	usage      *quota.Usage
+	outOfQuota error
 	// rejections holds the status error of every admission rejection,
 	// built once in compact form (see compactStatus), so that rejecting
 	// allocates nothing in triage and as little as possible in grpc-go.
@@ -47,6 +53,8 @@ type serverConfig struct {
 	lifecycle  *Lifecycle
 	clock      clock.Clock
 	customerID bool
+	quota      *quota.Enforcer
+	cost       *cost.Meter
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -101,6 +109,17 @@ func WithCustomerFromIdentity() ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.customerID = true })
 }
 
+// WithQuota installs per-customer quotas: the tap handle asks e whether
+// the request's customer is within its quota (quota.Enforcer.Admit) before
+// admission control, and refuses it there with RESOURCE_EXHAUSTED, out of
+// quota, retry after 1 s; the interceptors measure each request's CPU with
+// m (package cost) and charge it to its customer in e's Usage. Outgoing
+// calls made through a triage Client from the handler's context are marked
+// as waits, not charged. Default: none.
+func WithQuota(e *quota.Enforcer, m *cost.Meter) ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.quota, sc.cost = e, m })
+}
+
 // WithServerClock sets the clock of the Server's own timing (how often the
 // load report trailer is rebuilt). Default clock.Real().
 func WithServerClock(c clock.Clock) ServerOption {
@@ -121,6 +140,13 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		c.classifier = cl
 	}
 	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission, customerID: c.customerID}
+	if (c.quota == nil) != (c.cost == nil) {
+		return nil, fmt.Errorf("triagegrpc: WithQuota needs both an Enforcer and a cost Meter")
+	}
+	if c.quota != nil {
+		s.quota, s.meter, s.usage = c.quota, c.cost, c.quota.Usage()
+		s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
+	}
 	clk := clock.OrReal(c.clock)
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: clock.SinceFunc(clk, clk.Now())}); t.enabled() {
 		s.trailers = t
@@ -282,7 +308,10 @@ func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string
 		customer = quota.Customer(p.Identities[0])
 	}
 	d := s.classifier.Classify(&req)
-	if s.admission == nil {
+	if s.quota != nil && s.quota.Admit(customer, d.Level) != nil {
+		return nil, s.outOfQuota
+	}
+	if s.admission == nil && s.quota == nil {
 		return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n), customer), nil
 	}
 	return s.admit(ctx, d.Level, n, customer)

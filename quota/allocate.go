@@ -1,0 +1,325 @@
+package quota
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+)
+
+// Report is what a task tells the quota service: its id and each
+// customer's usage and demand on it (Usage.Snapshot).
+type Report struct {
+	Task      string
+	Customers []CustomerUsage
+}
+
+// MaxReportCustomers bounds the customers in one Report: what a Usage can
+// track, plus Other.
+const MaxReportCustomers = MaxCustomers + 1
+
+// Validate checks a report as received from the wire: a valid task name,
+// at most MaxReportCustomers customers, each named once with a valid name
+// (or Other), usage and demand finite, non-negative and at most MaxLimit.
+func (r Report) Validate() error {
+	if err := validName(r.Task); err != nil {
+		return fmt.Errorf("quota: report task: %v", err)
+	}
+	if len(r.Customers) > MaxReportCustomers {
+		return fmt.Errorf("quota: report has %d customers, at most %d", len(r.Customers), MaxReportCustomers)
+	}
+	seen := make(map[string]struct{}, len(r.Customers))
+	for _, c := range r.Customers {
+		if c.Customer != Other {
+			if err := validName(c.Customer); err != nil {
+				return fmt.Errorf("quota: report customer %q: %v", c.Customer, err)
+			}
+		}
+		if _, dup := seen[c.Customer]; dup {
+			return fmt.Errorf("quota: report names customer %q twice", c.Customer)
+		}
+		seen[c.Customer] = struct{}{}
+		if math.IsNaN(c.Share) || c.Share < 0 || c.Share > 1 {
+			return fmt.Errorf("quota: report customer %q: share %v out of [0, 1]", c.Customer, c.Share)
+		}
+		if err := validLimit(c.Demand); err != nil {
+			return fmt.Errorf("quota: report customer %q: demand %v", c.Customer, err)
+		}
+		for _, v := range c.Used {
+			if err := validLimit(v); err != nil {
+				return fmt.Errorf("quota: report customer %q: usage %v", c.Customer, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Allocator is the quota service's core (SRE book ch. 21 footnote:
+// Doorman): tasks report each customer's usage and demand, and get back a
+// Lease with their share of every customer's global limit, split in
+// proportion to where the customer's demand lands. Each task also gets a
+// floor of a twentieth of the limit divided by the N live tasks, so that a
+// task where a customer's demand appears has a share before its next
+// report: the tasks with demand split the limit exactly (their floors
+// included), and the tasks without hold at most 5% more between them,
+// which they use only if demand arrives there. With no demand anywhere
+// every task gets 1/N.
+//
+// Learning mode (after Doorman): for one lease after it starts, the
+// Allocator has not heard from every task, and splitting by the demand of
+// the few it has heard from would hand them nearly whole limits. So it
+// hands each task back the share it reports holding (or, without one, the
+// safe share, 1/Tasks) until the lease is over; a restarted quota service
+// changes no limit.
+//
+// Bounded: at most MaxTasks tasks (default 10,000; a task unheard of for a
+// lease is forgotten, and a new task beyond the bound is refused with
+// ErrTooManyTasks), each with at most MaxReportCustomers customers.
+// Refresh takes one lock; it is safe for concurrent use.
+type Allocator struct {
+	since    func() time.Duration
+	lease    time.Duration
+	refresh  time.Duration
+	maxTasks int
+	policy   atomic.Pointer[Policy]
+
+	mu    sync.Mutex
+	tasks map[string]*taskState
+	total map[string]float64 // demand per customer over live tasks
+	// demanding counts, per customer, the live tasks reporting demand.
+	demanding map[string]int
+	used      map[string]*[criticality.NumLevels]float64
+	swept     int64
+	served    atomic.Uint64
+}
+
+type taskState struct {
+	last     int64
+	customer []CustomerUsage
+}
+
+// ErrTooManyTasks is returned by Refresh when MaxTasks live tasks are
+// known and another one reports.
+var ErrTooManyTasks = errors.New("quota: too many tasks")
+
+// AllocatorOption configures an Allocator.
+type AllocatorOption func(*allocatorConfig)
+
+type allocatorConfig struct {
+	lease, refresh time.Duration
+	maxTasks       int
+	clock          clock.Clock
+}
+
+// WithLease sets how long a lease is valid. Default 30 s: long against
+// the refresh, so a quota service restart or a few lost refreshes change
+// nothing.
+func WithLease(d time.Duration) AllocatorOption { return func(c *allocatorConfig) { c.lease = d } }
+
+// WithRefresh sets how often tasks renew their lease (each with ±25%
+// jitter). Default 5 s.
+func WithRefresh(d time.Duration) AllocatorOption { return func(c *allocatorConfig) { c.refresh = d } }
+
+// WithMaxTasks bounds the tasks known. Default 10,000.
+func WithMaxTasks(n int) AllocatorOption { return func(c *allocatorConfig) { c.maxTasks = n } }
+
+// WithAllocatorClock sets the clock. Default clock.Real().
+func WithAllocatorClock(c clock.Clock) AllocatorOption {
+	return func(cfg *allocatorConfig) { cfg.clock = c }
+}
+
+// NewAllocator returns an Allocator for policy p.
+func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
+	c := allocatorConfig{lease: 30 * time.Second, refresh: 5 * time.Second, maxTasks: 10000}
+	for _, o := range opts {
+		o(&c)
+	}
+	if p == nil {
+		return nil, errors.New("quota: an Allocator needs a Policy")
+	}
+	if c.refresh <= 0 || c.lease < c.refresh || c.lease > 24*time.Hour {
+		return nil, errors.New("quota: need 0 < refresh <= lease <= 24h")
+	}
+	if c.maxTasks < 1 || c.maxTasks > MaxCustomers {
+		return nil, errors.New("quota: max tasks out of range")
+	}
+	clk := clock.OrReal(c.clock)
+	a := &Allocator{
+		since: clock.SinceFunc(clk, clk.Now()), lease: c.lease, refresh: c.refresh, maxTasks: c.maxTasks,
+		tasks: map[string]*taskState{}, total: map[string]float64{}, demanding: map[string]int{}, used: map[string]*[criticality.NumLevels]float64{},
+	}
+	a.policy.Store(p)
+	return a, nil
+}
+
+// SetPolicy replaces the policy (a validated one). nil is ignored.
+func (a *Allocator) SetPolicy(p *Policy) {
+	if p != nil {
+		a.policy.Store(p)
+	}
+}
+
+// Policy returns the policy in force.
+func (a *Allocator) Policy() *Policy { return a.policy.Load() }
+
+// Refreshes returns how many leases were handed out.
+func (a *Allocator) Refreshes() uint64 { return a.served.Load() }
+
+// Refresh records r and returns the task's lease.
+func (a *Allocator) Refresh(r Report) (Lease, error) {
+	if err := r.Validate(); err != nil {
+		return Lease{}, err
+	}
+	p := a.policy.Load()
+	now := int64(a.since())
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if now-a.swept >= int64(time.Second) || len(a.tasks) >= a.maxTasks {
+		a.sweep(now)
+	}
+	t := a.tasks[r.Task]
+	if t == nil {
+		if len(a.tasks) >= a.maxTasks {
+			return Lease{}, ErrTooManyTasks
+		}
+		t = &taskState{}
+		a.tasks[r.Task] = t
+	}
+	a.account(t.customer, -1)
+	t.customer = append(t.customer[:0], r.Customers...)
+	t.last = now
+	a.account(t.customer, +1)
+
+	n := float64(len(a.tasks))
+	mine := make(map[string]float64, len(r.Customers))
+	held := make(map[string]float64, len(r.Customers))
+	for _, c := range r.Customers {
+		mine[c.Customer] = c.Demand
+		held[c.Customer] = c.Share
+	}
+	learning := now < int64(a.lease)
+	share := func(customer string) float64 {
+		if learning { // hand back what the task holds, else the safe share
+			if h := held[customer]; h > 0 {
+				return h
+			}
+			return 1 / float64(p.tasks)
+		}
+		d := a.total[customer]
+		if d <= 1e-9 {
+			return 1 / n
+		}
+		f := 0.05 * d / n
+		return min(1, (mine[customer]+f)/(d+float64(a.demanding[customer])*f))
+	}
+	ls := Lease{Duration: a.lease, Refresh: a.refresh, Fallback: p.fallback, Tasks: p.tasks,
+		Default: grantOf("", p.def, 1/n)}
+	names := p.Customers()
+	for _, c := range r.Customers {
+		if !p.Known(c.Customer) {
+			names = append(names, c.Customer)
+		}
+	}
+	sort.Strings(names)
+	ls.Grants = make([]Grant, 0, len(names))
+	for _, name := range names {
+		lim, ok := p.customers[name]
+		if !ok {
+			lim = p.def
+		}
+		ls.Grants = append(ls.Grants, grantOf(name, lim, share(name)))
+	}
+	a.served.Add(1)
+	return ls, nil
+}
+
+func grantOf(name string, l limit, share float64) Grant {
+	return Grant{Customer: name, CPU: l.cpu, ByCriticality: l.by, Hard: l.hard, Share: share}
+}
+
+// account adds (sign +1) or removes (-1) a task's customers from the
+// totals.
+func (a *Allocator) account(cs []CustomerUsage, sign float64) {
+	for _, c := range cs {
+		if c.Demand > 0 {
+			a.demanding[c.Customer] += int(sign)
+			if a.demanding[c.Customer] <= 0 {
+				delete(a.demanding, c.Customer)
+			}
+		}
+		d := a.total[c.Customer] + sign*c.Demand
+		u := a.used[c.Customer]
+		if u == nil {
+			u = new([criticality.NumLevels]float64)
+			a.used[c.Customer] = u
+		}
+		var sum float64
+		for l, v := range c.Used {
+			u[l] = max(0, u[l]+sign*v)
+			sum += u[l]
+		}
+		if d <= 1e-9 && sum <= 1e-9 && sign < 0 {
+			delete(a.total, c.Customer)
+			delete(a.used, c.Customer)
+			continue
+		}
+		a.total[c.Customer] = max(0, d)
+	}
+}
+
+// sweep forgets the tasks unheard of for a lease and recomputes the
+// totals (so float sums do not drift).
+func (a *Allocator) sweep(now int64) {
+	a.swept = now
+	for name, t := range a.tasks {
+		if now-t.last > int64(a.lease) {
+			delete(a.tasks, name)
+		}
+	}
+	clear(a.total)
+	clear(a.used)
+	clear(a.demanding)
+	for _, t := range a.tasks {
+		a.account(t.customer, +1)
+	}
+}
+
+// GlobalUsage is one customer's usage over every live task.
+type GlobalUsage struct {
+	Customer string
+	Used     [criticality.NumLevels]float64
+	Demand   float64
+	Limit    float64 // the policy's limit over all criticalities
+}
+
+// Usage returns every customer's usage over the live tasks, sorted by
+// name.
+func (a *Allocator) Usage() []GlobalUsage {
+	p := a.policy.Load()
+	a.mu.Lock()
+	a.sweep(int64(a.since()))
+	out := make([]GlobalUsage, 0, len(a.used))
+	for name, u := range a.used {
+		lim := p.def.cpu
+		if l, ok := p.customers[name]; ok {
+			lim = l.cpu
+		}
+		out = append(out, GlobalUsage{Customer: name, Used: *u, Demand: a.total[name], Limit: lim})
+	}
+	a.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Customer < out[j].Customer })
+	return out
+}
+
+// Tasks returns how many live tasks are known.
+func (a *Allocator) Tasks() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.tasks)
+}

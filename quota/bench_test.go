@@ -1,0 +1,23 @@
+package quota
+
+import (
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/criticality"
+)
+
+// BenchmarkEnforcerAdmit: a soft-limited customer on an overloaded task,
+// admitted or refused (the refusal allocates nothing).
+func BenchmarkEnforcerAdmit(b *testing.B) {
+	p, _ := New(Config{Customers: map[string]Limit{"ads": {CPU: 0.001}}})
+	u, _ := NewUsage()
+	e, _ := NewEnforcer(p, u, WithOverload(func() bool { return true }))
+	u.Add("ads", criticality.Sheddable, time.Second)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			e.Admit("ads", criticality.Sheddable)
+		}
+	})
+}

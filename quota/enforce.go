@@ -1,0 +1,254 @@
+package quota
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/outcome"
+)
+
+// Limits gives the limit a task enforces for a customer at a level, in
+// CPU-seconds per second, and whether it is hard. A *Policy is the limits
+// of a task that is the whole service; a *Leased holds the per-task limits
+// leased from the quota service, with its fallback.
+type Limits interface {
+	Limit(customer string, l criticality.Level) (cpu float64, hard bool)
+}
+
+// Enforcer decides, per request, whether a customer is within its quota
+// on this task: SRE book ch. 21, "Per-Customer Limits", and the CRE post's
+// soft and hard quotas.
+//
+//   - A hard limit is never exceeded: a customer whose usage has reached
+//     it is refused whatever the load.
+//   - A soft limit (the default) is enforced only while the task is
+//     overloaded (work conservation): with spare capacity an over-quota
+//     customer is served in full.
+//   - Fairness: while overloaded, customers are refused in order of how
+//     far over their quota they are. The Enforcer keeps a threshold τ on
+//     the ratio usage/limit: at the first overloaded interval it starts at
+//     4, then falls by 30% every interval (default 250 ms) the task is
+//     still overloaded, never below 1; it rises by 25% every interval the
+//     task is not, and is lifted altogether above 8. A request is refused
+//     with a probability rising from 0 when its customer's ratio is 2%
+//     above τ to 1 when it is 5% above (a sharp cut would make an
+//     over-quota customer's admissions come in bursts one usage window
+//     apart). So a customer within its quota (and 2% of noise) is never
+//     refused for quota, and one far over it converges to a few percent
+//     above its limit.
+//   - Within a customer, higher criticality has the first claim on the
+//     quota: a request of level l is measured by the usage of l and every
+//     level above it (Usage.From), so a level is refused only once every
+//     lower level of that customer is refused, and CRITICAL_PLUS of a
+//     customer within quota never is.
+//
+// Usage comes from a Usage (what the task's requests of each customer
+// cost); limits from a Limits (the Policy, or a Leased from the quota
+// service), which SetLimits swaps. Overload comes from WithCapacity (the
+// CPU the task is provisioned for, against Usage.All) or WithOverload (any
+// signal, such as admission.Controller.Overloaded). A refusal is outcome
+// OutOfQuota with a RetryAfter of 1 s, and is counted in Usage (for the
+// customer's demand) and per level (Refused).
+//
+// Admit reads the clock once, looks the customer up once and takes no lock
+// except, once per interval, to move τ. Memory is fixed.
+type Enforcer struct {
+	limits   atomic.Pointer[limitsBox]
+	usage    *Usage
+	since    func() time.Duration
+	interval time.Duration
+	capacity float64
+	overload func() bool
+	random   func() float64
+
+	mu       sync.Mutex   // held while moving the threshold
+	next     atomic.Int64 // when τ next moves, ns
+	tau      atomic.Uint64
+	overSeen atomic.Bool // an overloaded Admit in this interval
+	refused  [criticality.NumLevels]atomic.Uint64
+	errOut   *outcome.Error
+}
+
+type limitsBox struct{ Limits }
+
+// EnforcerOption configures an Enforcer.
+type EnforcerOption func(*enforcerConfig)
+
+type enforcerConfig struct {
+	interval time.Duration
+	clock    clock.Clock
+	capacity float64
+	overload func() bool
+	random   func() float64
+}
+
+// WithAdjustInterval sets how often the fairness threshold moves. Default
+// 250 ms.
+func WithAdjustInterval(d time.Duration) EnforcerOption {
+	return func(c *enforcerConfig) { c.interval = d }
+}
+
+// WithEnforcerClock sets the clock. Default clock.Real().
+func WithEnforcerClock(c clock.Clock) EnforcerOption {
+	return func(cfg *enforcerConfig) { cfg.clock = c }
+}
+
+// WithCapacity sets the CPU-seconds per second the task is provisioned
+// for: the task counts as overloaded while its customers' usage
+// (Usage.All) is at 95% of it or more. Combined with WithOverload, either
+// one makes the task overloaded.
+func WithCapacity(cpu float64) EnforcerOption {
+	return func(c *enforcerConfig) { c.capacity = cpu }
+}
+
+// WithOverload sets a signal of overload, such as
+// admission.Controller.Overloaded (the task is shedding). Without it and
+// without WithCapacity, the task never counts as overloaded and only hard
+// limits are enforced.
+func WithOverload(f func() bool) EnforcerOption {
+	return func(c *enforcerConfig) { c.overload = f }
+}
+
+// WithEnforcerRandom sets the source of the refusal draws, uniform in
+// [0, 1) (for reproducible simulations). Default math/rand/v2.
+func WithEnforcerRandom(f func() float64) EnforcerOption {
+	return func(c *enforcerConfig) { c.random = f }
+}
+
+// NewEnforcer returns an Enforcer over limits and usage u.
+func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, error) {
+	if limits == nil || u == nil {
+		return nil, errors.New("quota: an Enforcer needs Limits and a Usage")
+	}
+	c := enforcerConfig{interval: 250 * time.Millisecond}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.interval <= 0 {
+		return nil, errors.New("quota: adjust interval must be positive")
+	}
+	if math.IsNaN(c.capacity) || c.capacity < 0 || c.capacity > MaxLimit {
+		return nil, errors.New("quota: capacity must be a number in [0, 1e6]")
+	}
+	if c.random == nil {
+		c.random = rand.Float64
+	}
+	clk := clock.OrReal(c.clock)
+	e := &Enforcer{
+		usage: u, since: clock.SinceFunc(clk, clk.Now()), interval: c.interval,
+		capacity: c.capacity, overload: c.overload, random: c.random,
+		errOut: &outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second},
+	}
+	e.limits.Store(&limitsBox{limits})
+	e.tau.Store(math.Float64bits(math.Inf(1)))
+	return e, nil
+}
+
+// SetLimits replaces the limits (a reloaded Policy, say). nil is ignored.
+func (e *Enforcer) SetLimits(l Limits) {
+	if l != nil {
+		e.limits.Store(&limitsBox{l})
+	}
+}
+
+// Limits returns the limits in force.
+func (e *Enforcer) Limits() Limits { return e.limits.Load().Limits }
+
+// Usage returns the Usage the Enforcer reads.
+func (e *Enforcer) Usage() *Usage { return e.usage }
+
+// Threshold returns the fairness threshold τ (+Inf while the task has not
+// been overloaded lately).
+func (e *Enforcer) Threshold() float64 { return math.Float64frombits(e.tau.Load()) }
+
+// Refused returns how many requests of level l were refused for quota.
+func (e *Enforcer) Refused(l criticality.Level) uint64 {
+	if !l.Valid() {
+		return 0
+	}
+	return e.refused[l].Load()
+}
+
+// Overloaded reports whether the task counts as overloaded now.
+func (e *Enforcer) Overloaded() bool {
+	if e.capacity > 0 && e.usage.All() >= 0.95*e.capacity {
+		return true
+	}
+	return e.overload != nil && e.overload()
+}
+
+// Admit says whether a request of customer at level l may run now. It
+// returns nil or the shared out-of-quota error (do not modify it). The
+// caller adds the request's cost to the Usage when it is done.
+func (e *Enforcer) Admit(customer string, l criticality.Level) error {
+	if !l.Valid() {
+		l = criticality.Default
+	}
+	limit, hard := e.limits.Load().Limit(customer, l)
+	if math.IsInf(limit, 1) {
+		return nil
+	}
+	overloaded := e.Overloaded()
+	if overloaded {
+		e.overSeen.Store(true)
+	}
+	if now := int64(e.since()); now >= e.next.Load() {
+		e.adjust(now)
+	}
+	if !hard && !overloaded {
+		return nil // work conservation
+	}
+	used := e.usage.From(customer, l)
+	if hard {
+		if used >= limit {
+			return e.refuse(customer, l)
+		}
+		return nil
+	}
+	if limit <= 0 {
+		return e.refuse(customer, l)
+	}
+	over := (used/(limit*e.Threshold()) - 1.02) / 0.03
+	if over > 0 && (over >= 1 || e.random() < over) {
+		return e.refuse(customer, l)
+	}
+	return nil
+}
+
+func (e *Enforcer) refuse(customer string, l criticality.Level) error {
+	e.refused[l].Add(1)
+	e.usage.Refused(customer)
+	return e.errOut
+}
+
+// adjust moves τ once per interval: down while the task was overloaded,
+// up otherwise.
+func (e *Enforcer) adjust(now int64) {
+	if !e.mu.TryLock() {
+		return
+	}
+	defer e.mu.Unlock()
+	if now < e.next.Load() {
+		return
+	}
+	e.next.Store(now + int64(e.interval))
+	tau := e.Threshold()
+	if e.overSeen.Swap(false) {
+		if math.IsInf(tau, 1) {
+			tau = 4 / 0.7 // the first overloaded interval starts at 4
+		}
+		tau = max(1, tau*0.7)
+	} else if !math.IsInf(tau, 1) {
+		tau *= 1.25
+		if tau > 8 {
+			tau = math.Inf(1)
+		}
+	}
+	e.tau.Store(math.Float64bits(tau))
+}

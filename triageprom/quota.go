@@ -1,0 +1,124 @@
+package triageprom
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/quota"
+)
+
+// QuotaMetrics exports one task's quota enforcement (package quota): per
+// customer and criticality the usage and the limit in force, refusals,
+// the fairness threshold, and the lease from the quota service. It is a
+// prometheus.Collector; register it once.
+//
+// Series: triage_quota_usage_cpu{customer,criticality} and
+// triage_quota_limit_cpu{customer,criticality} (CPU-seconds per second;
+// limit +Inf when none applies), triage_quota_demand_cpu{customer},
+// triage_quota_customer_refused_total{customer},
+// triage_quota_refused_total{criticality}, triage_quota_threshold,
+// triage_quota_overloaded, and with a Leased triage_quota_lease_age_seconds
+// and triage_quota_lease_valid. Customers are those the Usage tracks: at
+// most its MaxTracked plus one.
+type QuotaMetrics struct {
+	e *quota.Enforcer
+	l *quota.Leased
+}
+
+// Quota returns the metrics of e, and of the lease l (nil when the task
+// has no quota service).
+func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) *QuotaMetrics {
+	return &QuotaMetrics{e: e, l: l}
+}
+
+var (
+	descQuotaUsage     = prometheus.NewDesc("triage_quota_usage_cpu", "A customer's CPU usage on this task, CPU-seconds per second, by criticality.", []string{"customer", "criticality"}, nil)
+	descQuotaLimit     = prometheus.NewDesc("triage_quota_limit_cpu", "The limit this task enforces for a customer, CPU-seconds per second, by criticality (+Inf: none).", []string{"customer", "criticality"}, nil)
+	descQuotaDemand    = prometheus.NewDesc("triage_quota_demand_cpu", "A customer's estimated demand on this task (usage plus refused requests at its mean cost), CPU-seconds per second.", []string{"customer"}, nil)
+	descQuotaCRefused  = prometheus.NewDesc("triage_quota_customer_refused_total", "Requests of a customer refused out of quota on this task.", []string{"customer"}, nil)
+	descQuotaRefused   = prometheus.NewDesc("triage_quota_refused_total", "Requests refused out of quota on this task, by criticality.", []string{"criticality"}, nil)
+	descQuotaThreshold = prometheus.NewDesc("triage_quota_threshold", "The fairness threshold on usage/limit above which customers are refused while the task is overloaded (+Inf when it is not).", nil, nil)
+	descQuotaOverload  = prometheus.NewDesc("triage_quota_overloaded", "1 while the task counts as overloaded, so soft limits apply.", nil, nil)
+	descLeaseAge       = prometheus.NewDesc("triage_quota_lease_age_seconds", "Time since the last lease from the quota service (absent before the first).", nil, nil)
+	descLeaseValid     = prometheus.NewDesc("triage_quota_lease_valid", "1 while the lease from the quota service is valid; 0 when the fallback applies.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (q *QuotaMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descQuotaUsage, descQuotaLimit, descQuotaDemand, descQuotaCRefused, descQuotaRefused, descQuotaThreshold, descQuotaOverload, descLeaseAge, descLeaseValid} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (q *QuotaMetrics) Collect(ch chan<- prometheus.Metric) {
+	limits := q.e.Limits()
+	for _, c := range q.e.Usage().Snapshot() {
+		for _, l := range criticality.All() {
+			ch <- prometheus.MustNewConstMetric(descQuotaUsage, prometheus.GaugeValue, c.Used[l], c.Customer, l.String())
+			lim, _ := limits.Limit(c.Customer, l)
+			ch <- prometheus.MustNewConstMetric(descQuotaLimit, prometheus.GaugeValue, lim, c.Customer, l.String())
+		}
+		ch <- prometheus.MustNewConstMetric(descQuotaDemand, prometheus.GaugeValue, c.Demand, c.Customer)
+		ch <- prometheus.MustNewConstMetric(descQuotaCRefused, prometheus.CounterValue, float64(c.Refused), c.Customer)
+	}
+	for _, l := range criticality.All() {
+		ch <- prometheus.MustNewConstMetric(descQuotaRefused, prometheus.CounterValue, float64(q.e.Refused(l)), l.String())
+	}
+	ch <- prometheus.MustNewConstMetric(descQuotaThreshold, prometheus.GaugeValue, q.e.Threshold())
+	ch <- prometheus.MustNewConstMetric(descQuotaOverload, prometheus.GaugeValue, b2f(q.e.Overloaded()))
+	if q.l != nil {
+		if age, ok := q.l.Age(); ok {
+			ch <- prometheus.MustNewConstMetric(descLeaseAge, prometheus.GaugeValue, age.Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(descLeaseValid, prometheus.GaugeValue, b2f(!q.l.Expired()))
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// QuotaServiceMetrics exports the quota service's view (quota.Allocator):
+// triage_quota_global_usage_cpu{customer,criticality},
+// triage_quota_global_demand_cpu{customer},
+// triage_quota_global_limit_cpu{customer}, triage_quota_tasks and
+// triage_quota_refreshes_total. Customers are those the live tasks
+// report. It is a prometheus.Collector.
+type QuotaServiceMetrics struct{ a *quota.Allocator }
+
+// QuotaService returns the metrics of a.
+func (m *Metrics) QuotaService(a *quota.Allocator) *QuotaServiceMetrics {
+	return &QuotaServiceMetrics{a: a}
+}
+
+var (
+	descGlobalUsage  = prometheus.NewDesc("triage_quota_global_usage_cpu", "A customer's usage over every live task, CPU-seconds per second, by criticality.", []string{"customer", "criticality"}, nil)
+	descGlobalDemand = prometheus.NewDesc("triage_quota_global_demand_cpu", "A customer's estimated demand over every live task, CPU-seconds per second.", []string{"customer"}, nil)
+	descGlobalLimit  = prometheus.NewDesc("triage_quota_global_limit_cpu", "A customer's global limit, CPU-seconds per second.", []string{"customer"}, nil)
+	descQuotaTasks   = prometheus.NewDesc("triage_quota_tasks", "Tasks that reported within a lease.", nil, nil)
+	descRefreshes    = prometheus.NewDesc("triage_quota_refreshes_total", "Leases handed out.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (q *QuotaServiceMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descGlobalUsage, descGlobalDemand, descGlobalLimit, descQuotaTasks, descRefreshes} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (q *QuotaServiceMetrics) Collect(ch chan<- prometheus.Metric) {
+	for _, g := range q.a.Usage() {
+		for _, l := range criticality.All() {
+			ch <- prometheus.MustNewConstMetric(descGlobalUsage, prometheus.GaugeValue, g.Used[l], g.Customer, l.String())
+		}
+		ch <- prometheus.MustNewConstMetric(descGlobalDemand, prometheus.GaugeValue, g.Demand, g.Customer)
+		ch <- prometheus.MustNewConstMetric(descGlobalLimit, prometheus.GaugeValue, g.Limit, g.Customer)
+	}
+	ch <- prometheus.MustNewConstMetric(descQuotaTasks, prometheus.GaugeValue, float64(q.a.Tasks()))
+	ch <- prometheus.MustNewConstMetric(descRefreshes, prometheus.CounterValue, float64(q.a.Refreshes()))
+}

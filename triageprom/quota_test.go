@@ -1,0 +1,61 @@
+package triageprom_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/triageprom"
+)
+
+// The task's quota metrics show usage, limits and refusals per customer
+// and criticality, and the lease's age; the service's show global usage.
+func TestQuotaMetrics(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 0.001, Hard: true}}})
+	u, _ := quota.NewUsage(quota.WithUsageClock(clk))
+	l := quota.NewLeased(clk, p)
+	a, _ := quota.NewAllocator(p, quota.WithAllocatorClock(clk))
+	e, _ := quota.NewEnforcer(p, u, quota.WithEnforcerClock(clk))
+	for range 10 {
+		if e.Admit("ads", criticality.Sheddable) == nil {
+			u.Add("ads", criticality.Sheddable, 10*time.Millisecond)
+		}
+		clk.Advance(10 * time.Millisecond)
+	}
+	ls, err := a.Refresh(quota.Report{Task: "t1", Customers: u.Snapshot()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Set(ls)
+	clk.Advance(time.Second)
+	m := triageprom.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m.Quota(e, l), m.QuotaService(a))
+	want := `
+# HELP triage_quota_customer_refused_total Requests of a customer refused out of quota on this task.
+# TYPE triage_quota_customer_refused_total counter
+triage_quota_customer_refused_total{customer="ads"} 9
+# HELP triage_quota_lease_age_seconds Time since the last lease from the quota service (absent before the first).
+# TYPE triage_quota_lease_age_seconds gauge
+triage_quota_lease_age_seconds 1
+# HELP triage_quota_lease_valid 1 while the lease from the quota service is valid; 0 when the fallback applies.
+# TYPE triage_quota_lease_valid gauge
+triage_quota_lease_valid 1
+# HELP triage_quota_tasks Tasks that reported within a lease.
+# TYPE triage_quota_tasks gauge
+triage_quota_tasks 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "triage_quota_customer_refused_total", "triage_quota_lease_age_seconds", "triage_quota_lease_valid", "triage_quota_tasks"); err != nil {
+		t.Error(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "triage_quota_refused_total", "triage_quota_limit_cpu", "triage_quota_global_usage_cpu"); err != nil || n != 12 {
+		t.Errorf("%d series (%v), want 4 refused + 4 limits + 4 global usage", n, err)
+	}
+}

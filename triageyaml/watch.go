@@ -1,0 +1,116 @@
+package triageyaml
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/quota"
+)
+
+// QuotaWatcher reloads a quota policy file without a restart: every
+// interval (default 1 s) it reads the file and, when its bytes changed,
+// parses and validates it (ParseQuota) and hands the new policy to apply.
+// A file that fails to read or validate is refused and counted; the policy
+// in force stays, and the same bad bytes are not reported twice. So a bad
+// push never takes a task down (Google Cloud's June 2025 outage began with
+// one).
+//
+// Run is its only goroutine and stops when its context is done. It holds
+// one copy of the file (at most MaxSize bytes).
+type QuotaWatcher struct {
+	path     string
+	apply    func(*quota.Policy)
+	clock    clock.Clock
+	interval time.Duration
+
+	mu       sync.Mutex
+	last     []byte // the bytes last seen, good or bad
+	reloads  int
+	refusals int
+	lastErr  error
+}
+
+// WatchOption configures a QuotaWatcher.
+type WatchOption func(*QuotaWatcher)
+
+// WithWatchInterval sets how often the file is read. Default 1 s.
+func WithWatchInterval(d time.Duration) WatchOption { return func(w *QuotaWatcher) { w.interval = d } }
+
+// WithWatchClock sets the clock. Default clock.Real().
+func WithWatchClock(c clock.Clock) WatchOption { return func(w *QuotaWatcher) { w.clock = c } }
+
+// WatchQuota loads the policy at path, hands it to apply, and returns a
+// watcher that reloads it; an initial file that does not load is an
+// error.
+func WatchQuota(path string, apply func(*quota.Policy), opts ...WatchOption) (*QuotaWatcher, error) {
+	w := &QuotaWatcher{path: path, apply: apply, interval: time.Second}
+	for _, o := range opts {
+		o(w)
+	}
+	if apply == nil || w.interval <= 0 {
+		return nil, errors.New("triageyaml: WatchQuota needs an apply func and a positive interval")
+	}
+	w.clock = clock.OrReal(w.clock)
+	if _, err := w.Check(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Check reads the file now and applies it if it changed and is valid. It
+// reports whether a new policy was applied.
+func (w *QuotaWatcher) Check() (bool, error) {
+	b, err := readBounded(w.path)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err == nil && w.last != nil && bytes.Equal(b, w.last) {
+		return false, nil
+	}
+	var p *quota.Policy
+	if err == nil {
+		w.last = b
+		if p, err = ParseQuota(b); err != nil {
+			err = fmt.Errorf("%s: %w", w.path, err)
+		}
+	}
+	if err != nil {
+		w.refusals++
+		w.lastErr = err
+		return false, err
+	}
+	w.reloads++
+	w.lastErr = nil
+	w.apply(p)
+	return true, nil
+}
+
+// Stats returns how many policies were applied and refused, and the error
+// of the last refused one if it is still the latest word.
+func (w *QuotaWatcher) Stats() (reloads, refusals int, lastErr error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.reloads, w.refusals, w.lastErr
+}
+
+// Run checks the file every interval until ctx is done; errors are kept
+// for Stats and passed to onErr if not nil.
+func (w *QuotaWatcher) Run(ctx context.Context, onErr func(error)) error {
+	t := w.clock.NewTimer(w.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C():
+		}
+		if _, err := w.Check(); err != nil && onErr != nil {
+			onErr(err)
+		}
+		t.Reset(w.interval)
+	}
+}
