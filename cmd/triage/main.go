@@ -3,6 +3,7 @@
 //
 //	triage demo [flags]              run the loopback demo stack (see internal/demo)
 //	triage sim subsetting [flags]    connections per backend under a subsetting algorithm
+//	triage quota-server [flags]      the global quota service
 package main
 
 import (
@@ -29,7 +30,12 @@ Usage:
                          connections per backend under deterministic, random or
                          ringsteady subsetting (Figures 20-3 to 20-5), and churn
 
-Run 'triage demo -h' or 'triage sim subsetting -h' for the flags.
+  triage quota-server -config FILE [-listen ADDR] [flags]
+                         the quota service: tasks report per-customer CPU usage
+                         and lease their share of each customer's limit
+
+Run 'triage demo -h', 'triage sim subsetting -h' or 'triage quota-server -h'
+for the flags.
 `
 
 func main() {
@@ -48,6 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runDemo(ctx, args[1:], stdout, stderr)
 	case "sim":
 		return runSim(args[1:], stdout, stderr)
+	case "quota-server":
+		return runQuotaServer(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

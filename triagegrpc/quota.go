@@ -1,0 +1,264 @@
+package triagegrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/triagegrpc/quotapb"
+)
+
+// QuotaService serves the quota service's protocol (quotapb.Quota) over a
+// quota.Allocator: `triage quota-server` is this plus a listener and a
+// policy file. A malformed report is refused with INVALID_ARGUMENT naming
+// the problem; a task beyond the Allocator's bound with
+// RESOURCE_EXHAUSTED.
+type QuotaService struct {
+	quotapb.UnimplementedQuotaServer
+	alloc *quota.Allocator
+}
+
+// NewQuotaService returns the service; register it with
+// quotapb.RegisterQuotaServer.
+func NewQuotaService(a *quota.Allocator) *QuotaService { return &QuotaService{alloc: a} }
+
+// Refresh implements quotapb.QuotaServer.
+func (s *QuotaService) Refresh(_ context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
+	r, err := reportFromProto(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	ls, err := s.alloc.Refresh(r)
+	switch {
+	case errors.Is(err, quota.ErrTooManyTasks):
+		return nil, status.Error(codes.ResourceExhausted, err.Error())
+	case err != nil:
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return leaseToProto(ls), nil
+}
+
+// reportFromProto decodes and validates a task's report.
+func reportFromProto(req *quotapb.RefreshRequest) (quota.Report, error) {
+	if req == nil {
+		return quota.Report{}, errors.New("quota: empty request")
+	}
+	if len(req.GetCustomers()) > quota.MaxReportCustomers {
+		return quota.Report{}, fmt.Errorf("quota: report has %d customers, at most %d", len(req.GetCustomers()), quota.MaxReportCustomers)
+	}
+	r := quota.Report{Task: req.GetTask(), Customers: make([]quota.CustomerUsage, 0, len(req.GetCustomers()))}
+	for _, c := range req.GetCustomers() {
+		if len(c.GetUsed()) > criticality.NumLevels {
+			return quota.Report{}, fmt.Errorf("quota: customer %.64q: %d usage values, at most %d", c.GetCustomer(), len(c.GetUsed()), criticality.NumLevels)
+		}
+		cu := quota.CustomerUsage{Customer: c.GetCustomer(), Demand: c.GetDemand(), Share: c.GetShare()}
+		copy(cu.Used[:], c.GetUsed())
+		r.Customers = append(r.Customers, cu)
+	}
+	return r, r.Validate()
+}
+
+func reportToProto(r quota.Report) *quotapb.RefreshRequest {
+	req := &quotapb.RefreshRequest{Task: r.Task, Customers: make([]*quotapb.CustomerUsage, 0, len(r.Customers))}
+	for _, c := range r.Customers {
+		req.Customers = append(req.Customers, &quotapb.CustomerUsage{Customer: c.Customer, Used: c.Used[:], Demand: c.Demand, Share: c.Share})
+	}
+	return req
+}
+
+func grantToProto(g quota.Grant) *quotapb.Grant {
+	return &quotapb.Grant{Customer: g.Customer, Cpu: g.CPU, ByCriticality: g.ByCriticality[:], Hard: g.Hard, Share: g.Share}
+}
+
+func leaseToProto(ls quota.Lease) *quotapb.RefreshResponse {
+	resp := &quotapb.RefreshResponse{
+		Default: grantToProto(ls.Default), LeaseMs: ls.Duration.Milliseconds(), RefreshMs: ls.Refresh.Milliseconds(),
+		Fallback: string(ls.Fallback), Tasks: int32(ls.Tasks), Grants: make([]*quotapb.Grant, 0, len(ls.Grants)),
+	}
+	for _, g := range ls.Grants {
+		resp.Grants = append(resp.Grants, grantToProto(g))
+	}
+	return resp
+}
+
+func grantFromProto(g *quotapb.Grant) (quota.Grant, error) {
+	if g == nil {
+		return quota.Grant{}, errors.New("quota: missing grant")
+	}
+	if len(g.GetByCriticality()) > criticality.NumLevels {
+		return quota.Grant{}, errors.New("quota: grant has too many criticality limits")
+	}
+	out := quota.Grant{Customer: g.GetCustomer(), CPU: g.GetCpu(), Hard: g.GetHard(), Share: g.GetShare()}
+	copy(out.ByCriticality[:], g.GetByCriticality())
+	return out, nil
+}
+
+// leaseFromProto decodes and validates a lease.
+func leaseFromProto(resp *quotapb.RefreshResponse) (quota.Lease, error) {
+	const maxMs = int64(24 * time.Hour / time.Millisecond)
+	if resp.GetLeaseMs() <= 0 || resp.GetLeaseMs() > maxMs || resp.GetRefreshMs() <= 0 || resp.GetRefreshMs() > maxMs {
+		return quota.Lease{}, errors.New("quota: lease duration or refresh out of range")
+	}
+	if len(resp.GetGrants()) > quota.MaxReportCustomers {
+		return quota.Lease{}, errors.New("quota: lease has too many grants")
+	}
+	def, err := grantFromProto(resp.GetDefault())
+	if err != nil {
+		return quota.Lease{}, err
+	}
+	ls := quota.Lease{
+		Default: def, Duration: time.Duration(resp.GetLeaseMs()) * time.Millisecond,
+		Refresh:  time.Duration(resp.GetRefreshMs()) * time.Millisecond,
+		Fallback: quota.Fallback(resp.GetFallback()), Tasks: int(resp.GetTasks()),
+		Grants: make([]quota.Grant, 0, len(resp.GetGrants())),
+	}
+	for _, g := range resp.GetGrants() {
+		gg, err := grantFromProto(g)
+		if err != nil {
+			return quota.Lease{}, err
+		}
+		ls.Grants = append(ls.Grants, gg)
+	}
+	return ls, ls.Validate()
+}
+
+// QuotaClient keeps one task's lease from the quota service fresh: every
+// refresh interval (the service's, ±25% jitter) it reports the task's
+// Usage and installs the lease it gets into a quota.Leased. When the
+// service cannot be reached it retries with jittered exponential backoff,
+// from a tenth of the refresh interval up to the interval itself (±50%),
+// so tasks never come back in lockstep; meanwhile the Leased keeps the
+// last lease until it expires, then applies the fallback. The first
+// report goes out after a random delay of up to a quarter of the interval.
+//
+// Run is the only goroutine, and it stops when its context is done.
+type QuotaClient struct {
+	client  quotapb.QuotaClient
+	task    string
+	usage   *quota.Usage
+	leased  *quota.Leased
+	clock   clock.Clock
+	random  func() float64
+	refresh time.Duration // until a lease says otherwise
+
+	ok, failed atomic.Uint64
+}
+
+// QuotaClientOption configures a QuotaClient.
+type QuotaClientOption func(*QuotaClient)
+
+// WithQuotaRefresh sets the refresh interval used until the first lease
+// names one. Default 5 s.
+func WithQuotaRefresh(d time.Duration) QuotaClientOption {
+	return func(c *QuotaClient) { c.refresh = d }
+}
+
+// WithQuotaClock sets the clock of the client's timers. Default
+// clock.Real().
+func WithQuotaClock(clk clock.Clock) QuotaClientOption { return func(c *QuotaClient) { c.clock = clk } }
+
+// WithQuotaRandom sets the jitter source, uniform in [0, 1). Default
+// math/rand/v2.
+func WithQuotaRandom(f func() float64) QuotaClientOption {
+	return func(c *QuotaClient) { c.random = f }
+}
+
+// NewQuotaClient returns a client for task (its id among the service's
+// tasks, a valid customer-style name) that reports u and fills l, over cc
+// (see QuotaDialOptions).
+func NewQuotaClient(cc grpc.ClientConnInterface, task string, u *quota.Usage, l *quota.Leased, opts ...QuotaClientOption) (*QuotaClient, error) {
+	if err := quota.ValidName(task); err != nil {
+		return nil, fmt.Errorf("triagegrpc: quota task id: %v", err)
+	}
+	if cc == nil || u == nil || l == nil {
+		return nil, errors.New("triagegrpc: a QuotaClient needs a connection, a Usage and a Leased")
+	}
+	c := &QuotaClient{client: quotapb.NewQuotaClient(cc), task: task, usage: u, leased: l, random: rand.Float64, refresh: 5 * time.Second}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.refresh <= 0 {
+		return nil, errors.New("triagegrpc: quota refresh must be positive")
+	}
+	c.clock = clock.OrReal(c.clock)
+	return c, nil
+}
+
+// QuotaDialOptions returns dial options suited to the quota service: the
+// channel reconnects at least every refresh/2 (grpc's default backoff
+// grows to two minutes, far longer than a lease).
+func QuotaDialOptions(refresh time.Duration) []grpc.DialOption {
+	bc := backoff.DefaultConfig
+	bc.BaseDelay = min(bc.BaseDelay, refresh/10)
+	bc.MaxDelay = max(refresh/2, time.Millisecond)
+	return []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: max(refresh/2, 100*time.Millisecond)})}
+}
+
+// Refreshes returns how many refreshes succeeded and failed.
+func (c *QuotaClient) Refreshes() (ok, failed uint64) { return c.ok.Load(), c.failed.Load() }
+
+// RefreshOnce reports the usage and installs the lease received.
+func (c *QuotaClient) RefreshOnce(ctx context.Context) error {
+	snap := c.usage.Snapshot()
+	for i := range snap {
+		snap[i].Share = c.leased.Share(snap[i].Customer)
+	}
+	req := reportToProto(quota.Report{Task: c.task, Customers: snap})
+	resp, err := c.client.Refresh(ctx, req, grpc.WaitForReady(true))
+	if err != nil {
+		c.failed.Add(1)
+		return err
+	}
+	ls, err := leaseFromProto(resp)
+	if err == nil {
+		err = c.leased.Set(ls)
+	}
+	if err != nil {
+		c.failed.Add(1)
+		return fmt.Errorf("triagegrpc: lease refused: %w", err)
+	}
+	c.ok.Add(1)
+	return nil
+}
+
+// Run refreshes the lease until ctx is done, and returns ctx's error.
+func (c *QuotaClient) Run(ctx context.Context) error {
+	t := c.clock.NewTimer(time.Duration(c.random() * float64(min(c.refresh/4, time.Second))))
+	defer t.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C():
+		}
+		refresh := c.refresh
+		if ls, ok := c.leased.Current(); ok {
+			refresh = ls.Refresh
+		}
+		actx, cancel := context.WithTimeout(ctx, max(refresh/2, 50*time.Millisecond))
+		err := c.RefreshOnce(actx)
+		cancel()
+		var wait time.Duration
+		if err == nil {
+			failures = 0
+			wait = time.Duration(float64(refresh) * (0.75 + 0.5*c.random()))
+		} else {
+			failures = min(failures+1, 16)
+			step := min(refresh, refresh/10<<failures)
+			wait = time.Duration(float64(step) * (0.5 + c.random()))
+		}
+		t.Reset(max(wait, time.Millisecond))
+	}
+}
