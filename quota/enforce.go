@@ -25,8 +25,10 @@ type Limits interface {
 // on this task: SRE book ch. 21, "Per-Customer Limits", and the CRE post's
 // soft and hard quotas.
 //
-//   - A hard limit is never exceeded: a customer whose usage has reached
-//     it is refused whatever the load.
+//   - A hard limit is never exceeded: a customer whose usage over the
+//     last window (Usage.WindowFrom, default 4 s) has reached it is
+//     refused whatever the load, so over any window it uses at most its
+//     limit times the window, plus what it has in flight at that moment.
 //   - A soft limit (the default) is enforced only while the task is
 //     overloaded (work conservation): with spare capacity an over-quota
 //     customer is served in full.
@@ -36,12 +38,11 @@ type Limits interface {
 //     4, then falls by 30% every interval (default 250 ms) the task is
 //     still overloaded, never below 1; it rises by 25% every interval the
 //     task is not, and is lifted altogether above 8. A request is refused
-//     with a probability rising from 0 when its customer's ratio is 2%
-//     above τ to 1 when it is 5% above (a sharp cut would make an
-//     over-quota customer's admissions come in bursts one usage window
-//     apart). So a customer within its quota (and 2% of noise) is never
-//     refused for quota, and one far over it converges to a few percent
-//     above its limit.
+//     with a probability rising from 0 when its customer's ratio is 1%
+//     above τ to 1 when it is 2% above (so an over-quota customer's
+//     admissions thin out smoothly instead of all or nothing). So a customer within its quota (and 1% of noise) is never
+//     refused for quota, and one far over it converges to 1-2% above its
+//     limit (more by the requests in flight, which are charged when done).
 //   - Within a customer, higher criticality has the first claim on the
 //     quota: a request of level l is measured by the usage of l and every
 //     level above it (Usage.From), so a level is refused only once every
@@ -204,17 +205,17 @@ func (e *Enforcer) Admit(customer string, l criticality.Level) error {
 	if !hard && !overloaded {
 		return nil // work conservation
 	}
-	used := e.usage.From(customer, l)
 	if hard {
-		if used >= limit {
+		if e.usage.WindowFrom(customer, l) >= limit {
 			return e.refuse(customer, l)
 		}
 		return nil
 	}
+	used := e.usage.From(customer, l)
 	if limit <= 0 {
 		return e.refuse(customer, l)
 	}
-	over := (used/(limit*e.Threshold()) - 1.02) / 0.03
+	over := (used/(limit*e.Threshold()) - 1.01) / 0.01
 	if over > 0 && (over >= 1 || e.random() < over) {
 		return e.refuse(customer, l)
 	}

@@ -251,6 +251,24 @@ func (u *Usage) From(customer string, l criticality.Level) float64 {
 	return t
 }
 
+// WindowFrom is From over the sliding window: the CPU customer's requests
+// at level l and above used in the last window, divided by the window.
+// Hard limits are held against it, so that over any window a customer
+// uses at most its limit times the window (plus what is in flight when it
+// gets there).
+func (u *Usage) WindowFrom(customer string, l criticality.Level) float64 {
+	uo := u.lookup(customer)
+	if uo == nil || !l.Valid() {
+		return 0
+	}
+	r := u.levels(uo, int64(u.since()))
+	var t float64
+	for k := l; k < criticality.NumLevels; k++ {
+		t += r[k]
+	}
+	return t
+}
+
 // Total returns customer's usage over all levels over the window.
 func (u *Usage) Total(customer string) float64 {
 	var t float64

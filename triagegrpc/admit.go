@@ -2,7 +2,6 @@ package triagegrpc
 
 import (
 	"context"
-	"sync"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cost"
@@ -26,13 +25,7 @@ type admitted struct {
 	ticket         admission.Ticket
 	meter          *cost.Meter  // nil without quotas
 	usage          *quota.Usage // with meter
-
-	// The cost measurement: outgoing calls (from any goroutine of the
-	// handler) mark the request as waiting while at least one is open.
-	mu    sync.Mutex
-	waits int32
-	ended bool
-	req   cost.Request
+	cost           cost.Tracker // outgoing calls mark waits on it
 }
 
 type admittedKey struct{}
@@ -47,6 +40,11 @@ func (n *admitted) Value(key any) any {
 		return n.customer
 	case admittedKey:
 		return n
+	case reqctx.CostKey:
+		if n.meter != nil {
+			return &n.cost
+		}
+		return nil
 	}
 	return n.Context.Value(key)
 }
@@ -83,7 +81,7 @@ func (n *admitted) start(ctx context.Context) error {
 		}
 	}
 	if n.meter != nil {
-		n.meter.Begin(&n.req)
+		n.cost.Start(n.meter)
 	}
 	return nil
 }
@@ -95,39 +93,6 @@ func (n *admitted) finish() {
 		n.ctl.Done(&n.ticket)
 	}
 	if n.meter != nil {
-		n.mu.Lock()
-		n.ended = true
-		c := n.meter.End(&n.req)
-		n.mu.Unlock()
-		n.usage.Add(n.customer, criticality.Level(n.level), c)
+		n.usage.Add(n.customer, criticality.Level(n.level), n.cost.Stop())
 	}
-}
-
-// block marks the request as waiting on an outgoing call (n may be nil).
-func (n *admitted) block() {
-	if n == nil || n.meter == nil {
-		return
-	}
-	n.mu.Lock()
-	if !n.ended {
-		if n.waits == 0 {
-			n.meter.Block(&n.req)
-		}
-		n.waits++
-	}
-	n.mu.Unlock()
-}
-
-// unblock ends a wait begun by block.
-func (n *admitted) unblock() {
-	if n == nil || n.meter == nil {
-		return
-	}
-	n.mu.Lock()
-	if !n.ended && n.waits > 0 {
-		if n.waits--; n.waits == 0 {
-			n.meter.Unblock(&n.req)
-		}
-	}
-	n.mu.Unlock()
 }

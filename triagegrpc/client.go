@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
@@ -121,9 +122,9 @@ func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.str
 func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx = dropForwarded(ctx)
-		n := admittedOf(ctx) // the handler's request, if any: it waits meanwhile
-		n.block()
-		defer n.unblock()
+		t := cost.TrackerFrom(ctx) // the handler's request, if any, waits meanwhile
+		t.Wait()
+		defer t.Resume()
 		if c.policy == nil {
 			return fromWire(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
 		}

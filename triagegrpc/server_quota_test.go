@@ -105,8 +105,10 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 	if refused["capped"] == 0 || refused["burner"] != 0 || refused["waiter"] != 0 {
 		t.Errorf("refused %v: want only the capped customer", refused)
 	}
-	if got := u.Total("capped"); got > 0.05*1.2 {
-		t.Errorf("hard limit 0.05: capped used %.3f", got)
+	// Never over the hard limit over the 4 s window, but for the one
+	// request in flight when it got there (about 2 ms of CPU).
+	if got := u.Total("capped"); got > 0.05+0.006/4 {
+		t.Errorf("hard limit 0.05: capped used %.4f", got)
 	}
 	if snap["capped"].Refused == 0 || snap["capped"].Demand <= u.Total("capped") {
 		t.Errorf("capped snapshot %+v: refusals not counted in its demand", snap["capped"])

@@ -30,6 +30,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
@@ -59,6 +60,8 @@ type config struct {
 	group      func(*http.Request) string
 	admission  *admission.Controller
 	customerID bool
+	quota      *quota.Enforcer
+	meter      *cost.Meter
 }
 
 type optionFunc func(*config)
@@ -98,6 +101,18 @@ func WithAdmission(ctl *admission.Controller) Option {
 	return optionFunc(func(c *config) { c.admission = ctl })
 }
 
+// WithQuota installs per-customer quotas: before admission control, the
+// request's customer (quota.CustomerOf) must be within its quota on this
+// task (quota.Enforcer.Admit), else it is answered 429 with
+// Triage-Outcome: out-of-quota and Retry-After: 1, and never reaches the
+// handler; the handler's CPU is measured with m (package cost) and charged
+// to the customer in e's Usage. Calls the handler makes through a
+// Transport, or through triage's gRPC client, are marked as waits
+// (cost.TrackerFrom). Default: none.
+func WithQuota(e *quota.Enforcer, m *cost.Meter) Option {
+	return optionFunc(func(c *config) { c.quota, c.meter = e, m })
+}
+
 // Middleware returns the edge middleware. For every request it decides
 // whether the peer is trusted, strips triage headers of untrusted peers,
 // assigns criticality by the classifier's rules, and puts the criticality
@@ -116,7 +131,10 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 		}
 		c.classifier = cl
 	}
-	if c.admission == nil {
+	if (c.quota == nil) != (c.meter == nil) {
+		return nil, errors.New("triagehttp: WithQuota needs both an Enforcer and a cost Meter")
+	}
+	if c.admission == nil && c.quota == nil {
 		return func(next http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				r, _ = c.classify(r)
@@ -128,18 +146,33 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			r, d := c.classify(r)
 			ctx := r.Context()
-			deadline, _ := ctx.Deadline()
-			var tk admission.Ticket
-			err := c.admission.Arrive(&tk, d.Level, attempt.Incoming(ctx), deadline)
-			if err == nil {
-				defer c.admission.Done(&tk)
-				err = c.admission.Start(ctx, &tk)
-			}
-			if err != nil {
-				if !WriteError(w, err) {
-					w.WriteHeader(http.StatusServiceUnavailable) // the caller went away while waiting
+			customer := quota.CustomerOf(ctx)
+			if c.quota != nil {
+				if err := c.quota.Admit(customer, d.Level); err != nil {
+					WriteError(w, err)
+					return
 				}
-				return
+			}
+			if c.admission != nil {
+				deadline, _ := ctx.Deadline()
+				var tk admission.Ticket
+				err := c.admission.Arrive(&tk, d.Level, attempt.Incoming(ctx), deadline)
+				if err == nil {
+					defer c.admission.Done(&tk)
+					err = c.admission.Start(ctx, &tk)
+				}
+				if err != nil {
+					if !WriteError(w, err) {
+						w.WriteHeader(http.StatusServiceUnavailable) // the caller went away while waiting
+					}
+					return
+				}
+			}
+			if c.quota != nil {
+				t := new(cost.Tracker)
+				t.Start(c.meter)
+				r = r.WithContext(cost.NewContext(ctx, t))
+				defer func() { c.quota.Usage().Add(customer, d.Level, t.Stop()) }()
 			}
 			next.ServeHTTP(w, r)
 		})
@@ -250,6 +283,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
+	tr := cost.TrackerFrom(r.Context()) // the handler's request, if any, waits meanwhile
+	tr.Wait()
+	defer tr.Resume()
 	if t.Policy == nil {
 		return base.RoundTrip(withHeaders(r, r.Context()))
 	}
@@ -298,7 +334,8 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return nil, err
 }
 
-// withHeaders clones r for ctx with the triage headers of ctx.
+// withHeaders clones r for ctx with the triage headers of ctx
+// (criticality, attempt, and the customer when there is one).
 func withHeaders(r *http.Request, ctx context.Context) *http.Request {
 	out := r.Clone(ctx)
 	for k := range out.Header {
@@ -308,6 +345,9 @@ func withHeaders(r *http.Request, ctx context.Context) *http.Request {
 	}
 	out.Header[criticalityHeader] = []string{criticality.Of(ctx).String()}
 	out.Header[attemptHeader] = []string{attempt.Format(attempt.Outgoing(ctx))}
+	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
+		out.Header[customerHeader] = []string{cu}
+	}
 	return out
 }
 

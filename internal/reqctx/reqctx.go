@@ -19,6 +19,10 @@ type IncomingAttemptKey struct{}
 // value is a string ("" when unknown).
 type CustomerKey struct{}
 
+// CostKey is the context key of the request's cost measurement; its value
+// is a *cost.Tracker.
+type CostKey struct{}
+
 type node struct {
 	context.Context
 	level    uint8

@@ -1,0 +1,84 @@
+package cost
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/triagehq/triage/internal/reqctx"
+)
+
+// Tracker follows one request's cost when more than one goroutine may
+// touch it: the handler starts and stops it, and every outgoing call the
+// handler makes (from any goroutine) marks the request as waiting while at
+// least one is open (Wait/Resume). The server adapters keep one in the
+// request's context (TrackerFrom), and triage's gRPC client interceptor
+// and HTTP Transport mark their calls as waits, so a request is not
+// charged for the time its downstreams take. A nil *Tracker does nothing.
+type Tracker struct {
+	mu    sync.Mutex
+	meter *Meter
+	req   Request
+	waits int32
+	on    bool
+}
+
+// Start begins measuring with m.
+func (t *Tracker) Start(m *Meter) {
+	t.mu.Lock()
+	t.meter, t.waits, t.on = m, 0, true
+	m.Begin(&t.req)
+	t.mu.Unlock()
+}
+
+// Wait marks the start of an outgoing call.
+func (t *Tracker) Wait() {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	if t.on {
+		if t.waits == 0 {
+			t.meter.Block(&t.req)
+		}
+		t.waits++
+	}
+	t.mu.Unlock()
+}
+
+// Resume marks the end of an outgoing call begun with Wait.
+func (t *Tracker) Resume() {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	if t.on && t.waits > 0 {
+		if t.waits--; t.waits == 0 {
+			t.meter.Unblock(&t.req)
+		}
+	}
+	t.mu.Unlock()
+}
+
+// Stop ends the measurement and returns the request's cost; later Waits
+// and Resumes do nothing.
+func (t *Tracker) Stop() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.on {
+		return 0
+	}
+	t.on = false
+	return t.meter.End(&t.req)
+}
+
+// NewContext returns a child of ctx carrying t.
+func NewContext(ctx context.Context, t *Tracker) context.Context {
+	return context.WithValue(ctx, reqctx.CostKey{}, t)
+}
+
+// TrackerFrom returns the request's Tracker, or nil.
+func TrackerFrom(ctx context.Context) *Tracker {
+	t, _ := ctx.Value(reqctx.CostKey{}).(*Tracker)
+	return t
+}
