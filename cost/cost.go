@@ -10,8 +10,10 @@
 //
 // A request is active from Begin to End except while it is blocked on
 // something other than the CPU, as marked with Block/Unblock: its outgoing
-// RPCs, I/O, a lock held elsewhere. (The server adapters do not mark
-// outgoing calls yet; the quota enforcement will.) The Meter samples the process's CPU time
+// RPCs, I/O, a lock held elsewhere. (With quotas, the server adapters keep
+// a Tracker in the request's context, and triage's gRPC client
+// interceptor and HTTP Transport mark each outgoing call as a wait on it.)
+// The Meter samples the process's CPU time
 // (getrusage) and the total active time of all requests over a sliding
 // window (default 1 s of 20 buckets), and their ratio is the CPU a request
 // gets per second of being active: with two cores and ten active CPU-bound

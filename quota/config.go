@@ -9,7 +9,8 @@
 // or hostile push (blank or unknown names, NaN, negative or absurd limits)
 // is refused with an error naming the problem and the last good policy
 // stays (Google Cloud's June 2025 outage began with a bad policy push).
-// Enforcement and the global quota service build on it.
+// Enforcement (Enforcer, Usage), leases (Leased) and the quota service's
+// core (Allocator) build on it.
 package quota
 
 import (

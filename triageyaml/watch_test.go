@@ -1,10 +1,13 @@
 package triageyaml_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triageyaml"
@@ -62,5 +65,39 @@ func TestWatchQuotaReloadsAndRefusesBadPushes(t *testing.T) {
 	}
 	if _, err := triageyaml.WatchQuota(path, func(*quota.Policy) {}); err == nil {
 		t.Error("missing initial file accepted")
+	}
+}
+
+// Run re-reads the file every interval of its clock and stops with its
+// context.
+func TestWatchQuotaRun(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "quota.yaml")
+	os.WriteFile(path, []byte("customers: {ads: {cpu: 2}}\n"), 0o600)
+	clk := clock.NewFake(time.Unix(0, 0))
+	applied := make(chan float64, 4)
+	w, err := triageyaml.WatchQuota(path, func(p *quota.Policy) {
+		v, _ := p.Limit("ads", criticality.Critical)
+		applied <- v
+	}, triageyaml.WithWatchClock(clk), triageyaml.WithWatchInterval(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-applied // the initial load
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, nil) }()
+	os.WriteFile(path, []byte("customers: {ads: {cpu: 5}}\n"), 0o600)
+	stop := make(chan struct{})
+	defer close(stop)
+	if !clk.BlockUntil(1, stop) {
+		t.Fatal("Run set no timer")
+	}
+	clk.Advance(time.Second)
+	if v := <-applied; v != 5 {
+		t.Errorf("reloaded limit %v, want 5", v)
+	}
+	cancel()
+	if err := <-done; err != context.Canceled {
+		t.Errorf("Run returned %v", err)
 	}
 }
