@@ -16,9 +16,11 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
@@ -198,10 +200,12 @@ func BenchmarkClientChainOverhead(b *testing.B) {
 
 // BenchmarkServerStack measures what the server side adds to an empty
 // loopback unary call: the same plain client calls a bare server, a server
-// with triage's tap handle and interceptors, and one with admission control
-// too. Compare allocs/op and B/op between the sub-benchmarks.
+// with triage's tap handle and interceptors, one with admission control
+// too, and one with quotas (a customer within its quota on a task that is
+// not overloaded: the enforcer's check, the CPU measurement and the usage
+// charge). Compare ns/op, allocs/op and B/op between the sub-benchmarks.
 func BenchmarkServerStack(b *testing.B) {
-	for _, variant := range []string{"bare", "triage", "triage+admission"} {
+	for _, variant := range []string{"bare", "triage", "triage+admission", "triage+quota"} {
 		b.Run(variant, func(b *testing.B) {
 			var sopts []grpc.ServerOption
 			if variant != "bare" {
@@ -212,6 +216,16 @@ func BenchmarkServerStack(b *testing.B) {
 						b.Fatal(err)
 					}
 					opts = append(opts, triagegrpc.WithAdmission(ctl))
+				}
+				if variant == "triage+quota" {
+					p, _ := quota.New(quota.Config{Default: quota.Limit{CPU: 1}})
+					u, _ := quota.NewUsage()
+					e, _ := quota.NewEnforcer(p, u, quota.WithCapacity(64))
+					m, err := cost.New()
+					if err != nil {
+						b.Fatal(err)
+					}
+					opts = append(opts, triagegrpc.WithQuota(e, m))
 				}
 				srv, err := triagegrpc.NewServer(opts...)
 				if err != nil {
