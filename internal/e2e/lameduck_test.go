@@ -75,13 +75,7 @@ func TestBackendProcess(t *testing.T) {
 		inflight.Add(-1)
 		return nil
 	}})
-	var lis net.Listener
-	for i := 0; ; i++ { // the previous process may still hold the port for a moment
-		if lis, err = net.Listen("tcp", addr); err == nil || i == 200 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	lis, err := listenRetry(addr) // the previous process may still hold the port for a moment
 	if err != nil {
 		t.Fatal(err)
 	}
