@@ -38,11 +38,12 @@ type Limits interface {
 //     4, then falls by 30% every interval (default 250 ms) the task is
 //     still overloaded, never below 1; it rises by 25% every interval the
 //     task is not, and is lifted altogether above 8. A request is refused
-//     with a probability rising from 0 when its customer's ratio is 1%
-//     above τ to 1 when it is 2% above (so an over-quota customer's
-//     admissions thin out smoothly instead of all or nothing). So a customer within its quota (and 1% of noise) is never
-//     refused for quota, and one far over it converges to 1-2% above its
-//     limit (more by the requests in flight, which are charged when done).
+//     with a probability rising from 0 when its customer's ratio reaches
+//     τ to 1 when it is 1% above (so an over-quota customer's admissions
+//     thin out smoothly instead of all or nothing). So a customer within
+//     its quota is never refused for quota (one exactly at it may be,
+//     rarely, by measurement noise), and one far over it converges to
+//     about 1% above its limit.
 //   - Within a customer, higher criticality has the first claim on the
 //     quota: a request of level l is measured by the usage of l and every
 //     level above it (Usage.From), so a level is refused only once every
@@ -215,7 +216,7 @@ func (e *Enforcer) Admit(customer string, l criticality.Level) error {
 	if limit <= 0 {
 		return e.refuse(customer, l)
 	}
-	over := (used/(limit*e.Threshold()) - 1.01) / 0.01
+	over := (used/(limit*e.Threshold()) - 1) / 0.01
 	if over > 0 && (over >= 1 || e.random() < over) {
 		return e.refuse(customer, l)
 	}
