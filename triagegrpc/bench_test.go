@@ -2,6 +2,7 @@ package triagegrpc_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"net"
 	"testing"
 	"time"
@@ -300,3 +301,64 @@ func BenchmarkRejectAtTap(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkQuotaOverhead: what quotas cost a server whose requests do
+// real work, the 1x class of the cost accuracy test (200 SHA-256 rounds,
+// about 17 µs): the same loopback server with triage's interceptors, and
+// with quotas too (the enforcer's check, the CPU measurement, the usage
+// charge). Client and server share the process; run with -cpu 1 and
+// compare the medians of repeats: quota/plain - 1 is the overhead.
+func BenchmarkQuotaOverhead(b *testing.B) {
+	burn := func() {
+		var h [32]byte
+		for range 200 {
+			h = sha256.Sum256(h[:])
+		}
+		benchSink = h[0]
+	}
+	for _, variant := range []string{"plain", "quota"} {
+		b.Run(variant, func(b *testing.B) {
+			opts := []triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}
+			if variant == "quota" {
+				p, _ := quota.New(quota.Config{Default: quota.Limit{CPU: 1}})
+				u, _ := quota.NewUsage()
+				e, _ := quota.NewEnforcer(p, u, quota.WithCapacity(64))
+				m, err := cost.New()
+				if err != nil {
+					b.Fatal(err)
+				}
+				opts = append(opts, triagegrpc.WithQuota(e, m))
+			}
+			srv, err := triagegrpc.NewServer(opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s := grpc.NewServer(srv.ServerOptions()...)
+			desc := emptyDesc
+			desc.ServiceName = "triage.bench.Burn"
+			desc.Methods = []grpc.MethodDesc{{
+				MethodName: "Call",
+				Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+					in := new(emptypb.Empty)
+					if err := dec(in); err != nil {
+						return nil, err
+					}
+					h := func(ctx context.Context, req any) (any, error) { burn(); return req, nil }
+					return icpt(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/triage.bench.Burn/Call"}, h)
+				},
+			}}
+			s.RegisterService(&desc, struct{}{})
+			cc := dialLoopback(b, serveLoopback(b, s))
+			ctx := quota.NewContext(context.Background(), "ads")
+			in, out := &emptypb.Empty{}, &emptypb.Empty{}
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := cc.Invoke(ctx, "/triage.bench.Burn/Call", in, out); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+var benchSink byte
