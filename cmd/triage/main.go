@@ -3,6 +3,7 @@
 //
 //	triage demo [flags]              run the loopback demo stack (see internal/demo)
 //	triage sim subsetting [flags]    connections per backend under a subsetting algorithm
+//	triage sim throttle|retry [flags] the book's throttling and retry experiments (package sim)
 //	triage quota-server [flags]      the global quota service
 package main
 
@@ -30,11 +31,15 @@ Usage:
                          connections per backend under deterministic, random or
                          ringsteady subsetting (Figures 20-3 to 20-5), and churn
 
+  triage sim throttle|retry [flags]
+                         the book's client-side throttling and retry experiments
+                         on virtual time, next to the book's numbers
+
   triage quota-server -config FILE [-listen ADDR] [flags]
                          the quota service: tasks report per-customer CPU usage
                          and lease their share of each customer's limit
 
-Run 'triage demo -h', 'triage sim subsetting -h' or 'triage quota-server -h'
+Run 'triage demo -h', 'triage sim SCENARIO -h' or 'triage quota-server -h'
 for the flags.
 `
 

@@ -9,24 +9,85 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/triagehq/triage/sim"
 	"github.com/triagehq/triage/subset"
 )
 
 const simUsage = `Usage:
   triage sim subsetting [flags]   connections per backend under a subsetting
                                   algorithm (SRE book Figures 20-3 to 20-5)
+  triage sim throttle [flags]     client-side throttling: backend rejections per
+                                  acceptance against K and demand, and recovery
+  triage sim retry [flags]        attempts per request with and without the retry
+                                  budget, and the attempts histogram (Figure 21-1)
 `
 
 func runSim(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "subsetting" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+	if len(args) > 0 {
+		switch args[0] {
+		case "subsetting":
+			return runSimSubsetting(args[1:], stdout, stderr)
+		case "throttle", "retry":
+			return runSimScenario(args[0], args[1:], stdout, stderr)
+		case "-h", "--help", "help":
 			fmt.Fprint(stdout, simUsage)
 			return 0
 		}
-		fmt.Fprint(stderr, simUsage)
+	}
+	fmt.Fprint(stderr, simUsage)
+	return 2
+}
+
+// runSimScenario runs one of package sim's scenarios and prints its
+// Result as a table or, with --json, as one JSON object.
+func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("triage sim "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	seed := fs.Uint64("seed", 1, "random seed (runs are reproducible)")
+	asJSON := fs.Bool("json", false, "print one JSON object: scenario, headlines (name, value, book), table")
+	var run func() (*sim.Result, error)
+	switch name {
+	case "throttle":
+		uncapped := fs.Bool("uncapped", false, "the book's formula without triage's 95% cap on local rejection")
+		run = func() (*sim.Result, error) { return sim.Throttle(sim.ThrottleConfig{Seed: *seed, Uncapped: *uncapped}) }
+	case "retry":
+		clients := fs.Int("clients", 100, "clients (1-10000)")
+		requests := fs.Int("requests", 1000, "requests per client (1-100000)")
+		backends := fs.Int("backends", 100, "backend tasks (1-10000)")
+		run = func() (*sim.Result, error) {
+			if *clients < 1 || *requests < 1 || *backends < 1 { // 0 would mean the default
+				return nil, errors.New("clients and backends in [1, 10000], requests in [1, 100000]")
+			}
+			return sim.Retry(sim.RetryConfig{Clients: *clients, Requests: *requests, Backends: *backends, Seed: *seed})
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	return runSimSubsetting(args[1:], stdout, stderr)
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "triage sim %s: unexpected argument %q\n", name, fs.Arg(0))
+		return 2
+	}
+	r, err := run()
+	if err != nil {
+		fmt.Fprintf(stderr, "triage sim %s: %v\n", name, err)
+		return 2
+	}
+	if *asJSON {
+		if err := json.NewEncoder(stdout).Encode(r); err != nil {
+			fmt.Fprintf(stderr, "triage sim %s: %v\n", name, err)
+			return 1
+		}
+		return 0
+	}
+	if err := r.WriteText(stdout); err != nil {
+		fmt.Fprintf(stderr, "triage sim %s: %v\n", name, err)
+		return 1
+	}
+	return 0
 }
 
 // subsettingResult is the JSON of 'triage sim subsetting --json'.

@@ -77,3 +77,44 @@ func TestSimSubsettingFigures(t *testing.T) {
 		t.Errorf("table: exit %d, %q %q", code, out.String(), errb.String())
 	}
 }
+
+// The scenario commands print the book's numbers, as a table or JSON, and
+// refuse bad flags.
+func TestSimScenarios(t *testing.T) {
+	for _, tt := range []struct {
+		args    []string
+		code    int
+		errText string
+	}{
+		{[]string{"sim", "retry", "--clients", "0"}, 2, "clients and backends in"},
+		{[]string{"sim", "retry", "extra"}, 2, "unexpected argument"},
+		{[]string{"sim", "throttle", "--seed", "x"}, 2, "invalid value"},
+	} {
+		var out, errb strings.Builder
+		if code := run(context.Background(), tt.args, &out, &errb); code != tt.code || !strings.Contains(errb.String(), tt.errText) {
+			t.Errorf("run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, errb.String(), tt.code, tt.errText)
+		}
+	}
+	var out, errb strings.Builder
+	if code := run(context.Background(), []string{"sim", "retry", "--json", "--clients", "20", "--requests", "200"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var r struct {
+		Scenario  string `json:"scenario"`
+		Headlines []struct {
+			Name  string   `json:"name"`
+			Value float64  `json:"value"`
+			Book  *float64 `json:"book"`
+		} `json:"headlines"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || r.Scenario != "retry" || len(r.Headlines) == 0 {
+		t.Fatalf("%v: %q", err, out.String())
+	}
+	if h := r.Headlines[0]; h.Book == nil || *h.Book != 3 || h.Value != 3 {
+		t.Errorf("first headline %+v, want 3 attempts per request, book 3", h)
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"sim", "retry", "--clients", "10", "--requests", "50"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "headline") {
+		t.Errorf("table: exit %d, %q", code, out.String())
+	}
+}
