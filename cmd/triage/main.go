@@ -3,7 +3,7 @@
 //
 //	triage demo [flags]              run the loopback demo stack (see internal/demo)
 //	triage sim subsetting [flags]    connections per backend under a subsetting algorithm
-//	triage sim throttle|retry [flags] the book's throttling and retry experiments (package sim)
+//	triage sim throttle|retry|stack   the book's throttling and retry experiments (package sim)
 //	triage quota-server [flags]      the global quota service
 package main
 
@@ -31,7 +31,7 @@ Usage:
                          connections per backend under deterministic, random or
                          ringsteady subsetting (Figures 20-3 to 20-5), and churn
 
-  triage sim throttle|retry [flags]
+  triage sim throttle|retry|stack [flags]
                          the book's client-side throttling and retry experiments
                          on virtual time, next to the book's numbers
 

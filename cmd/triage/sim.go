@@ -20,6 +20,8 @@ const simUsage = `Usage:
                                   acceptance against K and demand, and recovery
   triage sim retry [flags]        attempts per request with and without the retry
                                   budget, and the attempts histogram (Figure 21-1)
+  triage sim stack [flags]        attempts reaching an overloaded DB through the
+                                  stack of Figure 21-2, with and without triage's rule
 `
 
 func runSim(args []string, stdout, stderr io.Writer) int {
@@ -27,7 +29,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "subsetting":
 			return runSimSubsetting(args[1:], stdout, stderr)
-		case "throttle", "retry":
+		case "throttle", "retry", "stack":
 			return runSimScenario(args[0], args[1:], stdout, stderr)
 		case "-h", "--help", "help":
 			fmt.Fprint(stdout, simUsage)
@@ -59,6 +61,14 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 				return nil, errors.New("clients and backends in [1, 10000], requests in [1, 100000]")
 			}
 			return sim.Retry(sim.RetryConfig{Clients: *clients, Requests: *requests, Backends: *backends, Seed: *seed})
+		}
+	case "stack":
+		requests := fs.Int("requests", 10000, "user requests (1-1000000)")
+		run = func() (*sim.Result, error) {
+			if *requests < 1 {
+				return nil, errors.New("requests in [1, 1000000]")
+			}
+			return sim.Stack(sim.StackConfig{Requests: *requests, Seed: *seed})
 		}
 	}
 	if err := fs.Parse(args); err != nil {

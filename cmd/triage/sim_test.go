@@ -89,6 +89,7 @@ func TestSimScenarios(t *testing.T) {
 		{[]string{"sim", "retry", "--clients", "0"}, 2, "clients and backends in"},
 		{[]string{"sim", "retry", "extra"}, 2, "unexpected argument"},
 		{[]string{"sim", "throttle", "--seed", "x"}, 2, "invalid value"},
+		{[]string{"sim", "stack", "--requests", "0"}, 2, "requests in"},
 	} {
 		var out, errb strings.Builder
 		if code := run(context.Background(), tt.args, &out, &errb); code != tt.code || !strings.Contains(errb.String(), tt.errText) {
