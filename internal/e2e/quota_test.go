@@ -346,12 +346,14 @@ func TestQuotasOverLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes for 60 s")
 	}
-	if raceEnabled {
-		// Quotas are in CPU-seconds: under the race detector a request
-		// costs several times its CPU, unevenly, and the race detector's
-		// own background work is charged to requests. .ci/run runs this
-		// test in a step of its own without it.
-		t.Skip("measures CPU; runs without the race detector (see .ci/run)")
+	if os.Getenv("TRIAGE_MEASURE") == "" || raceEnabled {
+		// Quotas are in CPU-seconds, and this test judges them by CPU
+		// measured on a shared 2-core machine: like the cost accuracy
+		// test, it is a measurement that needs the machine to itself and
+		// no race detector (which multiplies every request's CPU,
+		// unevenly). On a busy machine the per-request estimates swing
+		// and so do the results.
+		t.Skip("a measurement on real CPU (60 s, needs the machine to itself, no -race): TRIAGE_MEASURE=1 go test -count=1 -run TestQuotasOverLoopback -v ./internal/e2e")
 	}
 	bin := buildTriage(t)
 	dir := t.TempDir()
