@@ -554,8 +554,11 @@ func TestQuotasOverLoopback(t *testing.T) {
 	// longer overloaded (their 4 s usage window).
 	sent, ok := sum(batch.sent, 50, seconds), sum(batch.ok, 50, seconds)
 	t.Logf("alone, 50-55 s: the abuser sent %d, served %d, refused %d", sent, ok, sum(batch.outOfQuota, 50, seconds))
-	if ok != sent {
-		t.Errorf("work conservation: with spare capacity the abuser got %d of %d", ok, sent)
+	// (Answers are counted when they arrive, sends when they are due, so
+	// the two may differ by one at the edge of a second: what matters is
+	// that none was refused.)
+	if refused := sum(batch.outOfQuota, 50, seconds) + sum(batch.other, 50, seconds); refused > 0 || ok < sent-2 {
+		t.Errorf("work conservation: with spare capacity the abuser got %d of %d, %d refused or failed", ok, sent, refused)
 	}
 
 	// What the tasks saw: the fallback once the lease ran out (not
