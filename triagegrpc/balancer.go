@@ -305,27 +305,41 @@ type picker struct{ core *balance.Balancer }
 var errFlowControl = status.Error(codes.Unavailable, "triage: every backend in the subset is at the client's flow-control cap")
 
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
-	e, err := p.core.Pick()
-	if errors.Is(err, balance.ErrFlowControl) {
-		// Every healthy backend has MaxActive of this client's requests:
-		// fail at once rather than leave the call blocked in the client
-		// until its deadline (the book's warning about this limit).
-		return balancer.PickResult{}, errFlowControl
+	// An endpoint's own picker can fail for a moment before its new state
+	// reaches this picker (a backend entering lame duck turns its health
+	// check NOT_SERVING): try up to two other endpoints before failing
+	// the call.
+	var (
+		r   balancer.PickResult
+		d   *endpointData
+		err error
+	)
+	for try := 0; try < 3; try++ {
+		e, perr := p.core.Pick()
+		if errors.Is(perr, balance.ErrFlowControl) {
+			// Every healthy backend has MaxActive of this client's
+			// requests: fail at once rather than leave the call blocked in
+			// the client until its deadline (the book's warning about this
+			// limit).
+			return balancer.PickResult{}, errFlowControl
+		}
+		if perr != nil {
+			// Every ready backend is in lame duck: the call waits for a
+			// new picker (grpc-go blocks on ErrNoSubConnAvailable until
+			// the state changes or the deadline).
+			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+		}
+		d, _ = e.Value().(*endpointData)
+		if d == nil || d.picker == nil {
+			e.Done(false)
+			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+		}
+		if r, err = d.picker.Pick(info); err == nil {
+			break
+		}
+		e.Done(false)
 	}
 	if err != nil {
-		// Every ready backend is in lame duck: the call waits for a new
-		// picker (grpc-go blocks on ErrNoSubConnAvailable until the
-		// state changes or the deadline).
-		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
-	}
-	d, _ := e.Value().(*endpointData)
-	if d == nil || d.picker == nil {
-		e.Done(false)
-		return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
-	}
-	r, err := d.picker.Pick(info)
-	if err != nil {
-		e.Done(false)
 		return r, err
 	}
 	if inner := r.Done; inner != nil {
