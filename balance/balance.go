@@ -15,7 +15,13 @@
 //     which isn't in lame duck state".
 //   - LeastLoaded: round robin among the eligible backends with the fewest
 //     active requests, counting recent errors as active requests so that a
-//     task failing fast does not sinkhole traffic.
+//     task failing fast does not sinkhole traffic. Among backends with the
+//     same count, the one whose latest load report shows the lowest
+//     utilization (in eighths) goes first: the book's caveat on
+//     least-loaded is that a client's own active requests say nothing of
+//     other clients' traffic or of the backend's capacity, and the
+//     backend's report says both. Without reports, it is the book's
+//     algorithm unchanged.
 //   - WeightedRoundRobin: round robin weighted by a capability score per
 //     backend, updated periodically from the backend's load reports
 //     (queries per second, errors per second and utilization, the fields
@@ -176,7 +182,7 @@ func WithErrorWindow(d time.Duration) Option {
 }
 
 // WithErrorWeight sets how many active requests one recent error counts as
-// under LeastLoaded. Default 1.
+// under LeastLoaded, 0 to MaxErrorWeight. Default 1.
 func WithErrorWeight(n int) Option { return optionFunc(func(c *config) { c.errorWeight = int64(n) }) }
 
 // WithWeightPeriod sets how often WeightedRoundRobin recomputes the
@@ -245,8 +251,10 @@ func New(opts ...Option) (*Balancer, error) {
 		return nil, fmt.Errorf("balance: negative MaxActive %d", c.maxActive)
 	case c.errorWindow <= 0, c.period <= 0, c.expiry <= 0:
 		return nil, errors.New("balance: error window, weight period and expiry must be positive")
-	case c.blackout < 0, c.errorWeight < 0:
-		return nil, errors.New("balance: negative blackout or error weight")
+	case c.blackout < 0:
+		return nil, errors.New("balance: negative blackout")
+	case c.errorWeight < 0 || c.errorWeight > MaxErrorWeight:
+		return nil, fmt.Errorf("balance: error weight %d out of range [0, %d]", c.errorWeight, MaxErrorWeight)
 	case !(c.errorPenalty >= 0) || math.IsInf(c.errorPenalty, 0):
 		return nil, fmt.Errorf("balance: error penalty %v out of range", c.errorPenalty)
 	}
@@ -395,13 +403,14 @@ func (b *Balancer) leastLoaded(s *endpointSet) *Endpoint {
 		maxActive = math.MaxUint64
 	}
 	// Two passes, from start to the end and from 0 to start, so that the
-	// loops need no wrap-around. The key is the load with the not-healthy
-	// bit above it: one shift and one comparison per endpoint; the
-	// flow-control cap is checked only for a new minimum.
+	// loops need no wrap-around. The key is the load, then the reported
+	// utilization, with the not-healthy bit above them: one shift and one
+	// comparison per endpoint; the flow-control cap is checked only for a
+	// new minimum.
 	best, bestKey := -1, uint64(1)<<31 // keys of ineligible endpoints are at least 1<<31
 	for k, p := range ws[start:] {
-		if w := p.Load(); w>>loadShift < bestKey && w&activeMask < maxActive {
-			best, bestKey = start+k, w>>loadShift
+		if w := p.Load(); w>>keyShift < bestKey && w&activeMask < maxActive {
+			best, bestKey = start+k, w>>keyShift
 			if bestKey == 0 {
 				break
 			}
@@ -409,8 +418,8 @@ func (b *Balancer) leastLoaded(s *endpointSet) *Endpoint {
 	}
 	if bestKey != 0 {
 		for k, p := range ws[:start] {
-			if w := p.Load(); w>>loadShift < bestKey && w&activeMask < maxActive {
-				best, bestKey = k, w>>loadShift
+			if w := p.Load(); w>>keyShift < bestKey && w&activeMask < maxActive {
+				best, bestKey = k, w>>keyShift
 				if bestKey == 0 {
 					break
 				}
@@ -438,10 +447,11 @@ type packed struct {
 // Endpoint is one backend of the subset.
 type Endpoint struct {
 	// w packs what a pick reads, so that a pick loads one word per
-	// endpoint: active requests (bits 0-31); the least-loaded key, active
-	// requests plus weighted recent errors (bits 32-62); and a bit set
-	// while the endpoint is not Healthy (bit 63). It sits in a block
-	// shared with the endpoints added with it.
+	// endpoint: active requests (bits 0-31); the least-loaded key (bits
+	// 32-62): the reported utilization in eighths, 0 to 7 (bits 32-34),
+	// under the load, active requests plus weighted recent errors (bits
+	// 35-62); and a bit set while the endpoint is not Healthy (bit 63). It
+	// sits in a block shared with the endpoints added with it.
 	w     *packed
 	state atomic.Uint32
 	errs  atomic.Uint32 // recent errors, halved every error window
@@ -469,10 +479,16 @@ func (e *Endpoint) ID() string { return e.id }
 
 const (
 	activeMask = 1<<32 - 1
-	loadShift  = 32
-	oneActive  = 1<<loadShift | 1 // a request: one active, one in the key
+	keyShift   = 32               // the least-loaded key: utilization, then load
+	utilMask   = 7 << keyShift    // the reported utilization in eighths
+	loadShift  = keyShift + 3     // active requests plus weighted errors
+	oneActive  = 1<<loadShift | 1 // a request: one active, one in the load
 	notHealthy = 1 << 63
-	maxErrors  = 1 << 24 // recent errors saturate here
+	maxErrors  = 1 << 20 // recent errors saturate here
+
+	// MaxErrorWeight bounds WithErrorWeight, so that saturated errors
+	// (2^20 x 64) leave the load field (28 bits) room for active requests.
+	MaxErrorWeight = 64
 )
 
 // State returns the endpoint's state.
@@ -580,10 +596,24 @@ func (e *Endpoint) Report(l Load) {
 	}
 	e.lastReport = now
 	e.mu.Unlock()
+	e.setUtilization(l.Utilization)
 	// A quiet client (fewer than 64 picks a period) still recomputes its
 	// weights on time: reports read the clock anyway.
 	if b := e.b; b.cfg.policy == WeightedRoundRobin && now >= b.nextUpdate.Load() {
 		b.updateWeights(now)
+	}
+}
+
+// setUtilization puts the reported utilization, in eighths (0 to 7; 1 and
+// above is 7), in the least-loaded key, where it breaks ties between
+// endpoints with equal load.
+func (e *Endpoint) setUtilization(u float64) {
+	bits := uint64(min(7, u*8)) << keyShift // u is finite and >= 0 (Report checks)
+	for {
+		w := e.w.Load()
+		if w&utilMask == bits || e.w.CompareAndSwap(w, w&^utilMask|bits) {
+			return
+		}
 	}
 }
 

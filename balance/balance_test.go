@@ -113,6 +113,39 @@ func TestLeastLoadedBookExample(t *testing.T) {
 	}
 }
 
+// Among endpoints with the same load, least-loaded prefers the one whose
+// report shows the lowest utilization; equal reports keep round robin; a
+// lower load still beats a lower utilization.
+func TestLeastLoadedTieBreaksOnReportedUtilization(t *testing.T) {
+	b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 3, WithPolicy(LeastLoaded))
+	eps[0].Report(Load{QPS: 100, Utilization: 0.95})
+	eps[1].Report(Load{QPS: 100, Utilization: 0.30})
+	eps[2].Report(Load{QPS: 100, Utilization: 0.95})
+	e, err := b.Pick()
+	if err != nil || e != eps[1] {
+		t.Fatalf("all idle: picked %v (%v), want t1, the least utilized", e.ID(), err)
+	}
+	// t1 now has one active: t0 and t2 (no active, same utilization) share
+	// the next picks round robin.
+	got := map[string]int{}
+	for range 2 {
+		e, _ := b.Pick()
+		got[e.ID()]++
+	}
+	if got["t0"] != 1 || got["t2"] != 1 {
+		t.Fatalf("picks %v, want t0 and t2 once each", got)
+	}
+	// All have one active; t1 is still the least utilized.
+	if e, _ := b.Pick(); e != eps[1] {
+		t.Fatalf("equal load: picked %s, want t1", e.ID())
+	}
+	eps[1].Report(Load{QPS: 100, Utilization: 7}) // far above 1: the top eighth
+	eps[0].Report(Load{QPS: 100, Utilization: math.NaN()})
+	if e, _ := b.Pick(); e == eps[1] {
+		t.Fatalf("t1 has 2 active and reports overload; picked it over t0 and t2 with 1")
+	}
+}
+
 // sinkholeShare runs 10 backends on virtual time: nine hold each request
 // 10 ms, one answers every request at once with an error. Requests arrive
 // 2 per ms for 10 s. It returns the failing backend's share of requests.
