@@ -369,3 +369,53 @@ func TestNewErrors(t *testing.T) {
 		}
 	}
 }
+
+// A request admitted at arrival whose handler never runs (its stream was
+// reset first) and that never calls Done stops counting after at most four
+// seconds: the pending count returns to what the live requests hold, and
+// the task admits again. Requests that do start and finish leave nothing.
+func TestNeverStartedRequestsStopCounting(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f))
+	live := make([]admission.Ticket, 3)
+	for i := range live {
+		if err := c.Arrive(&live[i], criticality.CriticalPlus, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background(), &live[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lost []admission.Ticket
+	for {
+		var tk admission.Ticket
+		if c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}) != nil {
+			break
+		}
+		lost = append(lost, tk) // never started, never done
+		if len(lost) > 1000 {
+			t.Fatal("the pending cap never filled")
+		}
+	}
+	if got := c.Stats().Pending; got != int64(len(lost)+len(live)) {
+		t.Fatalf("pending %d, want %d", got, len(lost)+len(live))
+	}
+	f.Advance(4 * time.Second)
+	if got := c.Stats().Pending; got != int64(len(live)) {
+		t.Fatalf("after 4 s: pending %d, want the %d live requests", got, len(live))
+	}
+	var tk admission.Ticket
+	if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}); err != nil {
+		t.Fatalf("after the lost requests expired: %v", err)
+	}
+	c.Done(&tk)
+	for i := range live {
+		c.Done(&live[i])
+	}
+	// A lost request that shows up late is not counted twice.
+	c.Start(context.Background(), &lost[0])
+	c.Done(&lost[0])
+	if s := c.Stats(); s.Pending != 0 || s.Executing != 0 {
+		t.Fatalf("all done: pending %d, executing %d", s.Pending, s.Executing)
+	}
+}

@@ -53,7 +53,7 @@ func (c *Controller) dispatch() {
 		}
 		w := c.popHighest()
 		if w == nil {
-			c.executing.Add(-1)
+			c.hot.executing.Add(-1)
 			return
 		}
 		w.ch <- nil
@@ -95,7 +95,7 @@ func (c *Controller) evictBelow(l criticality.Level) bool {
 	for low := criticality.Level(0); low < l; low++ {
 		for {
 			owed := c.lv[low].owed.Load()
-			if c.lv[low].notStarted.Load()-owed <= 0 {
+			if c.notStarted(low)-owed <= 0 {
 				break
 			}
 			if c.lv[low].owed.CompareAndSwap(owed, owed+1) {
