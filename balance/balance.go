@@ -219,10 +219,9 @@ type Balancer struct {
 	since func() time.Duration
 
 	set      atomic.Pointer[endpointSet]
-	rr       atomic.Uint64
-	picks    atomic.Uint64
-	now      atomic.Int64 // ns since start, refreshed every 64 picks
-	errEpoch atomic.Int64 // the error window of the last decay
+	rr       atomic.Uint64 // the round robin position; every pick advances it
+	now      atomic.Int64  // ns since start, refreshed every 64 picks
+	errEpoch atomic.Int64  // the error window of the last decay
 
 	update     sync.Mutex // held while recomputing weights
 	nextUpdate atomic.Int64
@@ -335,7 +334,11 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 	if n == 0 {
 		return nil, ErrNoEndpoint
 	}
-	if b.picks.Add(1)&63 == 0 {
+	// Every pick advances the round robin position by one, or more when it
+	// skips ineligible endpoints: that one shared add also paces the clock
+	// reads, about one pick in 64.
+	next := b.rr.Add(1)
+	if next&63 == 0 {
 		now := b.readClock()
 		if epoch := now / int64(b.cfg.errorWindow); epoch > b.errEpoch.Load() {
 			b.decayErrors(s.eps, epoch)
@@ -348,17 +351,17 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 	var e *Endpoint
 	switch b.cfg.policy {
 	case LeastLoaded:
-		e = b.leastLoaded(s)
+		e = b.leastLoaded(s, next)
 	case WeightedRoundRobin:
 		if len(s.sched) > 0 {
-			if c := s.eps[s.sched[b.rr.Add(1)%uint64(len(s.sched))]]; c.eligible(b.cfg.maxActive) {
+			if c := s.eps[s.sched[next%uint64(len(s.sched))]]; c.eligible(b.cfg.maxActive) {
 				e = c
 				break
 			}
 		}
-		e = b.roundRobin(s.eps)
+		e = b.roundRobin(s.eps, next)
 	default:
-		e = b.roundRobin(s.eps)
+		e = b.roundRobin(s.eps, next)
 	}
 	if e == nil {
 		for _, x := range s.eps {
@@ -374,12 +377,11 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 	return e, nil
 }
 
-// roundRobin returns the first eligible endpoint from the next position,
+// roundRobin returns the first eligible endpoint from position start,
 // and moves the position past it, so that skipped endpoints do not hand
 // their turns to the next eligible one.
-func (b *Balancer) roundRobin(eps []*Endpoint) *Endpoint {
+func (b *Balancer) roundRobin(eps []*Endpoint, start uint64) *Endpoint {
 	n := uint64(len(eps))
-	start := b.rr.Add(1)
 	for i := range n {
 		if e := eps[(start+i)%n]; e.eligible(b.cfg.maxActive) {
 			if i > 0 {
@@ -394,10 +396,10 @@ func (b *Balancer) roundRobin(eps []*Endpoint) *Endpoint {
 // leastLoaded is round robin among the eligible endpoints with the fewest
 // active requests plus weighted recent errors: one pass from a rotating
 // start, keeping the first minimum.
-func (b *Balancer) leastLoaded(s *endpointSet) *Endpoint {
+func (b *Balancer) leastLoaded(s *endpointSet, next uint64) *Endpoint {
 	ws := s.ws
 	n := len(ws)
-	start := int(b.rr.Add(1) % uint64(n))
+	start := int(next % uint64(n))
 	maxActive := uint64(b.cfg.maxActive)
 	if maxActive == 0 {
 		maxActive = math.MaxUint64

@@ -371,7 +371,7 @@ func TestWeightsUpdateFromReport(t *testing.T) {
 	}
 	clk.Advance(1100 * time.Millisecond) // one period, not one pick
 	report(eps[0], 400, 0, 0.5)
-	if eps[0].Weight() != 800 || eps[1].Weight() != 200 || b.picks.Load() != 0 {
+	if eps[0].Weight() != 800 || eps[1].Weight() != 200 || b.rr.Load() != 0 {
 		t.Fatalf("weights %v %v after the period, want 800 and 200 without picks", eps[0].Weight(), eps[1].Weight())
 	}
 }
