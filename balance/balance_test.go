@@ -146,6 +146,37 @@ func TestLeastLoadedTieBreaksOnReportedUtilization(t *testing.T) {
 	}
 }
 
+// Stale reports do not herd: with every endpoint idle, the one reporting
+// the lowest utilization wins only when it is one of the two candidates,
+// so it gets more than its round robin share but at most llCandidates
+// times it.
+func TestLeastLoadedUtilizationTieBreakIsBounded(t *testing.T) {
+	b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 8, WithPolicy(LeastLoaded))
+	for i, e := range eps {
+		u := 0.9
+		if i == 5 {
+			u = 0.1
+		}
+		e.Report(Load{QPS: 100, Utilization: u})
+	}
+	const picks = 8000
+	got := 0
+	for range picks {
+		e, err := b.Pick()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e == eps[5] {
+			got++
+		}
+		e.Done(false)
+	}
+	share := float64(got) / picks
+	if share <= 1.0/8 || share > llCandidates/8.0 {
+		t.Fatalf("the least utilized endpoint got %.3f of picks, want more than 1/8 and at most %d/8", share, llCandidates)
+	}
+}
+
 // sinkholeShare runs 10 backends on virtual time: nine hold each request
 // 10 ms, one answers every request at once with an error. Requests arrive
 // 2 per ms for 10 s. It returns the failing backend's share of requests.

@@ -16,6 +16,9 @@ import (
 const simUsage = `Usage:
   triage sim subsetting [flags]   connections per backend under a subsetting
                                   algorithm (SRE book Figures 20-3 to 20-5)
+  triage sim lb [flags]           CPU spread across backend tasks under round robin,
+                                  least-loaded and weighted round robin, with the
+                                  book's complicating factors (Figure 20-6)
   triage sim throttle [flags]     client-side throttling: backend rejections per
                                   acceptance against K and demand, and recovery
   triage sim retry [flags]        attempts per request with and without the retry
@@ -29,7 +32,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "subsetting":
 			return runSimSubsetting(args[1:], stdout, stderr)
-		case "throttle", "retry", "stack":
+		case "lb", "throttle", "retry", "stack":
 			return runSimScenario(args[0], args[1:], stdout, stderr)
 		case "-h", "--help", "help":
 			fmt.Fprint(stdout, simUsage)
@@ -61,6 +64,30 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 				return nil, errors.New("clients and backends in [1, 10000], requests in [1, 100000]")
 			}
 			return sim.Retry(sim.RetryConfig{Clients: *clients, Requests: *requests, Backends: *backends, Seed: *seed})
+		}
+	case "lb":
+		clients := fs.Int("clients", 1000, "client tasks (1-10000)")
+		backends := fs.Int("backends", 1000, "backend tasks (2-10000)")
+		size := fs.Int("subset", 20, "backends per client (deterministic subsetting)")
+		requests := fs.Int("requests", 10000000, "requests simulated per policy (1000-100000000)")
+		policies := fs.String("policies", "round_robin,least_loaded,weighted_round_robin", "policies compared, comma-separated")
+		load := fs.Float64("load", 0.7, "offered load, share of the backends' capacity (0.05-0.95)")
+		uniformCosts := fs.Bool("uniform-costs", false, "every request costs the same (default: costs vary up to 1000x)")
+		uniformMachines := fs.Bool("uniform-machines", false, "every machine alike (default: half of them twice as fast)")
+		noAntagonists := fs.Bool("no-antagonists", false, "no antagonistic neighbours (default: each backend +-20%, redrawn every 10 s)")
+		noRestarts := fs.Bool("no-restarts", false, "no task restarts (default: one backend every 2 s, out for 5 s)")
+		unequal := fs.Bool("unequal-clients", false, "a tenth of the clients send ten times as much")
+		run = func() (*sim.Result, error) {
+			ps, err := sim.ParsePolicies(*policies)
+			if err != nil {
+				return nil, err
+			}
+			if *clients < 1 || *backends < 1 || *size < 1 || *requests < 1 || *load <= 0 { // 0 would mean the default
+				return nil, errors.New("clients, backends, subset, requests and load must be positive")
+			}
+			return sim.LB(sim.LBConfig{Clients: *clients, Backends: *backends, Subset: *size, Requests: *requests,
+				Policies: ps, Load: *load, UniformCosts: *uniformCosts, UniformMachines: *uniformMachines,
+				NoAntagonists: *noAntagonists, NoRestarts: *noRestarts, UnequalClients: *unequal, Seed: *seed})
 		}
 	case "stack":
 		requests := fs.Int("requests", 10000, "user requests (1-1000000)")

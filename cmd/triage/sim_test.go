@@ -119,3 +119,42 @@ func TestSimScenarios(t *testing.T) {
 		t.Errorf("table: exit %d, %q", code, out.String())
 	}
 }
+
+// triage sim lb: a small run's JSON has the scenario and one spread and
+// one waste headline per policy, with the book's 2x next to round robin;
+// bad flags are refused with a message.
+func TestSimLB(t *testing.T) {
+	var out, errb strings.Builder
+	args := []string{"sim", "lb", "--json", "--clients", "20", "--backends", "20", "--subset", "5", "--requests", "20000"}
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var r struct {
+		Scenario  string `json:"scenario"`
+		Headlines []struct {
+			Name  string   `json:"name"`
+			Value float64  `json:"value"`
+			Book  *float64 `json:"book"`
+		} `json:"headlines"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Scenario != "lb" || len(r.Headlines) != 6 {
+		t.Fatalf("scenario %q with %d headlines", r.Scenario, len(r.Headlines))
+	}
+	if h := r.Headlines[0]; h.Name != "utilization spread, round_robin" || h.Book == nil || *h.Book != 2 || !(h.Value >= 1) {
+		t.Errorf("first headline %+v", h)
+	}
+	for _, bad := range [][]string{
+		{"sim", "lb", "--policies", "random"},
+		{"sim", "lb", "--backends", "1"},
+		{"sim", "lb", "--load", "1.5"},
+		{"sim", "lb", "--requests", "-3"},
+	} {
+		var out, errb strings.Builder
+		if code := run(context.Background(), bad, &out, &errb); code != 2 || errb.Len() == 0 {
+			t.Errorf("%q: exit %d, stderr %q", bad, code, errb.String())
+		}
+	}
+}
