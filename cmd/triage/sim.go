@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/triagehq/triage/sim"
 	"github.com/triagehq/triage/subset"
@@ -127,21 +128,25 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// subsettingResult is the JSON of 'triage sim subsetting --json'.
+// subsettingResult is the JSON of 'triage sim subsetting --json': the
+// scenario and its headlines, as every scenario has them, then the detail.
 type subsettingResult struct {
-	Algorithm   string   `json:"algorithm"`
-	Clients     int      `json:"clients"`
-	Backends    int      `json:"backends"`
-	Subset      int      `json:"subset"`
-	Seed        uint64   `json:"seed"`
-	Connections []int    `json:"connections"`
-	Min         int      `json:"min"`
-	Mean        float64  `json:"mean"`
-	Max         int      `json:"max"`
-	MinFrac     float64  `json:"min_frac"`
-	MaxFrac     float64  `json:"max_frac"`
-	Churn       *float64 `json:"churn,omitempty"`
-	Removed     *int     `json:"removed_backend,omitempty"`
+	Scenario    string         `json:"scenario"`
+	Headlines   []sim.Headline `json:"headlines"`
+	Algorithm   string         `json:"algorithm"`
+	Clients     int            `json:"clients"`
+	Backends    int            `json:"backends"`
+	Subset      int            `json:"subset"`
+	Seed        uint64         `json:"seed"`
+	Connections []int          `json:"connections"`
+	Min         int            `json:"min"`
+	Mean        float64        `json:"mean"`
+	Max         int            `json:"max"`
+	MinFrac     float64        `json:"min_frac"`
+	MaxFrac     float64        `json:"max_frac"`
+	Churn       *float64       `json:"churn,omitempty"`
+	Removed     *int           `json:"removed_backend,omitempty"`
+	Elapsed     time.Duration  `json:"elapsed_ns"`
 }
 
 const maxSimSize = 10000
@@ -185,6 +190,7 @@ func runSimSubsetting(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "triage sim subsetting: %v\n", err)
 		return 2
 	}
+	began := time.Now()
 	conns := subset.Connections(alg, *clients, *backends, *size)
 	total := 0
 	for _, c := range conns {
@@ -202,6 +208,8 @@ func runSimSubsetting(args []string, stdout, stderr io.Writer) int {
 		c := subset.Churn(alg, *clients, *backends, *size, gone)
 		r.Churn, r.Removed = &c, &gone
 	}
+	r.Scenario, r.Headlines = "subsetting", subsettingHeadlines(r)
+	r.Elapsed = time.Since(began)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		if err := enc.Encode(r); err != nil {
@@ -214,7 +222,42 @@ func runSimSubsetting(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// subsettingHeadlines are the least and most loaded backends' connections
+// as fractions of the mean, next to the book's figures where the book ran
+// the same case (300 clients, 300 backends): Figure 20-5 (deterministic,
+// 10), 20-3 (random, 30%: 63% and 121%), 20-4 (random, 10%: 50% and
+// 150%); and the churn when asked.
+func subsettingHeadlines(r subsettingResult) []sim.Headline {
+	lo := sim.Headline{Name: "least loaded backend, fraction of the mean", Value: r.MinFrac}
+	hi := sim.Headline{Name: "most loaded backend, fraction of the mean", Value: r.MaxFrac}
+	if r.Clients == 300 && r.Backends == 300 {
+		var figure string
+		var l, h float64
+		switch {
+		case r.Algorithm == "deterministic" && r.Subset == 10:
+			figure, l, h = "Figure 20-5", 1, 1
+		case r.Algorithm == "random" && r.Subset == 90:
+			figure, l, h = "Figure 20-3", 0.63, 1.21
+		case r.Algorithm == "random" && r.Subset == 30:
+			figure, l, h = "Figure 20-4", 0.50, 1.50
+		}
+		if figure != "" {
+			lo.Book, lo.Note = &l, "book: "+figure
+			hi.Book, hi.Note = &h, "book: "+figure
+		}
+	}
+	hs := []sim.Headline{lo, hi}
+	if r.Churn != nil {
+		hs = append(hs, sim.Headline{Name: "churn, share of clients whose subset changes", Value: *r.Churn,
+			Note: fmt.Sprintf("when backend %d leaves; the least possible is subset/backends = %.4f", *r.Removed, float64(r.Subset)/float64(r.Backends))})
+	}
+	return hs
+}
+
 func printSubsetting(w io.Writer, r subsettingResult) {
+	hr := sim.Result{Scenario: r.Scenario, Seed: r.Seed, Headlines: r.Headlines, Elapsed: r.Elapsed}
+	hr.WriteText(w)
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "%s subsetting: %d clients, %d backends, subset %d\n", r.Algorithm, r.Clients, r.Backends, r.Subset)
 	fmt.Fprintf(w, "connections per backend: min %d (%.0f%% of the mean), mean %.1f, max %d (%.0f%% of the mean)\n",
 		r.Min, 100*r.MinFrac, r.Mean, r.Max, 100*r.MaxFrac)

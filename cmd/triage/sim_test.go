@@ -64,6 +64,16 @@ func TestSimSubsettingFigures(t *testing.T) {
 			t.Errorf("random subset %s: %.2f..%.2f of the mean", tc.size, r.MinFrac, r.MaxFrac)
 		}
 	}
+	// Every scenario's JSON has its headlines next to the book's figures.
+	if det.Scenario != "subsetting" || len(det.Headlines) != 3 || det.Headlines[0].Book == nil || *det.Headlines[0].Book != 1 || det.Headlines[0].Value != 1 {
+		t.Errorf("deterministic headlines: %q %+v", det.Scenario, det.Headlines)
+	}
+	if r := simJSON(t, "--algorithm", "random", "--subset", "90"); r.Headlines[0].Book == nil || *r.Headlines[0].Book != 0.63 || *r.Headlines[1].Book != 1.21 || r.Headlines[0].Value != r.MinFrac {
+		t.Errorf("random 30%% headlines: %+v", r.Headlines)
+	}
+	if r := simJSON(t, "--clients", "100", "--algorithm", "random", "--subset", "90"); r.Headlines[0].Book != nil {
+		t.Errorf("a case the book did not run has a book figure: %+v", r.Headlines)
+	}
 	uneven := simJSON(t, "--clients", "310", "--backends", "307", "--subset", "10")
 	if uneven.Max-uneven.Min > 1 {
 		t.Errorf("307 backends: connections %d..%d", uneven.Min, uneven.Max)
