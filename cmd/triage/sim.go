@@ -24,6 +24,8 @@ const simUsage = `Usage:
                                   acceptance against K and demand, and recovery
   triage sim retry [flags]        attempts per request with and without the retry
                                   budget, and the attempts histogram (Figure 21-1)
+  triage sim shed [flags]         the CRE post's Procrustean shedder against
+                                  criticality-aware admission: goodput per criticality
   triage sim stack [flags]        attempts reaching an overloaded DB through the
                                   stack of Figure 21-2, with and without triage's rule
 `
@@ -33,7 +35,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "subsetting":
 			return runSimSubsetting(args[1:], stdout, stderr)
-		case "lb", "throttle", "retry", "stack":
+		case "lb", "throttle", "retry", "stack", "shed":
 			return runSimScenario(args[0], args[1:], stdout, stderr)
 		case "-h", "--help", "help":
 			fmt.Fprint(stdout, simUsage)
@@ -89,6 +91,17 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 			return sim.LB(sim.LBConfig{Clients: *clients, Backends: *backends, Subset: *size, Requests: *requests,
 				Policies: ps, Load: *load, UniformCosts: *uniformCosts, UniformMachines: *uniformMachines,
 				NoAntagonists: *noAntagonists, NoRestarts: *noRestarts, UnequalClients: *unequal, Seed: *seed})
+		}
+	case "shed":
+		cores := fs.Int("cores", 4, "the backend's CPUs (1-256)")
+		cost := fs.Duration("cost", time.Millisecond, "CPU per request (10us-1s)")
+		deadline := fs.Duration("deadline", time.Second, "every request's deadline (1ms-1m)")
+		duration := fs.Duration("duration", 30*time.Second, "virtual length of each run (3s-10m)")
+		run = func() (*sim.Result, error) {
+			if *cores < 1 || *cost <= 0 || *deadline <= 0 || *duration <= 0 { // 0 would mean the default
+				return nil, errors.New("cores, cost, deadline and duration must be positive")
+			}
+			return sim.Shed(sim.ShedConfig{Cores: *cores, Cost: *cost, Deadline: *deadline, Duration: *duration, Seed: *seed})
 		}
 	case "stack":
 		requests := fs.Int("requests", 10000, "user requests (1-1000000)")

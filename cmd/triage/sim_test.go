@@ -168,3 +168,25 @@ func TestSimLB(t *testing.T) {
 		}
 	}
 }
+
+func TestSimShed(t *testing.T) {
+	var out, errb strings.Builder
+	if code := run(context.Background(), []string{"sim", "shed", "--json", "--duration", "3s"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var r struct {
+		Scenario  string `json:"scenario"`
+		Headlines []struct {
+			Name string `json:"name"`
+		} `json:"headlines"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || r.Scenario != "shed" || len(r.Headlines) != 11 {
+		t.Fatalf("%v: scenario %q, %d headlines", err, r.Scenario, len(r.Headlines))
+	}
+	for _, bad := range [][]string{{"sim", "shed", "--cores", "0"}, {"sim", "shed", "--cost", "1ns"}, {"sim", "shed", "--duration", "2h"}} {
+		var out, errb strings.Builder
+		if code := run(context.Background(), bad, &out, &errb); code != 2 || errb.Len() == 0 {
+			t.Errorf("%q: exit %d, stderr %q", bad, code, errb.String())
+		}
+	}
+}
