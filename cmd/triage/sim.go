@@ -26,6 +26,9 @@ const simUsage = `Usage:
                                   budget, and the attempts histogram (Figure 21-1)
   triage sim shed [flags]         the CRE post's Procrustean shedder against
                                   criticality-aware admission: goodput per criticality
+  triage sim cascade [flags]      tasks near capacity lose some of their number:
+                                  with triage the rest serve their capacity, without
+                                  it the failure cascades
   triage sim stack [flags]        attempts reaching an overloaded DB through the
                                   stack of Figure 21-2, with and without triage's rule
 `
@@ -35,7 +38,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "subsetting":
 			return runSimSubsetting(args[1:], stdout, stderr)
-		case "lb", "throttle", "retry", "stack", "shed":
+		case "lb", "throttle", "retry", "stack", "shed", "cascade":
 			return runSimScenario(args[0], args[1:], stdout, stderr)
 		case "-h", "--help", "help":
 			fmt.Fprint(stdout, simUsage)
@@ -102,6 +105,18 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 				return nil, errors.New("cores, cost, deadline and duration must be positive")
 			}
 			return sim.Shed(sim.ShedConfig{Cores: *cores, Cost: *cost, Deadline: *deadline, Duration: *duration, Seed: *seed})
+		}
+	case "cascade":
+		tasks := fs.Int("tasks", 10, "backend tasks (2-100)")
+		lost := fs.Int("lost", 3, "tasks lost for good at --lose-at")
+		loseAt := fs.Duration("lose-at", 20*time.Second, "when the tasks are lost (virtual time)")
+		load := fs.Float64("load", 0.8, "demand, share of all tasks' capacity (0-2]")
+		duration := fs.Duration("duration", time.Minute, "virtual length of each run (10s-10m)")
+		run = func() (*sim.Result, error) {
+			if *tasks < 1 || *lost < 1 || *loseAt <= 0 || *load <= 0 || *duration <= 0 { // 0 would mean the default
+				return nil, errors.New("tasks, lost, lose-at, load and duration must be positive")
+			}
+			return sim.Cascade(sim.CascadeConfig{Tasks: *tasks, Lost: *lost, LoseAt: *loseAt, Load: *load, Duration: *duration, Seed: *seed})
 		}
 	case "stack":
 		requests := fs.Int("requests", 10000, "user requests (1-1000000)")

@@ -190,3 +190,25 @@ func TestSimShed(t *testing.T) {
 		}
 	}
 }
+
+func TestSimCascade(t *testing.T) {
+	var out, errb strings.Builder
+	if code := run(context.Background(), []string{"sim", "cascade", "--json", "--tasks", "4", "--lost", "1", "--lose-at", "4s", "--duration", "10s"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var r struct {
+		Scenario  string `json:"scenario"`
+		Headlines []struct {
+			Name string `json:"name"`
+		} `json:"headlines"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || r.Scenario != "cascade" || len(r.Headlines) != 5 {
+		t.Fatalf("%v: scenario %q, %d headlines", err, r.Scenario, len(r.Headlines))
+	}
+	for _, bad := range [][]string{{"sim", "cascade", "--tasks", "5", "--lost", "5"}, {"sim", "cascade", "--load", "-1"}} {
+		var out, errb strings.Builder
+		if code := run(context.Background(), bad, &out, &errb); code != 2 || errb.Len() == 0 {
+			t.Errorf("%q: exit %d, stderr %q", bad, code, errb.String())
+		}
+	}
+}
