@@ -147,6 +147,18 @@ func Cascade(cfg CascadeConfig) (*Result, error) {
 		)
 	}
 	res.Headlines = append(res.Headlines, Headline{Name: "goodput before the loss, share of demand, triage", Value: runs[1].before})
+	secs := make([]float64, len(runs[0].goodput))
+	for i := range secs {
+		secs[i] = float64(i)
+	}
+	res.Plots = []Plot{{
+		Name: "goodput", Title: fmt.Sprintf("%d of %d tasks lost at %v", cfg.Lost, cfg.Tasks, cfg.LoseAt),
+		XLabel: "second", YLabel: "requests answered in time per second",
+		Series: []Series{{Name: "unprotected", X: secs, Y: runs[0].goodput}, {Name: "triage", X: secs, Y: runs[1].goodput}},
+	}, {
+		Name: "attempts", Title: "attempts sent (retries included)", XLabel: "second", YLabel: "attempts per second",
+		Series: []Series{{Name: "unprotected", X: secs, Y: runs[0].attempts}, {Name: "triage", X: secs, Y: runs[1].attempts}},
+	}}
 	res.Elapsed = time.Since(began)
 	return res, nil
 }

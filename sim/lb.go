@@ -131,6 +131,8 @@ type LBRow struct {
 	MaxUtil, MinUtil float64
 	P99Slowdown      float64
 	Failed           int
+	// Utils is every backend's utilization, sorted.
+	Utils []float64
 }
 
 // LB runs clients with triage's balance.Balancer over deterministic
@@ -168,6 +170,16 @@ func LB(cfg LBConfig) (*Result, error) {
 		}
 		res.Headlines = append(res.Headlines, h)
 	}
+	dist := Plot{Name: "utilization", Title: "utilization of every backend task, sorted (Figures 20-2 and 20-6)",
+		XLabel: "backend tasks, least to most loaded", YLabel: "utilization"}
+	for _, r := range rows {
+		se := Series{Name: r.Policy.String(), X: make([]float64, len(r.Utils)), Y: r.Utils}
+		for i := range se.X {
+			se.X[i] = float64(i)
+		}
+		dist.Series = append(dist.Series, se)
+	}
+	res.Plots = []Plot{dist}
 	for _, r := range rows {
 		res.Headlines = append(res.Headlines, Headline{Name: "CPU wasted, " + r.Policy.String(), Value: r.Wasted,
 			Note: "sum over tasks of CPU[max] - CPU[i], share of what is reserved"})
@@ -457,6 +469,8 @@ func runLB(cfg LBConfig, policy balance.Policy) (LBRow, error) {
 		utils = append(utils, (b.busyInt-b.measureFrom)/float64(lbSlots)/float64(end-measureStart))
 	}
 	row := LBRow{Policy: policy, Failed: failed, MaxUtil: slices.Max(utils), MinUtil: slices.Min(utils)}
+	slices.Sort(utils)
+	row.Utils = utils
 	if row.MinUtil > 0 {
 		row.Spread = row.MaxUtil / row.MinUtil
 	} else {

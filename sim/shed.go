@@ -160,6 +160,17 @@ func Shed(cfg ShedConfig) (*Result, error) {
 			})
 		}
 	}
+	bars := Plot{Name: "criticality", Title: fmt.Sprintf("answered in time at %sx the capacity", format(d)),
+		YLabel: "share answered in time", Categories: []string{"CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE"}}
+	for _, s := range shedders {
+		r := rows[fmt.Sprint(s, d)]
+		se := Series{Name: s}
+		for _, l := range []criticality.Level{criticality.CriticalPlus, criticality.Critical, criticality.SheddablePlus, criticality.Sheddable} {
+			se.Y = append(se.Y, r.goodput(l))
+		}
+		bars.Series = append(bars.Series, se)
+	}
+	res.Plots = []Plot{bars}
 	for _, s := range shedders {
 		r := rows[fmt.Sprint(s, d)]
 		res.Headlines = append(res.Headlines, Headline{

@@ -33,8 +33,50 @@ type Result struct {
 	// Table holds the scenario's detail, one row per cell, the first row
 	// being the column names.
 	Table [][]string `json:"table,omitempty"`
+	// Plots are the figures the scenario offers, as data: the command
+	// draws them (triage sim SCENARIO --out DIR).
+	Plots []Plot `json:"plots,omitempty"`
 	// Elapsed is the wall time the simulation took.
 	Elapsed time.Duration `json:"elapsed_ns"`
+}
+
+// Plot is one figure, as data: lines (Series' X and Y), or grouped bars
+// when Categories is set (each Series has one Y per category; X unused).
+type Plot struct {
+	// Name is the figure's file name, without extension: [a-z0-9-].
+	Name   string `json:"name"`
+	Title  string `json:"title"`
+	XLabel string `json:"x_label"`
+	YLabel string `json:"y_label"`
+	// Categories name the groups of a bar chart.
+	Categories []string `json:"categories,omitempty"`
+	Series     []Series `json:"series"`
+}
+
+// Series is one line or one set of bars.
+type Series struct {
+	Name string    `json:"name"`
+	X    []float64 `json:"x,omitempty"`
+	Y    []float64 `json:"y"`
+}
+
+// BookPlot is the figure every scenario has: each headline the book gives
+// a number for, simulated next to the book's. Nil when the book gives none.
+func (r *Result) BookPlot() *Plot {
+	p := &Plot{Name: "book", Title: r.Scenario + ": simulated against the book", YLabel: "value",
+		Series: []Series{{Name: "simulated"}, {Name: "book"}}}
+	for _, h := range r.Headlines {
+		if h.Book == nil {
+			continue
+		}
+		p.Categories = append(p.Categories, h.Name)
+		p.Series[0].Y = append(p.Series[0].Y, h.Value)
+		p.Series[1].Y = append(p.Series[1].Y, *h.Book)
+	}
+	if len(p.Categories) == 0 {
+		return nil
+	}
+	return p
 }
 
 func book(v float64) *float64 { return &v }

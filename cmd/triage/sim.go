@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triagehq/triage/internal/report"
 	"github.com/triagehq/triage/sim"
 	"github.com/triagehq/triage/subset"
 )
@@ -56,6 +57,7 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	seed := fs.Uint64("seed", 1, "random seed (runs are reproducible)")
 	asJSON := fs.Bool("json", false, "print one JSON object: scenario, headlines (name, value, book), table")
+	out := fs.String("out", "", "also write result.json, the figures (SVG) and index.html, a self-contained page, to this directory")
 	var run func() (*sim.Result, error)
 	switch name {
 	case "throttle":
@@ -142,6 +144,9 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "triage sim %s: %v\n", name, err)
 		return 2
 	}
+	if code := writeOut(*out, r, stderr); code != 0 {
+		return code
+	}
 	if *asJSON {
 		if err := json.NewEncoder(stdout).Encode(r); err != nil {
 			fmt.Fprintf(stderr, "triage sim %s: %v\n", name, err)
@@ -153,6 +158,20 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "triage sim %s: %v\n", name, err)
 		return 1
 	}
+	return 0
+}
+
+// writeOut writes r's report to dir when one was asked for.
+func writeOut(dir string, r *sim.Result, stderr io.Writer) int {
+	if dir == "" {
+		return 0
+	}
+	files, err := report.WriteSim(dir, r)
+	if err != nil {
+		fmt.Fprintf(stderr, "triage sim %s: %v\n", r.Scenario, err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "triage sim %s: wrote %s\n", r.Scenario, strings.Join(files, ", "))
 	return 0
 }
 
@@ -189,6 +208,7 @@ func runSimSubsetting(args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 1, "seed of random subsetting")
 	churn := fs.Bool("churn", false, "also report churn: the fraction of clients whose subset changes when one backend (the middle one) leaves and comes back")
 	asJSON := fs.Bool("json", false, "print one JSON object")
+	out := fs.String("out", "", "also write result.json, the figures (SVG) and index.html, a self-contained page, to this directory")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -238,6 +258,9 @@ func runSimSubsetting(args []string, stdout, stderr io.Writer) int {
 	}
 	r.Scenario, r.Headlines = "subsetting", subsettingHeadlines(r)
 	r.Elapsed = time.Since(began)
+	if code := writeOut(*out, subsettingReport(r), stderr); code != 0 {
+		return code
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		if err := enc.Encode(r); err != nil {
@@ -280,6 +303,32 @@ func subsettingHeadlines(r subsettingResult) []sim.Headline {
 			Note: fmt.Sprintf("when backend %d leaves; the least possible is subset/backends = %.4f", *r.Removed, float64(r.Subset)/float64(r.Backends))})
 	}
 	return hs
+}
+
+// subsettingReport is r as a sim.Result for the report: its headlines, a
+// table of the histogram, and the histogram as a figure (Figures 20-3 to
+// 20-5 plot the same).
+func subsettingReport(r subsettingResult) *sim.Result {
+	hist := map[int]int{}
+	for _, c := range r.Connections {
+		hist[c]++
+	}
+	counts := make([]int, 0, len(hist))
+	for c := range hist {
+		counts = append(counts, c)
+	}
+	slices.Sort(counts)
+	res := &sim.Result{Scenario: "subsetting", Seed: r.Seed, Headlines: r.Headlines, Elapsed: r.Elapsed,
+		Table: [][]string{{"connections", "backends"}}}
+	se := sim.Series{Name: fmt.Sprintf("%s, subset %d", r.Algorithm, r.Subset)}
+	for _, c := range counts {
+		res.Table = append(res.Table, []string{fmt.Sprint(c), fmt.Sprint(hist[c])})
+		se.X = append(se.X, float64(c))
+		se.Y = append(se.Y, float64(hist[c]))
+	}
+	res.Plots = []sim.Plot{{Name: "connections", Title: fmt.Sprintf("connections per backend: %d clients, %d backends", r.Clients, r.Backends),
+		XLabel: "connections", YLabel: "backends", Series: []sim.Series{se}}}
+	return res
 }
 
 func printSubsetting(w io.Writer, r subsettingResult) {

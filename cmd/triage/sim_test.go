@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -171,7 +173,8 @@ func TestSimLB(t *testing.T) {
 
 func TestSimShed(t *testing.T) {
 	var out, errb strings.Builder
-	if code := run(context.Background(), []string{"sim", "shed", "--json", "--duration", "3s"}, &out, &errb); code != 0 {
+	dir := t.TempDir()
+	if code := run(context.Background(), []string{"sim", "shed", "--json", "--duration", "3s", "--out", dir}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	var r struct {
@@ -182,6 +185,11 @@ func TestSimShed(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || r.Scenario != "shed" || len(r.Headlines) != 11 {
 		t.Fatalf("%v: scenario %q, %d headlines", err, r.Scenario, len(r.Headlines))
+	}
+	for _, f := range []string{"result.json", "criticality.svg", "index.html"} {
+		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("--out: %s: %v", f, err)
+		}
 	}
 	for _, bad := range [][]string{{"sim", "shed", "--cores", "0"}, {"sim", "shed", "--cost", "1ns"}, {"sim", "shed", "--duration", "2h"}} {
 		var out, errb strings.Builder
