@@ -177,8 +177,9 @@ type gate struct {
 // WithClock sets the clock. Default clock.Real().
 func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
-// WithRandom sets the uniform [0, 1) source for progressive shedding.
-// Default math/rand/v2.
+// WithRandom sets the uniform [0, 1) source for progressive shedding and
+// for choosing which requests are measured, so that a simulation on
+// virtual time is reproducible. Default math/rand/v2.
 func WithRandom(f func() float64) Option { return optionFunc(func(c *config) { c.random = f }) }
 
 // WithObserver sets the Observer. Default Nop.
@@ -244,6 +245,7 @@ type Controller struct {
 	since   func() time.Duration
 	clock   clock.Clock
 	random  func() float64
+	seeded  bool // random was given: sampling draws from it too
 	obs     Observer
 	gates   []gate
 	maxWait time.Duration
@@ -375,6 +377,8 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.since = clock.SinceFunc(clk, ctl.start)
 	if ctl.random == nil {
 		ctl.random = rand.Float64
+	} else {
+		ctl.seeded = true
 	}
 	if ctl.obs == nil {
 		ctl.obs = Nop{}
@@ -537,7 +541,13 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	// take the time the last sampled one read, a few requests old. It
 	// serves the interval, the second of arrival and the deadline check,
 	// none of which needs better.
-	sampled := rand.Uint32()&c.sampleMask.Load() == 0
+	var draw uint32
+	if c.seeded {
+		draw = uint32(c.random() * (1 << 32))
+	} else {
+		draw = rand.Uint32()
+	}
+	sampled := draw&c.sampleMask.Load() == 0
 	var now int64
 	if sampled {
 		now = c.now()

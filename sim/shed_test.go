@@ -45,6 +45,16 @@ func TestShedScenario(t *testing.T) {
 	if g := get("goodput / capacity, triage, 3x"); g < 0.9 {
 		t.Errorf("triage goodput %.3f, want at least 0.9", g)
 	}
+	// Reproducible: triage's controller draws from the seeded source too.
+	again, err := Shed(ShedConfig{Demands: []float64{3}, Duration: 10 * time.Second, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range again.Headlines {
+		if h.Value != r.Headlines[i].Value {
+			t.Errorf("same seed, %s: %v then %v", h.Name, r.Headlines[i].Value, h.Value)
+		}
+	}
 }
 
 func TestShedConfigErrors(t *testing.T) {
