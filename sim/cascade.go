@@ -196,6 +196,21 @@ type cascadeTask struct {
 	ctl       *admission.Controller
 }
 
+// drop loses every request the task holds (it died or crashed): those the
+// client still waits for fail at once, as a broken connection would.
+func (t *cascadeTask) drop(now int64, fail func(now int64, a *cascadeAttempt, overloaded bool)) {
+	for _, q := range []*ring[*cascadeAttempt]{&t.queue, &t.running} {
+		for q.len() > 0 {
+			if a := q.pop(); !a.done {
+				fail(now, a, false)
+			}
+		}
+	}
+	for t.finishAt.len() > 0 {
+		t.finishAt.pop()
+	}
+}
+
 type cascadeClient struct {
 	rr     int
 	thr    *throttle.Throttle
@@ -278,16 +293,7 @@ func runCascade(cfg CascadeConfig, protected bool) (*cascadeRun, error) {
 	crash := func(now int64, t *cascadeTask) {
 		run.crashes++
 		t.downUntil = now + cascadeRestart
-		for _, q := range []*ring[*cascadeAttempt]{&t.queue, &t.running} {
-			for q.len() > 0 {
-				if a := q.pop(); !a.done {
-					fail(now, a, false)
-				}
-			}
-		}
-		for t.finishAt.len() > 0 {
-			t.finishAt.pop()
-		}
+		t.drop(now, fail)
 		t.free = cfg.Cores
 	}
 	send = func(now int64, r *cascadeReq, isRetry bool) {
@@ -398,16 +404,7 @@ func runCascade(cfg CascadeConfig, protected bool) (*cascadeRun, error) {
 			lost = true
 			for _, t := range tasks[:cfg.Lost] {
 				t.dead = true
-				for _, q := range []*ring[*cascadeAttempt]{&t.queue, &t.running} {
-					for q.len() > 0 {
-						if a := q.pop(); !a.done {
-							fail(now, a, false)
-						}
-					}
-				}
-				for t.finishAt.len() > 0 {
-					t.finishAt.pop()
-				}
+				t.drop(now, fail)
 			}
 		}
 		send(now, &cascadeReq{client: rng.IntN(cfg.Clients), arrive: now}, false)

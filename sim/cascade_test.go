@@ -18,14 +18,7 @@ func TestCascadeScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	get := func(name string) float64 {
-		t.Helper()
-		h, ok := r.Headline(name)
-		if !ok {
-			t.Fatalf("no headline %q", name)
-		}
-		return h.Value
-	}
+	get := func(name string) float64 { return headlineValue(t, r, name) }
 	if g := get("goodput before the loss, share of demand, triage"); g < 0.99 {
 		t.Errorf("before the loss triage served %.3f of the demand", g)
 	}

@@ -39,13 +39,7 @@ func TestLBScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	get := func(name string) float64 {
-		h, ok := all.Headline(name)
-		if !ok {
-			t.Fatalf("no headline %q", name)
-		}
-		return h.Value
-	}
+	get := func(name string) float64 { return headlineValue(t, all, name) }
 	t.Logf("every factor: spread %.3f / %.3f / %.3f, wasted %.3f / %.3f / %.3f (round robin / least-loaded / weighted)",
 		get("utilization spread, round_robin"), get("utilization spread, least_loaded"), get("utilization spread, weighted_round_robin"),
 		get("CPU wasted, round_robin"), get("CPU wasted, least_loaded"), get("CPU wasted, weighted_round_robin"))

@@ -17,14 +17,7 @@ func TestShedScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	get := func(name string) float64 {
-		t.Helper()
-		h, ok := r.Headline(name)
-		if !ok {
-			t.Fatalf("no headline %q", name)
-		}
-		return h.Value
-	}
+	get := func(name string) float64 { return headlineValue(t, r, name) }
 	if g := get("goodput / capacity, none, 3x"); g > 0.05 {
 		t.Errorf("unprotected goodput %.3f, want about 0", g)
 	}

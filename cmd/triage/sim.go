@@ -309,15 +309,7 @@ func subsettingHeadlines(r subsettingResult) []sim.Headline {
 // table of the histogram, and the histogram as a figure (Figures 20-3 to
 // 20-5 plot the same).
 func subsettingReport(r subsettingResult) *sim.Result {
-	hist := map[int]int{}
-	for _, c := range r.Connections {
-		hist[c]++
-	}
-	counts := make([]int, 0, len(hist))
-	for c := range hist {
-		counts = append(counts, c)
-	}
-	slices.Sort(counts)
+	counts, hist := histogram(r.Connections)
 	res := &sim.Result{Scenario: "subsetting", Seed: r.Seed, Headlines: r.Headlines, Elapsed: r.Elapsed,
 		Table: [][]string{{"connections", "backends"}}}
 	se := sim.Series{Name: fmt.Sprintf("%s, subset %d", r.Algorithm, r.Subset)}
@@ -331,6 +323,21 @@ func subsettingReport(r subsettingResult) *sim.Result {
 	return res
 }
 
+// histogram counts how many backends have each connection count, and
+// returns the counts present in order.
+func histogram(conns []int) ([]int, map[int]int) {
+	hist := map[int]int{}
+	for _, c := range conns {
+		hist[c]++
+	}
+	counts := make([]int, 0, len(hist))
+	for c := range hist {
+		counts = append(counts, c)
+	}
+	slices.Sort(counts)
+	return counts, hist
+}
+
 func printSubsetting(w io.Writer, r subsettingResult) {
 	hr := sim.Result{Scenario: r.Scenario, Seed: r.Seed, Headlines: r.Headlines, Elapsed: r.Elapsed}
 	hr.WriteText(w)
@@ -339,15 +346,7 @@ func printSubsetting(w io.Writer, r subsettingResult) {
 	fmt.Fprintf(w, "connections per backend: min %d (%.0f%% of the mean), mean %.1f, max %d (%.0f%% of the mean)\n",
 		r.Min, 100*r.MinFrac, r.Mean, r.Max, 100*r.MaxFrac)
 	// A histogram: how many backends have each connection count.
-	hist := map[int]int{}
-	for _, c := range r.Connections {
-		hist[c]++
-	}
-	counts := make([]int, 0, len(hist))
-	for c := range hist {
-		counts = append(counts, c)
-	}
-	slices.Sort(counts)
+	counts, hist := histogram(r.Connections)
 	most := 0
 	for _, n := range hist {
 		most = max(most, n)

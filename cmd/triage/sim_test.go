@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/triagehq/triage/sim"
 )
 
 func TestSimSubsettingArguments(t *testing.T) {
@@ -28,6 +30,35 @@ func TestSimSubsettingArguments(t *testing.T) {
 		var out, errb strings.Builder
 		if code := run(context.Background(), tt.args, &out, &errb); code != tt.code || !strings.Contains(errb.String(), tt.errText) {
 			t.Errorf("run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, errb.String(), tt.code, tt.errText)
+		}
+	}
+}
+
+// scenarioJSON runs 'triage ARGS' and decodes the scenario's JSON: its
+// name and headlines.
+func scenarioJSON(t *testing.T, args ...string) (scenario string, headlines []sim.Headline) {
+	t.Helper()
+	var out, errb strings.Builder
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("%q: exit %d: %s", args, code, errb.String())
+	}
+	var r struct {
+		Scenario  string         `json:"scenario"`
+		Headlines []sim.Headline `json:"headlines"`
+	}
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return r.Scenario, r.Headlines
+}
+
+// refused checks that each command exits 2 with a message.
+func refused(t *testing.T, cmds ...[]string) {
+	t.Helper()
+	for _, bad := range cmds {
+		var out, errb strings.Builder
+		if code := run(context.Background(), bad, &out, &errb); code != 2 || errb.Len() == 0 {
+			t.Errorf("%q: exit %d, stderr %q", bad, code, errb.String())
 		}
 	}
 }
@@ -136,87 +167,33 @@ func TestSimScenarios(t *testing.T) {
 // one waste headline per policy, with the book's 2x next to round robin;
 // bad flags are refused with a message.
 func TestSimLB(t *testing.T) {
-	var out, errb strings.Builder
-	args := []string{"sim", "lb", "--json", "--clients", "20", "--backends", "20", "--subset", "5", "--requests", "20000"}
-	if code := run(context.Background(), args, &out, &errb); code != 0 {
-		t.Fatalf("exit %d: %s", code, errb.String())
+	scenario, hs := scenarioJSON(t, "sim", "lb", "--json", "--clients", "20", "--backends", "20", "--subset", "5", "--requests", "20000")
+	if scenario != "lb" || len(hs) != 6 {
+		t.Fatalf("scenario %q with %d headlines", scenario, len(hs))
 	}
-	var r struct {
-		Scenario  string `json:"scenario"`
-		Headlines []struct {
-			Name  string   `json:"name"`
-			Value float64  `json:"value"`
-			Book  *float64 `json:"book"`
-		} `json:"headlines"`
-	}
-	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
-		t.Fatal(err)
-	}
-	if r.Scenario != "lb" || len(r.Headlines) != 6 {
-		t.Fatalf("scenario %q with %d headlines", r.Scenario, len(r.Headlines))
-	}
-	if h := r.Headlines[0]; h.Name != "utilization spread, round_robin" || h.Book == nil || *h.Book != 2 || !(h.Value >= 1) {
+	if h := hs[0]; h.Name != "utilization spread, round_robin" || h.Book == nil || *h.Book != 2 || !(h.Value >= 1) {
 		t.Errorf("first headline %+v", h)
 	}
-	for _, bad := range [][]string{
-		{"sim", "lb", "--policies", "random"},
-		{"sim", "lb", "--backends", "1"},
-		{"sim", "lb", "--load", "1.5"},
-		{"sim", "lb", "--requests", "-3"},
-	} {
-		var out, errb strings.Builder
-		if code := run(context.Background(), bad, &out, &errb); code != 2 || errb.Len() == 0 {
-			t.Errorf("%q: exit %d, stderr %q", bad, code, errb.String())
-		}
-	}
+	refused(t, []string{"sim", "lb", "--policies", "random"}, []string{"sim", "lb", "--backends", "1"},
+		[]string{"sim", "lb", "--load", "1.5"}, []string{"sim", "lb", "--requests", "-3"})
 }
 
 func TestSimShed(t *testing.T) {
-	var out, errb strings.Builder
 	dir := t.TempDir()
-	if code := run(context.Background(), []string{"sim", "shed", "--json", "--duration", "3s", "--out", dir}, &out, &errb); code != 0 {
-		t.Fatalf("exit %d: %s", code, errb.String())
-	}
-	var r struct {
-		Scenario  string `json:"scenario"`
-		Headlines []struct {
-			Name string `json:"name"`
-		} `json:"headlines"`
-	}
-	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || r.Scenario != "shed" || len(r.Headlines) != 11 {
-		t.Fatalf("%v: scenario %q, %d headlines", err, r.Scenario, len(r.Headlines))
+	if scenario, hs := scenarioJSON(t, "sim", "shed", "--json", "--duration", "3s", "--out", dir); scenario != "shed" || len(hs) != 11 {
+		t.Fatalf("scenario %q, %d headlines", scenario, len(hs))
 	}
 	for _, f := range []string{"result.json", "criticality.svg", "index.html"} {
 		if st, err := os.Stat(filepath.Join(dir, f)); err != nil || st.Size() == 0 {
 			t.Errorf("--out: %s: %v", f, err)
 		}
 	}
-	for _, bad := range [][]string{{"sim", "shed", "--cores", "0"}, {"sim", "shed", "--cost", "1ns"}, {"sim", "shed", "--duration", "2h"}} {
-		var out, errb strings.Builder
-		if code := run(context.Background(), bad, &out, &errb); code != 2 || errb.Len() == 0 {
-			t.Errorf("%q: exit %d, stderr %q", bad, code, errb.String())
-		}
-	}
+	refused(t, []string{"sim", "shed", "--cores", "0"}, []string{"sim", "shed", "--cost", "1ns"}, []string{"sim", "shed", "--duration", "2h"})
 }
 
 func TestSimCascade(t *testing.T) {
-	var out, errb strings.Builder
-	if code := run(context.Background(), []string{"sim", "cascade", "--json", "--tasks", "4", "--lost", "1", "--lose-at", "4s", "--duration", "10s"}, &out, &errb); code != 0 {
-		t.Fatalf("exit %d: %s", code, errb.String())
+	if scenario, hs := scenarioJSON(t, "sim", "cascade", "--json", "--tasks", "4", "--lost", "1", "--lose-at", "4s", "--duration", "10s"); scenario != "cascade" || len(hs) != 5 {
+		t.Fatalf("scenario %q, %d headlines", scenario, len(hs))
 	}
-	var r struct {
-		Scenario  string `json:"scenario"`
-		Headlines []struct {
-			Name string `json:"name"`
-		} `json:"headlines"`
-	}
-	if err := json.Unmarshal([]byte(out.String()), &r); err != nil || r.Scenario != "cascade" || len(r.Headlines) != 5 {
-		t.Fatalf("%v: scenario %q, %d headlines", err, r.Scenario, len(r.Headlines))
-	}
-	for _, bad := range [][]string{{"sim", "cascade", "--tasks", "5", "--lost", "5"}, {"sim", "cascade", "--load", "-1"}} {
-		var out, errb strings.Builder
-		if code := run(context.Background(), bad, &out, &errb); code != 2 || errb.Len() == 0 {
-			t.Errorf("%q: exit %d, stderr %q", bad, code, errb.String())
-		}
-	}
+	refused(t, []string{"sim", "cascade", "--tasks", "5", "--lost", "5"}, []string{"sim", "cascade", "--load", "-1"})
 }
