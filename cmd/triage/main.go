@@ -31,16 +31,22 @@ Usage:
                          connections per backend under deterministic, random or
                          ringsteady subsetting (Figures 20-3 to 20-5), and churn
 
-  triage sim throttle|retry|stack [flags]
-                         the book's client-side throttling and retry experiments
-                         on virtual time, next to the book's numbers
+  triage sim lb|throttle|retry|stack|shed|cascade [flags]
+                         the book's balancing, throttling, retry and shedding
+                         experiments on virtual time, next to the book's numbers
+                         (--out DIR: figures and a self-contained HTML page)
 
   triage quota-server -config FILE [-listen ADDR] [flags]
                          the quota service: tasks report per-customer CPU usage
                          and lease their share of each customer's limit
 
-Run 'triage demo -h', 'triage sim SCENARIO -h' or 'triage quota-server -h'
-for the flags.
+  triage proxy -backends ADDR,... [-listen ADDR] [flags]
+                         the batch proxy: batch clients call it instead of the
+                         backends; it forwards any method, with its own admission
+                         control, over few connections (the book's fuse)
+
+Run 'triage demo -h', 'triage sim SCENARIO -h', 'triage quota-server -h' or
+'triage proxy -h' for the flags.
 `
 
 func main() {
@@ -61,6 +67,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runSim(args[1:], stdout, stderr)
 	case "quota-server":
 		return runQuotaServer(ctx, args[1:], stdout, stderr)
+	case "proxy":
+		return runProxy(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

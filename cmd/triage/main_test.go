@@ -1,11 +1,25 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
 )
 
 func TestRunArguments(t *testing.T) {
@@ -45,4 +59,98 @@ func TestRunArguments(t *testing.T) {
 			t.Errorf("run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, errb.String(), tt.code, tt.errText)
 		}
 	}
+}
+
+// triage proxy: serves on loopback, forwards a call to a backend with the
+// trusted caller's criticality, and stops cleanly when its context ends;
+// bad flags are refused.
+func TestProxyCommand(t *testing.T) {
+	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := grpc.NewServer(bs.ServerOptions()...)
+	relay.Register(backend, &relay.Tier{Name: "backend"})
+	blis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(blis)
+	defer backend.Stop()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	var errb syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"proxy", "--listen", "127.0.0.1:0", "--backends", blis.Addr().String(), "--trust", "127.0.0.1/32"}, pw, &errb)
+		pw.Close()
+	}()
+	first := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		if sc.Scan() {
+			first <- sc.Text()
+		}
+		close(first)
+		io.Copy(io.Discard, pr)
+	}()
+	var addr string
+	select {
+	case line := <-first:
+		m := regexp.MustCompile(`listening on (127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("first line %q; stderr %q", line, errb.String())
+		}
+		addr = m[1]
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the proxy did not start: %q", errb.String())
+	}
+	cc, err := grpc.NewClient(addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	cctx, ccancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.SheddablePlus), 5*time.Second)
+	defer ccancel()
+	got, err := relay.Invoke(cctx, cc, "x")
+	if err != nil || got != "backend:SHEDDABLE_PLUS/0" {
+		t.Errorf("through the proxy: %q, %v", got, err)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d: %s", code, errb.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the proxy did not stop")
+	}
+	for _, bad := range [][]string{
+		{"proxy"}, {"proxy", "--backends", "nohostport"}, {"proxy", "--backends", "127.0.0.1:1", "--subset", "2"},
+		{"proxy", "--backends", "127.0.0.1:1", "--trust", "300.1.1.1/8"}, {"proxy", "--backends", "127.0.0.1:1", "--policy", "random"},
+	} {
+		var o, e strings.Builder
+		if code := run(context.Background(), bad, &o, &e); code != 2 || e.Len() == 0 {
+			t.Errorf("%q: exit %d, stderr %q", bad, code, e.String())
+		}
+	}
+}
+
+// syncBuffer is a strings.Builder safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
