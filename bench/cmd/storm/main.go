@@ -1,0 +1,386 @@
+// Command storm measures a connection storm (SRE book ch. 21, "Load from
+// Connections"): one backend process (GOMAXPROCS=1, pinned to one core)
+// serves steady CRITICAL traffic from a load generator pinned to the other
+// core; then a thousand new clients connect within one second, each making
+// one health check and then staying idle. The same run is made with the
+// backend's listener bounded by connload (the default accept rate) and
+// unbounded, interleaved; the table compares the steady traffic's
+// failures and p99 before and during the storm.
+//
+//	go run ./cmd/storm             # 1000 clients within 1 s, steady 50% of one core
+//	go run ./cmd/storm --json
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/connload"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
+)
+
+const method = "/triage.bench.Burn/Burn"
+
+type config struct {
+	clients   int
+	within    time.Duration
+	rate      int
+	cost      time.Duration
+	before    time.Duration
+	after     time.Duration
+	repeats   int
+	serverCPU string
+	loadCPU   string
+	asJSON    bool
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "server" {
+		if err := serverMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "storm server:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var c config
+	fs := flag.NewFlagSet("storm", flag.ContinueOnError)
+	fs.IntVar(&c.clients, "clients", 1000, "new clients in the storm (1-5000)")
+	fs.DurationVar(&c.within, "within", time.Second, "the storm's length")
+	fs.IntVar(&c.rate, "rate", 500, "steady CRITICAL requests per second (open loop)")
+	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU per steady request")
+	fs.DurationVar(&c.before, "before", 5*time.Second, "steady traffic before the storm (the baseline)")
+	fs.DurationVar(&c.after, "after", 5*time.Second, "steady traffic measured from the storm's start")
+	fs.IntVar(&c.repeats, "repeats", 2, "runs of each variant, interleaved")
+	fs.StringVar(&c.serverCPU, "server-cpu", "0", "CPU to pin the backend to (taskset), empty for none")
+	fs.StringVar(&c.loadCPU, "load-cpu", "1", "CPU to pin this load generator to (taskset), empty for none")
+	fs.BoolVar(&c.asJSON, "json", false, "print one JSON object")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	if c.clients < 1 || c.clients > 5000 || c.within <= 0 || c.rate < 1 || c.rate > 20000 || c.cost <= 0 ||
+		c.before < time.Second || c.after < c.within || c.repeats < 1 || c.repeats > 10 {
+		fmt.Fprintln(os.Stderr, "storm: need 1 <= clients <= 5000, positive within and cost, 1 <= rate <= 20000, before >= 1s, after >= within, 1 <= repeats <= 10")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, c, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "storm:", err)
+		os.Exit(1)
+	}
+}
+
+// result is one run of one variant.
+type result struct {
+	Variant string `json:"variant"`
+	// The steady traffic before the storm and from its start.
+	BaselineP99MS float64 `json:"baseline_p99_ms"`
+	StormP99MS    float64 `json:"storm_p99_ms"`
+	P99Rise       float64 `json:"p99_rise"` // storm / baseline
+	SteadySent    int     `json:"steady_sent"`
+	SteadyFailed  int     `json:"steady_failed"`
+	// The storm's clients: how long their first health check took, and
+	// how many failed (deadline 10 s).
+	StormClients   int     `json:"storm_clients"`
+	StormFailed    int     `json:"storm_failed"`
+	StormFirstP50S float64 `json:"storm_first_p50_s"`
+	StormFirstMaxS float64 `json:"storm_first_max_s"`
+}
+
+func run(ctx context.Context, c config, w io.Writer) error {
+	if c.loadCPU != "" {
+		if ts, err := exec.LookPath("taskset"); err == nil {
+			exec.Command(ts, "-a", "-pc", c.loadCPU, strconv.Itoa(os.Getpid())).Run()
+		}
+	}
+	rounds := calibrate(c.cost)
+	var results []result
+	for i := 0; i < c.repeats; i++ {
+		for _, v := range []string{"bounded", "unbounded"} {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r, err := runOne(ctx, c, v, rounds)
+			if err != nil {
+				return fmt.Errorf("%s: %w", v, err)
+			}
+			results = append(results, r)
+			if !c.asJSON {
+				fmt.Fprintf(os.Stderr, "  %-9s p99 %.1f -> %.1f ms, steady failed %d of %d, storm clients failed %d\n",
+					v, r.BaselineP99MS, r.StormP99MS, r.SteadyFailed, r.SteadySent, r.StormFailed)
+			}
+		}
+	}
+	if c.asJSON {
+		return json.NewEncoder(w).Encode(map[string]any{"clients": c.clients, "within_s": c.within.Seconds(), "rate": c.rate, "cost_ms": float64(c.cost) / 1e6, "results": results})
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%d clients within %v, steady %d CRITICAL req/s at %v each\n", c.clients, c.within, c.rate, c.cost)
+	fmt.Fprintln(tw, "variant\tbaseline p99 ms\tstorm p99 ms\trise\tsteady failed\tstorm clients failed\tfirst check p50 s\tfirst check max s\t")
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t%d/%d\t%d/%d\t%.2f\t%.2f\t\n", r.Variant, r.BaselineP99MS, r.StormP99MS, r.P99Rise,
+			r.SteadyFailed, r.SteadySent, r.StormFailed, r.StormClients, r.StormFirstP50S, r.StormFirstMaxS)
+	}
+	return tw.Flush()
+}
+
+func runOne(ctx context.Context, c config, variant string, rounds int) (result, error) {
+	addr, stop, err := startServer(c, variant, rounds)
+	if err != nil {
+		return result{}, err
+	}
+	defer stop()
+	r := result{Variant: variant, StormClients: c.clients}
+	opts := append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var steady []*grpc.ClientConn
+	for range 4 {
+		cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
+		if err != nil {
+			return r, err
+		}
+		defer cc.Close()
+		steady = append(steady, cc)
+	}
+	// Warm up the steady connections.
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+	for _, cc := range steady {
+		if err := cc.Invoke(criticality.NewContext(wctx, criticality.Critical), method, wrapperspb.String("w"), new(wrapperspb.StringValue)); err != nil {
+			wcancel()
+			return r, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	wcancel()
+
+	total := c.before + c.after
+	n := int(float64(c.rate) * total.Seconds())
+	lat := make([]time.Duration, n)
+	fails := make([]bool, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	// The storm, from c.before on: each client dials, checks health, and
+	// stays connected until the end.
+	type stormClient struct {
+		cc    *grpc.ClientConn
+		first time.Duration
+		err   error
+	}
+	storm := make([]stormClient, c.clients)
+	var stormWG sync.WaitGroup
+	go func() {
+		for i := range storm {
+			at := c.before + time.Duration(float64(i)/float64(c.clients)*float64(c.within))
+			if d := time.Until(start.Add(at)); d > 0 {
+				time.Sleep(d)
+			}
+			stormWG.Add(1)
+			go func() {
+				defer stormWG.Done()
+				t0 := time.Now()
+				cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					storm[i].err = err
+					return
+				}
+				storm[i].cc = cc
+				hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				_, err = healthpb.NewHealthClient(cc).Check(hctx, &healthpb.HealthCheckRequest{})
+				storm[i].first, storm[i].err = time.Since(t0), err
+			}()
+		}
+	}()
+	for i := range n {
+		at := time.Duration(float64(i) / float64(c.rate) * float64(time.Second))
+		if d := time.Until(start.Add(at)); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rctx, cancel := context.WithTimeout(criticality.NewContext(ctx, criticality.Critical), time.Second)
+			defer cancel()
+			err := steady[i%len(steady)].Invoke(rctx, method, wrapperspb.String("x"), new(wrapperspb.StringValue))
+			lat[i], fails[i] = time.Since(start.Add(at)), err != nil // from the scheduled send time
+		}()
+	}
+	wg.Wait()
+	stormWG.Wait()
+	for _, s := range storm {
+		if s.cc != nil {
+			s.cc.Close()
+		}
+	}
+	split := int(float64(c.rate) * c.before.Seconds())
+	var base, during []time.Duration
+	for i := range n {
+		if fails[i] {
+			r.SteadyFailed++
+			continue
+		}
+		if i < split {
+			base = append(base, lat[i])
+		} else {
+			during = append(during, lat[i])
+		}
+	}
+	r.SteadySent = n
+	r.BaselineP99MS, r.StormP99MS = p99(base), p99(during)
+	if r.BaselineP99MS > 0 {
+		r.P99Rise = r.StormP99MS / r.BaselineP99MS
+	}
+	var firsts []time.Duration
+	for _, s := range storm {
+		if s.err != nil {
+			r.StormFailed++
+		} else {
+			firsts = append(firsts, s.first)
+		}
+	}
+	if len(firsts) > 0 {
+		slices.Sort(firsts)
+		r.StormFirstP50S, r.StormFirstMaxS = firsts[len(firsts)/2].Seconds(), firsts[len(firsts)-1].Seconds()
+	}
+	return r, nil
+}
+
+// p99 of latencies measured from each request's scheduled send time, in ms.
+func p99(d []time.Duration) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return float64(d[len(d)*99/100]) / 1e6
+}
+
+func startServer(c config, variant string, rounds int) (string, func(), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	args := []string{exe, "server", variant, strconv.Itoa(rounds)}
+	if c.serverCPU != "" {
+		if ts, err := exec.LookPath("taskset"); err == nil {
+			args = append([]string{ts, "-c", c.serverCPU}, args...)
+		}
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { cmd.Process.Kill(); cmd.Wait() }
+	line, err := bufio.NewReader(out).ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
+		stop()
+		return "", nil, fmt.Errorf("server did not start: %q %v", line, err)
+	}
+	go io.Copy(io.Discard, out)
+	return f[1], stop, nil
+}
+
+// serverMain is the backend: admission control, a health service, and a
+// method burning rounds of sha256; "bounded" serves through a
+// connload.Listener with its defaults.
+func serverMain(args []string) error {
+	if len(args) != 2 {
+		return errors.New("usage: storm server bounded|unbounded ROUNDS")
+	}
+	rounds, err := strconv.Atoi(args[1])
+	if err != nil || rounds < 1 {
+		return fmt.Errorf("bad rounds %q", args[1])
+	}
+	ctl, err := admission.New()
+	if err != nil {
+		return err
+	}
+	ts, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+	if err != nil {
+		return err
+	}
+	s := grpc.NewServer(ts.ServerOptions()...)
+	s.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "triage.bench.Burn",
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{MethodName: "Burn", Handler: func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
+			req := new(wrapperspb.StringValue)
+			if err := dec(req); err != nil {
+				return nil, err
+			}
+			h := func(ctx context.Context, _ any) (any, error) {
+				var sum [32]byte
+				for i := 0; i < rounds; i++ {
+					sum = sha256.Sum256(sum[:])
+				}
+				return wrapperspb.String(strconv.Itoa(int(sum[0]))), nil
+			}
+			if in == nil {
+				return h(ctx, req)
+			}
+			return in(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, h)
+		}}},
+	}, struct{}{})
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	var lis net.Listener
+	lis, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	if args[0] == "bounded" {
+		if lis, err = connload.NewListener(lis); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("LISTEN %s\n", lis.Addr())
+	os.Stdout.Sync()
+	return s.Serve(lis)
+}
+
+// calibrate returns the sha256 rounds that take cost of CPU here: the best
+// of 20 timings.
+func calibrate(cost time.Duration) int {
+	var sum [32]byte
+	best := time.Duration(1 << 62)
+	const n = 20000
+	for range 20 {
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			sum = sha256.Sum256(sum[:])
+		}
+		best = min(best, time.Since(start))
+	}
+	if sum[0] == 0 && sum[1] == 0 {
+		fmt.Fprint(io.Discard, sum) // keep the work
+	}
+	return max(1, int(float64(n)*float64(cost)/float64(best)))
+}

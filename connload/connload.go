@@ -1,0 +1,278 @@
+// Package connload treats connections as load, SRE book ch. 21, "Load
+// from Connections": "the overhead of maintaining a large pool of
+// connections" costs CPU and memory at both ends, and "a large batch job
+// that creates a very large number of client tasks all at once" can
+// overload backends through connections alone.
+//
+// A Listener wraps a task's net.Listener. It counts the open connections
+// and the recent rate of new ones, offers the open count as a utilization
+// signal (it satisfies admission.Signal), and bounds both: new connections
+// are accepted at most at a rate (a token bucket) and never beyond a
+// maximum open. A connection it does not accept yet waits in the kernel's
+// accept queue, as it would behind a busy task, instead of being set up at
+// once: a thousand clients arriving in the same second are taken in over
+// several, and the requests the task is already serving keep their CPU.
+// (Clients that give up reconnect with jittered exponential backoff: gRPC's
+// and triagegrpc's clients do.)
+//
+// It uses only the standard library; gRPC servers use it as the listener
+// they Serve, net/http servers likewise.
+package connload
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+)
+
+// Defaults.
+const (
+	// DefaultAcceptRate is how many new connections a second a task sets
+	// up: a gRPC-Go server spends on the order of 100 µs of CPU on each
+	// (accept, HTTP/2 settings, its goroutines and buffers), so 200 a
+	// second cost about 2% of a core, however many arrive.
+	DefaultAcceptRate = 200
+	// DefaultAcceptBurst is how many may be set up at once after a quiet
+	// spell: a client pool's reconnection after a restart.
+	DefaultAcceptBurst = 50
+	// DefaultMaxOpen bounds the open connections: at about 70 KB each for
+	// gRPC-Go's buffers and goroutines, 10,000 hold some 700 MB.
+	DefaultMaxOpen = 10000
+	// rateWindow is the window of the new-connection rate.
+	rateWindow = 10 * time.Second
+)
+
+// Observer is told of the Listener's events, for metrics. Methods must be
+// cheap and safe for concurrent use.
+type Observer interface {
+	// Accepted: a connection was set up after waiting d for the bounds
+	// (0 when it did not wait).
+	Accepted(d time.Duration)
+	// Closed: a connection ended.
+	Closed()
+}
+
+// Nop is an Observer that does nothing.
+type Nop struct{}
+
+func (Nop) Accepted(time.Duration) {}
+func (Nop) Closed()                {}
+
+// Option configures a Listener.
+type Option func(*config)
+
+type config struct {
+	rate    float64
+	burst   int
+	maxOpen int
+	clock   clock.Clock
+	obs     Observer
+}
+
+// WithAcceptRate sets the new connections accepted per second and the
+// burst. Defaults DefaultAcceptRate and DefaultAcceptBurst. A rate of 0
+// (with any burst) removes the rate bound.
+func WithAcceptRate(perSecond float64, burst int) Option {
+	return func(c *config) { c.rate, c.burst = perSecond, burst }
+}
+
+// WithMaxOpen bounds the open connections. Default DefaultMaxOpen; 0
+// removes the bound.
+func WithMaxOpen(n int) Option { return func(c *config) { c.maxOpen = n } }
+
+// WithClock sets the clock. Default clock.Real().
+func WithClock(c clock.Clock) Option { return func(cfg *config) { cfg.clock = c } }
+
+// WithObserver sets the Observer. Default Nop.
+func WithObserver(o Observer) Option { return func(c *config) { c.obs = o } }
+
+// Listener is a net.Listener whose connections are counted and bounded.
+// It is safe for concurrent use. Its memory is fixed: counters, and one
+// wrapper per open connection (at most MaxOpen).
+type Listener struct {
+	net.Listener
+	cfg   config
+	start time.Time
+
+	mu       sync.Mutex // guards tokens, last, and the rate ring
+	tokens   float64
+	last     time.Time
+	ring     [10]int64 // accepts per second of the last rateWindow
+	ringAt   int64     // the second ring's newest slot counts
+	freed    chan struct{}
+	closed   chan struct{}
+	once     sync.Once
+	open     atomic.Int64
+	accepted atomic.Int64
+	delayed  atomic.Int64
+}
+
+// NewListener wraps l.
+func NewListener(l net.Listener, opts ...Option) (*Listener, error) {
+	if l == nil {
+		return nil, errors.New("connload: nil listener")
+	}
+	c := config{rate: DefaultAcceptRate, burst: DefaultAcceptBurst, maxOpen: DefaultMaxOpen}
+	for _, o := range opts {
+		o(&c)
+	}
+	switch {
+	case !(c.rate >= 0) || math.IsInf(c.rate, 0) || c.rate > 1e6:
+		return nil, fmt.Errorf("connload: accept rate must be in [0, 1e6] per second, got %v", c.rate)
+	case c.rate > 0 && (c.burst < 1 || c.burst > 1e6):
+		return nil, fmt.Errorf("connload: burst must be in [1, 1e6], got %d", c.burst)
+	case c.maxOpen < 0:
+		return nil, fmt.Errorf("connload: max open must be >= 0, got %d", c.maxOpen)
+	}
+	c.clock = clock.OrReal(c.clock)
+	if c.obs == nil {
+		c.obs = Nop{}
+	}
+	now := c.clock.Now()
+	return &Listener{Listener: l, cfg: c, start: now, tokens: float64(c.burst), last: now,
+		freed: make(chan struct{}, 1), closed: make(chan struct{})}, nil
+}
+
+// ErrClosed is returned by Accept once the Listener is closed.
+var ErrClosed = net.ErrClosed
+
+// Accept waits until the bounds allow one more connection, then accepts
+// it from the underlying listener.
+func (l *Listener) Accept() (net.Conn, error) {
+	began := l.cfg.clock.Now()
+	waited := false
+	for l.cfg.maxOpen > 0 && l.open.Load() >= int64(l.cfg.maxOpen) {
+		waited = true
+		select {
+		case <-l.freed:
+		case <-l.closed:
+			return nil, ErrClosed
+		}
+	}
+	if d := l.take(); d > 0 {
+		waited = true
+		t := l.cfg.clock.NewTimer(d)
+		select {
+		case <-t.C():
+		case <-l.closed:
+			t.Stop()
+			return nil, ErrClosed
+		}
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.open.Add(1)
+	l.accepted.Add(1)
+	l.count()
+	var d time.Duration
+	if waited {
+		l.delayed.Add(1)
+		d = l.cfg.clock.Now().Sub(began)
+	}
+	l.cfg.obs.Accepted(d)
+	return &conn{Conn: c, l: l}, nil
+}
+
+// take takes a token, and says how long to wait before using it (0: at
+// once). Tokens may go negative: the waits queue up in order.
+func (l *Listener) take() time.Duration {
+	if l.cfg.rate == 0 {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.cfg.clock.Now()
+	l.tokens = min(float64(l.cfg.burst), l.tokens+now.Sub(l.last).Seconds()*l.cfg.rate)
+	l.last = now
+	l.tokens--
+	if l.tokens >= 0 {
+		return 0
+	}
+	return time.Duration(-l.tokens / l.cfg.rate * float64(time.Second))
+}
+
+// count adds one accept to the rate ring.
+func (l *Listener) count() {
+	sec := int64(l.cfg.clock.Now().Sub(l.start) / time.Second)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.advance(sec)
+	l.ring[sec%int64(len(l.ring))]++
+}
+
+// advance clears the ring's seconds between its newest and sec. l.mu is
+// held.
+func (l *Listener) advance(sec int64) {
+	for s := max(l.ringAt+1, sec-int64(len(l.ring))+1); s <= sec; s++ {
+		l.ring[s%int64(len(l.ring))] = 0
+	}
+	l.ringAt = max(l.ringAt, sec)
+}
+
+// Close closes the underlying listener and ends waiting Accepts.
+func (l *Listener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// Stats is a snapshot for metrics.
+type Stats struct {
+	// Open is the connections open now; Accepted and Delayed count those
+	// accepted since the start, and those that waited for the bounds.
+	Open, Accepted, Delayed int64
+	// Rate is the new connections per second over the last ten seconds.
+	Rate float64
+}
+
+// Stats returns a snapshot.
+func (l *Listener) Stats() Stats {
+	sec := int64(l.cfg.clock.Now().Sub(l.start) / time.Second)
+	l.mu.Lock()
+	l.advance(sec)
+	var n int64
+	for _, c := range l.ring {
+		n += c
+	}
+	l.mu.Unlock()
+	span := min(float64(sec+1), float64(len(l.ring)))
+	return Stats{Open: l.open.Load(), Accepted: l.accepted.Load(), Delayed: l.delayed.Load(), Rate: float64(n) / span}
+}
+
+// Name implements admission.Signal.
+func (l *Listener) Name() string { return "connections" }
+
+// Utilization implements admission.Signal: open connections over the
+// maximum (0 when there is none).
+func (l *Listener) Utilization() float64 {
+	if l.cfg.maxOpen == 0 {
+		return 0
+	}
+	return float64(l.open.Load()) / float64(l.cfg.maxOpen)
+}
+
+// conn gives its place back when closed, once.
+type conn struct {
+	net.Conn
+	l    *Listener
+	once sync.Once
+}
+
+func (c *conn) Close() error {
+	c.once.Do(func() {
+		c.l.open.Add(-1)
+		c.l.cfg.obs.Closed()
+		select {
+		case c.l.freed <- struct{}{}:
+		default:
+		}
+	})
+	return c.Conn.Close()
+}

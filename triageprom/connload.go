@@ -1,0 +1,38 @@
+package triageprom
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/triagehq/triage/connload"
+)
+
+// ConnLoadState returns a collector that reads a connload.Listener's Stats
+// at scrape time (SRE book ch. 21, "Load from Connections"):
+// triage_connections_open, triage_connections_accepted_total,
+// triage_connections_delayed_total (accepts that waited for the accept
+// rate or the maximum open) and triage_connections_rate (new connections
+// per second over the last ten seconds).
+func ConnLoadState(l *connload.Listener) prometheus.Collector { return connCollector{l} }
+
+type connCollector struct{ l *connload.Listener }
+
+var (
+	descConnOpen     = prometheus.NewDesc("triage_connections_open", "Connections open now.", nil, nil)
+	descConnAccepted = prometheus.NewDesc("triage_connections_accepted_total", "Connections accepted.", nil, nil)
+	descConnDelayed  = prometheus.NewDesc("triage_connections_delayed_total", "Connections that waited for the accept rate or the maximum open before being accepted.", nil, nil)
+	descConnRate     = prometheus.NewDesc("triage_connections_rate", "New connections per second over the last ten seconds.", nil, nil)
+)
+
+func (c connCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descConnOpen, descConnAccepted, descConnDelayed, descConnRate} {
+		ch <- d
+	}
+}
+
+func (c connCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.l.Stats()
+	ch <- prometheus.MustNewConstMetric(descConnOpen, prometheus.GaugeValue, float64(s.Open))
+	ch <- prometheus.MustNewConstMetric(descConnAccepted, prometheus.CounterValue, float64(s.Accepted))
+	ch <- prometheus.MustNewConstMetric(descConnDelayed, prometheus.CounterValue, float64(s.Delayed))
+	ch <- prometheus.MustNewConstMetric(descConnRate, prometheus.GaugeValue, s.Rate)
+}
