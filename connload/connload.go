@@ -16,7 +16,13 @@
 // and triagegrpc's clients do.)
 //
 // It uses only the standard library; gRPC servers use it as the listener
-// they Serve, net/http servers likewise.
+// they Serve, net/http servers likewise. By default it wraps each
+// connection to see it close. A server that reports its connections'
+// ends itself calls Track instead, and gets the bare connections: gRPC-Go
+// reads a bare *net.TCPConn without pinning a buffer per idle connection,
+// and a wrapper would cost it that (grpc-go's transport only reads that
+// way from the net package's own connection types).
+// triagegrpc.WithConnLoad does so from gRPC's connection events.
 package connload
 
 import (
@@ -109,6 +115,7 @@ type Listener struct {
 	closed   chan struct{}
 	once     sync.Once
 	open     atomic.Int64
+	tracked  atomic.Bool
 	accepted atomic.Int64
 	delayed  atomic.Int64
 }
@@ -169,7 +176,6 @@ func (l *Listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.open.Add(1)
 	l.accepted.Add(1)
 	l.count()
 	var d time.Duration
@@ -178,7 +184,30 @@ func (l *Listener) Accept() (net.Conn, error) {
 		d = l.cfg.clock.Now().Sub(began)
 	}
 	l.cfg.obs.Accepted(d)
+	if l.tracked.Load() {
+		return c, nil
+	}
+	l.open.Add(1)
 	return &conn{Conn: c, l: l}, nil
+}
+
+// Track makes the caller responsible for the open count: Accept returns
+// bare connections from now on, and the caller calls begin when a
+// connection is set up and end when it ends, once each (a connection
+// whose set-up fails is never counted). Call it before serving.
+func (l *Listener) Track() (begin, end func()) {
+	l.tracked.Store(true)
+	return func() { l.open.Add(1) }, l.release
+}
+
+// release counts a connection's end and wakes an Accept waiting for room.
+func (l *Listener) release() {
+	l.open.Add(-1)
+	l.cfg.obs.Closed()
+	select {
+	case l.freed <- struct{}{}:
+	default:
+	}
 }
 
 // take takes a token, and says how long to wait before using it (0: at
@@ -266,13 +295,6 @@ type conn struct {
 }
 
 func (c *conn) Close() error {
-	c.once.Do(func() {
-		c.l.open.Add(-1)
-		c.l.cfg.obs.Closed()
-		select {
-		case c.l.freed <- struct{}{}:
-		default:
-		}
-	})
+	c.once.Do(c.l.release)
 	return c.Conn.Close()
 }

@@ -110,6 +110,9 @@ type result struct {
 	StormFailed    int     `json:"storm_failed"`
 	StormFirstP50S float64 `json:"storm_first_p50_s"`
 	StormFirstMaxS float64 `json:"storm_first_max_s"`
+	// ServerCPUS is the CPU the backend process used from the steady
+	// traffic's start to the end.
+	ServerCPUS float64 `json:"server_cpu_s"`
 }
 
 func run(ctx context.Context, c config, w io.Writer) error {
@@ -141,16 +144,16 @@ func run(ctx context.Context, c config, w io.Writer) error {
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "%d clients within %v, steady %d CRITICAL req/s at %v each\n", c.clients, c.within, c.rate, c.cost)
-	fmt.Fprintln(tw, "variant\tbaseline p99 ms\tstorm p99 ms\trise\tsteady failed\tstorm clients failed\tfirst check p50 s\tfirst check max s\t")
+	fmt.Fprintln(tw, "variant\tbaseline p99 ms\tstorm p99 ms\trise\tsteady failed\tstorm clients failed\tfirst check p50 s\tfirst check max s\tserver CPU s\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t%d/%d\t%d/%d\t%.2f\t%.2f\t\n", r.Variant, r.BaselineP99MS, r.StormP99MS, r.P99Rise,
-			r.SteadyFailed, r.SteadySent, r.StormFailed, r.StormClients, r.StormFirstP50S, r.StormFirstMaxS)
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t%d/%d\t%d/%d\t%.2f\t%.2f\t%.2f\t\n", r.Variant, r.BaselineP99MS, r.StormP99MS, r.P99Rise,
+			r.SteadyFailed, r.SteadySent, r.StormFailed, r.StormClients, r.StormFirstP50S, r.StormFirstMaxS, r.ServerCPUS)
 	}
 	return tw.Flush()
 }
 
 func runOne(ctx context.Context, c config, variant string, rounds int) (result, error) {
-	addr, stop, err := startServer(c, variant, rounds)
+	addr, pid, stop, err := startServer(c, variant, rounds)
 	if err != nil {
 		return result{}, err
 	}
@@ -176,6 +179,7 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	}
 	wcancel()
 
+	cpu0 := processCPU(pid)
 	total := c.before + c.after
 	n := int(float64(c.rate) * total.Seconds())
 	lat := make([]time.Duration, n)
@@ -230,6 +234,7 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	}
 	wg.Wait()
 	stormWG.Wait()
+	r.ServerCPUS = processCPU(pid) - cpu0
 	for _, s := range storm {
 		if s.cc != nil {
 			s.cc.Close()
@@ -277,10 +282,27 @@ func p99(d []time.Duration) float64 {
 	return float64(d[len(d)*99/100]) / 1e6
 }
 
-func startServer(c config, variant string, rounds int) (string, func(), error) {
+// processCPU returns the CPU seconds (user + system) process pid used so
+// far, from /proc (0 where there is none).
+func processCPU(pid int) float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100 // clock ticks (USER_HZ is 100 on Linux)
+}
+
+func startServer(c config, variant string, rounds int) (string, int, func(), error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	args := []string{exe, "server", variant, strconv.Itoa(rounds)}
 	if c.serverCPU != "" {
@@ -293,25 +315,26 @@ func startServer(c config, variant string, rounds int) (string, func(), error) {
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stop := func() { cmd.Process.Kill(); cmd.Wait() }
 	line, err := bufio.NewReader(out).ReadString('\n')
 	f := strings.Fields(line)
 	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
 		stop()
-		return "", nil, fmt.Errorf("server did not start: %q %v", line, err)
+		return "", 0, nil, fmt.Errorf("server did not start: %q %v", line, err)
 	}
 	go io.Copy(io.Discard, out)
-	return f[1], stop, nil
+	return f[1], cmd.Process.Pid, stop, nil
 }
 
 // serverMain is the backend: admission control, a health service, and a
 // method burning rounds of sha256; "bounded" serves through a
-// connload.Listener with its defaults.
+// connload.Listener with its defaults (bare connections, counted from
+// gRPC's events: triagegrpc.WithConnLoad).
 func serverMain(args []string) error {
 	if len(args) != 2 {
 		return errors.New("usage: storm server bounded|unbounded ROUNDS")
@@ -328,7 +351,20 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	s := grpc.NewServer(ts.ServerOptions()...)
+	opts := ts.ServerOptions()
+	var lis net.Listener
+	lis, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	if args[0] == "bounded" {
+		cl, err := connload.NewListener(lis)
+		if err != nil {
+			return err
+		}
+		lis, opts = cl, append(opts, triagegrpc.WithConnLoad(cl))
+	}
+	s := grpc.NewServer(opts...)
 	s.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "triage.bench.Burn",
 		HandlerType: (*any)(nil),
@@ -351,16 +387,6 @@ func serverMain(args []string) error {
 		}}},
 	}, struct{}{})
 	healthpb.RegisterHealthServer(s, health.NewServer())
-	var lis net.Listener
-	lis, err = net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	if args[0] == "bounded" {
-		if lis, err = connload.NewListener(lis); err != nil {
-			return err
-		}
-	}
 	fmt.Printf("LISTEN %s\n", lis.Addr())
 	os.Stdout.Sync()
 	return s.Serve(lis)

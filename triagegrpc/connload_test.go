@@ -1,0 +1,74 @@
+package triagegrpc_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/triagehq/triage/connload"
+	"github.com/triagehq/triage/triagegrpc"
+)
+
+type connEvents struct{ accepted, closed chan struct{} }
+
+func (e connEvents) Accepted(time.Duration) { e.accepted <- struct{}{} }
+func (e connEvents) Closed()                { e.closed <- struct{}{} }
+
+// With WithConnLoad, gRPC gets bare connections (*net.TCPConn) and the
+// Listener still counts them open and closed, from gRPC's own events.
+func TestWithConnLoad(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := connEvents{make(chan struct{}, 8), make(chan struct{}, 8)}
+	l, err := connload.NewListener(raw, connload.WithObserver(ev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bare := make(chan bool, 8)
+	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(bareSpy{l, bare})
+	defer srv.Stop()
+	var ccs []*grpc.ClientConn
+	for range 3 {
+		cc := dialLoopback(t, l.Addr().String())
+		if _, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		ccs = append(ccs, cc)
+		<-ev.accepted
+		if !<-bare {
+			t.Fatal("gRPC got a wrapped connection")
+		}
+	}
+	if s := l.Stats(); s.Open != 3 || s.Accepted != 3 {
+		t.Fatalf("three clients connected: %+v", s)
+	}
+	ccs[0].Close()
+	<-ev.closed
+	if s := l.Stats(); s.Open != 2 {
+		t.Fatalf("one client gone: %+v", s)
+	}
+}
+
+// bareSpy reports whether each accepted connection is a bare TCP one.
+type bareSpy struct {
+	*connload.Listener
+	bare chan<- bool
+}
+
+func (b bareSpy) Accept() (net.Conn, error) {
+	c, err := b.Listener.Accept()
+	if err == nil {
+		_, ok := c.(*net.TCPConn)
+		b.bare <- ok
+	}
+	return c, err
+}
