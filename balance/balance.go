@@ -300,15 +300,31 @@ func (b *Balancer) SetEndpoints(ids []string) ([]*Endpoint, error) {
 			fresh++
 		}
 	}
-	// The new endpoints' words are allocated in one block, so that the
-	// least-loaded scan reads memory in a row.
-	block := make([]packed, fresh)
+	// Under least-loaded, the new endpoints' words are allocated in one
+	// block, so that the scan reads memory in a row. Under the round
+	// robins, which touch one endpoint a pick, each endpoint's word and
+	// pick count have a cache line of their own: concurrent picks land on
+	// neighbouring endpoints, and words sharing a line would move it
+	// between cores on every pick.
+	var block []packed
+	var lines []endpointLine
+	if b.cfg.policy == LeastLoaded {
+		block = make([]packed, fresh)
+	} else {
+		lines = make([]endpointLine, fresh)
+	}
 	for _, id := range ids {
 		e := old[id]
 		if e == nil {
-			e = &Endpoint{id: id, b: b, w: &block[0]}
+			e = &Endpoint{id: id, b: b}
+			if lines != nil {
+				e.w, e.picks = &lines[0].w, &lines[0].picks
+				lines = lines[1:]
+			} else {
+				e.w, e.picks = &block[0], &e.ownPicks
+				block = block[1:]
+			}
 			e.w.Store(notHealthy) // Refusing until the adapter says otherwise
-			block = block[1:]
 		}
 		eps = append(eps, e)
 	}
@@ -482,13 +498,22 @@ const llCandidates = 3
 
 const unhealthyLoad = notHealthy >> loadShift
 
-// packed is an endpoint's hot word. The words of endpoints added together
-// sit side by side, eight to a cache line: the least-loaded scan of 100
-// endpoints reads 13 lines. (Padding each word to a line of its own makes
-// round robin cheaper on two cores, 55 against 90 ns, and the scan three
-// times dearer.)
+// packed is an endpoint's hot word. Under least-loaded, the words of
+// endpoints added together sit side by side, eight to a cache line: the
+// scan of 100 endpoints reads 13 lines (a line each would make it three
+// times dearer). Under the round robins each has its endpointLine.
 type packed struct {
 	atomic.Uint64
+}
+
+// endpointLine is an endpoint's hot word and pick count on a cache line of
+// their own (round robin and weighted round robin): 128 bytes, so that
+// whatever the slice's alignment, the 16 hot bytes of two endpoints are
+// never within 64 bytes of each other.
+type endpointLine struct {
+	w     packed
+	picks atomic.Uint64
+	_     [112]byte
 }
 
 // Endpoint is one backend of the subset.
@@ -502,7 +527,8 @@ type Endpoint struct {
 	w     *packed
 	state atomic.Uint32
 	errs  atomic.Uint32 // recent errors, halved every error window
-	picks atomic.Uint64
+	picks    *atomic.Uint64 // in its endpointLine, or ownPicks
+	ownPicks atomic.Uint64
 	id    string
 	b     *Balancer
 	value atomic.Value

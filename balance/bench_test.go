@@ -1,6 +1,7 @@
 package balance
 
 import (
+	"sync/atomic"
 	"testing"
 
 	"github.com/triagehq/triage/clock"
@@ -36,4 +37,24 @@ func BenchmarkPick(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkPickFloor is what any round robin over a shared position costs,
+// run beside BenchmarkPick for scale: one shared atomic add and an index.
+// On two cores it is bounded by moving the counter's cache line between
+// them, which no picker sharing a position avoids.
+func BenchmarkPickFloor(b *testing.B) {
+	var pos atomic.Uint64
+	eps := make([]*int, 100)
+	for i := range eps {
+		eps[i] = new(int)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		n := 0
+		for pb.Next() {
+			n += *eps[pos.Add(1)%uint64(len(eps))]
+		}
+		_ = n
+	})
 }
