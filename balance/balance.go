@@ -524,14 +524,14 @@ type Endpoint struct {
 	// under the load, active requests plus weighted recent errors (bits
 	// 35-62); and a bit set while the endpoint is not Healthy (bit 63). It
 	// sits in a block shared with the endpoints added with it.
-	w     *packed
-	state atomic.Uint32
-	errs  atomic.Uint32 // recent errors, halved every error window
+	w        *packed
+	state    atomic.Uint32
+	errs     atomic.Uint32  // recent errors, halved every error window
 	picks    *atomic.Uint64 // in its endpointLine, or ownPicks
 	ownPicks atomic.Uint64
-	id    string
-	b     *Balancer
-	value atomic.Value
+	id       string
+	b        *Balancer
+	value    atomic.Value
 
 	mu          sync.Mutex // guards the report fields
 	load        Load
