@@ -522,8 +522,9 @@ type Endpoint struct {
 	// endpoint: active requests (bits 0-31); the least-loaded key (bits
 	// 32-62): the reported utilization in eighths, 0 to 7 (bits 32-34),
 	// under the load, active requests plus weighted recent errors (bits
-	// 35-62); and a bit set while the endpoint is not Healthy (bit 63). It
-	// sits in a block shared with the endpoints added with it.
+	// 35-62); and a bit set while the endpoint is not Healthy (bit 63).
+	// Under least-loaded it sits in a block shared with the endpoints
+	// added with it; under the round robins, in an endpointLine.
 	w        *packed
 	state    atomic.Uint32
 	errs     atomic.Uint32  // recent errors, halved every error window
