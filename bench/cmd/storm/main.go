@@ -54,6 +54,7 @@ type config struct {
 	before    time.Duration
 	after     time.Duration
 	repeats   int
+	accept    float64
 	serverCPU string
 	loadCPU   string
 	asJSON    bool
@@ -76,6 +77,7 @@ func main() {
 	fs.DurationVar(&c.before, "before", 5*time.Second, "steady traffic before the storm (the baseline)")
 	fs.DurationVar(&c.after, "after", 5*time.Second, "steady traffic measured from the storm's start")
 	fs.IntVar(&c.repeats, "repeats", 2, "runs of each variant, interleaved")
+	fs.Float64Var(&c.accept, "accept-rate", connload.DefaultAcceptRate, "the bounded backend's new connections per second (burst 50)")
 	fs.StringVar(&c.serverCPU, "server-cpu", "0", "CPU to pin the backend to (taskset), empty for none")
 	fs.StringVar(&c.loadCPU, "load-cpu", "1", "CPU to pin this load generator to (taskset), empty for none")
 	fs.BoolVar(&c.asJSON, "json", false, "print one JSON object")
@@ -143,7 +145,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 		return json.NewEncoder(w).Encode(map[string]any{"clients": c.clients, "within_s": c.within.Seconds(), "rate": c.rate, "cost_ms": float64(c.cost) / 1e6, "results": results})
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "%d clients within %v, steady %d CRITICAL req/s at %v each\n", c.clients, c.within, c.rate, c.cost)
+	fmt.Fprintf(tw, "%d clients within %v, steady %d CRITICAL req/s at %v each; bound %v new connections/s\n", c.clients, c.within, c.rate, c.cost, c.accept)
 	fmt.Fprintln(tw, "variant\tbaseline p99 ms\tstorm p99 ms\trise\tsteady failed\tstorm clients failed\tfirst check p50 s\tfirst check max s\tserver CPU s\t")
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.2f\t%d/%d\t%d/%d\t%.2f\t%.2f\t%.2f\t\n", r.Variant, r.BaselineP99MS, r.StormP99MS, r.P99Rise,
@@ -304,7 +306,7 @@ func startServer(c config, variant string, rounds int) (string, int, func(), err
 	if err != nil {
 		return "", 0, nil, err
 	}
-	args := []string{exe, "server", variant, strconv.Itoa(rounds)}
+	args := []string{exe, "server", variant, strconv.Itoa(rounds), strconv.FormatFloat(c.accept, 'f', -1, 64)}
 	if c.serverCPU != "" {
 		if ts, err := exec.LookPath("taskset"); err == nil {
 			args = append([]string{ts, "-c", c.serverCPU}, args...)
@@ -336,8 +338,12 @@ func startServer(c config, variant string, rounds int) (string, int, func(), err
 // connload.Listener with its defaults (bare connections, counted from
 // gRPC's events: triagegrpc.WithConnLoad).
 func serverMain(args []string) error {
-	if len(args) != 2 {
-		return errors.New("usage: storm server bounded|unbounded ROUNDS")
+	if len(args) != 3 {
+		return errors.New("usage: storm server bounded|unbounded ROUNDS ACCEPT-RATE")
+	}
+	rate, err := strconv.ParseFloat(args[2], 64)
+	if err != nil {
+		return fmt.Errorf("bad accept rate %q", args[2])
 	}
 	rounds, err := strconv.Atoi(args[1])
 	if err != nil || rounds < 1 {
@@ -358,7 +364,7 @@ func serverMain(args []string) error {
 		return err
 	}
 	if args[0] == "bounded" {
-		cl, err := connload.NewListener(lis)
+		cl, err := connload.NewListener(lis, connload.WithAcceptRate(rate, connload.DefaultAcceptBurst))
 		if err != nil {
 			return err
 		}
