@@ -68,6 +68,13 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "clients" {
+		if err := clientsMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "storm clients:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var c config
 	fs := flag.NewFlagSet("storm", flag.ContinueOnError)
 	fs.IntVar(&c.clients, "clients", 1000, "new clients in the storm (1-5000)")
@@ -188,38 +195,12 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	fails := make([]bool, n)
 	start := time.Now()
 	var wg sync.WaitGroup
-	// The storm, from c.before on: each client dials, checks health, and
-	// stays connected until the end.
-	type stormClient struct {
-		cc    *grpc.ClientConn
-		first time.Duration
-		err   error
-	}
-	storm := make([]stormClient, c.clients)
-	var stormWG sync.WaitGroup
-	go func() {
-		for i := range storm {
-			at := c.before + time.Duration(float64(i)/float64(c.clients)*float64(c.within))
-			if d := time.Until(start.Add(at)); d > 0 {
-				time.Sleep(d)
-			}
-			stormWG.Add(1)
-			go func() {
-				defer stormWG.Done()
-				t0 := time.Now()
-				cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-				if err != nil {
-					storm[i].err = err
-					return
-				}
-				storm[i].cc = cc
-				hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				_, err = healthpb.NewHealthClient(cc).Check(hctx, &healthpb.HealthCheckRequest{})
-				storm[i].first, storm[i].err = time.Since(t0), err
-			}()
-		}
-	}()
+	// The storm, from c.before on, in a process of its own at the lowest
+	// priority on the load generator's CPU, so that setting up a thousand
+	// clients does not delay this process's steady sends: the steady p99
+	// then speaks of the backend.
+	stormDone := make(chan stormReport, 1)
+	go func() { stormDone <- runStormProcess(c, addr, start.Add(c.before), total-c.before) }()
 	for i := range n {
 		at := time.Duration(float64(i) / float64(c.rate) * float64(time.Second))
 		if d := time.Until(start.Add(at)); d > 0 {
@@ -235,13 +216,8 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 		}()
 	}
 	wg.Wait()
-	stormWG.Wait()
+	sr := <-stormDone
 	r.ServerCPUS = processCPU(pid) - cpu0
-	for _, s := range storm {
-		if s.cc != nil {
-			s.cc.Close()
-		}
-	}
 	split := int(float64(c.rate) * c.before.Seconds())
 	var base, during []time.Duration
 	for i := range n {
@@ -260,19 +236,113 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	if r.BaselineP99MS > 0 {
 		r.P99Rise = r.StormP99MS / r.BaselineP99MS
 	}
-	var firsts []time.Duration
-	for _, s := range storm {
-		if s.err != nil {
-			r.StormFailed++
-		} else {
-			firsts = append(firsts, s.first)
-		}
+	if sr.Err != "" {
+		return r, fmt.Errorf("storm clients: %s", sr.Err)
 	}
-	if len(firsts) > 0 {
-		slices.Sort(firsts)
-		r.StormFirstP50S, r.StormFirstMaxS = firsts[len(firsts)/2].Seconds(), firsts[len(firsts)-1].Seconds()
+	r.StormFailed = sr.Failed
+	if len(sr.FirstNS) > 0 {
+		slices.Sort(sr.FirstNS)
+		r.StormFirstP50S, r.StormFirstMaxS = float64(sr.FirstNS[len(sr.FirstNS)/2])/1e9, float64(sr.FirstNS[len(sr.FirstNS)-1])/1e9
 	}
 	return r, nil
+}
+
+// stormReport is what the storm process prints: each successful client's
+// time to its first health check, and the failures.
+type stormReport struct {
+	FirstNS []int64 `json:"first_ns"`
+	Failed  int     `json:"failed"`
+	Err     string  `json:"err,omitempty"`
+}
+
+// runStormProcess runs "storm clients" at the lowest priority on the load
+// generator's CPU and returns its report.
+func runStormProcess(c config, addr string, at time.Time, hold time.Duration) stormReport {
+	exe, err := os.Executable()
+	if err != nil {
+		return stormReport{Err: err.Error()}
+	}
+	args := []string{exe, "clients", addr, strconv.Itoa(c.clients), strconv.FormatInt(int64(c.within), 10),
+		strconv.FormatInt(at.UnixNano(), 10), strconv.FormatInt(int64(hold), 10)}
+	if c.loadCPU != "" {
+		if ts, err := exec.LookPath("taskset"); err == nil {
+			args = append([]string{ts, "-c", c.loadCPU}, args...)
+		}
+	}
+	if nice, err := exec.LookPath("nice"); err == nil {
+		args = append([]string{nice, "-n", "19"}, args...)
+	}
+	out, err := exec.Command(args[0], args[1:]...).Output()
+	if err != nil {
+		return stormReport{Err: err.Error()}
+	}
+	var r stormReport
+	if err := json.Unmarshal(out, &r); err != nil {
+		return stormReport{Err: err.Error()}
+	}
+	return r
+}
+
+// clientsMain is the storm process: n clients dial addr evenly over
+// within from the wall time at, each checks health (deadline 10 s) and
+// stays connected for hold; it prints a stormReport.
+func clientsMain(args []string) error {
+	if len(args) != 5 {
+		return errors.New("usage: storm clients ADDR N WITHIN-NS AT-UNIXNANO HOLD-NS")
+	}
+	addr := args[0]
+	var nums [4]int64
+	for i, a := range args[1:] {
+		v, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || v < 0 {
+			return fmt.Errorf("bad argument %q", a)
+		}
+		nums[i] = v
+	}
+	n, within, at, hold := int(nums[0]), time.Duration(nums[1]), time.Unix(0, nums[2]), time.Duration(nums[3])
+	if n < 1 || n > 5000 || hold > time.Hour {
+		return errors.New("need 1 <= N <= 5000 and HOLD <= 1h")
+	}
+	firsts := make([]int64, n)
+	errs := make([]error, n)
+	ccs := make([]*grpc.ClientConn, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		if d := time.Until(at.Add(time.Duration(float64(i) / float64(n) * float64(within)))); d > 0 {
+			time.Sleep(d)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := time.Now()
+			cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			ccs[i] = cc
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, errs[i] = healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+			firsts[i] = int64(time.Since(t0))
+		}()
+	}
+	wg.Wait()
+	if d := time.Until(at.Add(hold)); d > 0 {
+		time.Sleep(d)
+	}
+	var r stormReport
+	for i := range n {
+		if ccs[i] != nil {
+			ccs[i].Close()
+		}
+		if errs[i] != nil {
+			r.Failed++
+		} else {
+			r.FirstNS = append(r.FirstNS, firsts[i])
+		}
+	}
+	return json.NewEncoder(os.Stdout).Encode(r)
 }
 
 // p99 of latencies measured from each request's scheduled send time, in ms.
