@@ -7,12 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strings"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -141,15 +138,13 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	if *metrics != "" {
-		ml, err := net.Listen("tcp", *metrics)
+		stopMetrics, err := serveMetrics(*metrics, reg)
 		if err != nil {
 			lis.Close()
 			fmt.Fprintf(stderr, "triage proxy: %v\n", err)
 			return 1
 		}
-		hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go hs.Serve(ml)
-		defer hs.Close()
+		defer stopMetrics()
 	}
 	stopped := make(chan struct{})
 	go func() {

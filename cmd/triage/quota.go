@@ -21,6 +21,18 @@ import (
 	"github.com/triagehq/triage/triageyaml"
 )
 
+// serveMetrics serves reg's metrics over HTTP on addr until the returned
+// function is called.
+func serveMetrics(addr string, reg *prometheus.Registry) (func(), error) {
+	ml, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	go hs.Serve(ml)
+	return func() { hs.Close() }, nil
+}
+
 // runQuotaServer serves the quota service (quotapb.Quota) until ctx is
 // done: tasks report usage and get leases; the policy file is reloaded
 // when it changes, and a bad one is refused with the last good one kept.
@@ -76,14 +88,12 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(triageprom.New().QuotaService(alloc))
-		ml, err := net.Listen("tcp", *metrics)
+		stopMetrics, err := serveMetrics(*metrics, reg)
 		if err != nil {
 			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 			return 1
 		}
-		hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go hs.Serve(ml)
-		defer hs.Close()
+		defer stopMetrics()
 	}
 	go w.Run(ctx, func(err error) {
 		fmt.Fprintf(stderr, "triage quota-server: policy refused, keeping the last good one: %v\n", err)
