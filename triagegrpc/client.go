@@ -3,6 +3,7 @@ package triagegrpc
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -45,6 +46,7 @@ import (
 type Client struct {
 	headers *headerTable
 	policy  *retry.Policy
+	idle    time.Duration
 }
 
 // ClientOption configures a Client.
@@ -53,6 +55,7 @@ type ClientOption interface{ applyClient(*clientConfig) }
 type clientConfig struct {
 	policy   *retry.Policy
 	noPolicy bool
+	idle     time.Duration
 }
 
 type clientOptionFunc func(*clientConfig)
@@ -71,9 +74,25 @@ func WithoutPolicy() ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.policy, c.noPolicy = nil, true })
 }
 
+// DefaultIdleTimeout is how long a connection set up with a Client's
+// DialOptions may carry no call before it goes idle: its connections are
+// closed, and the next call opens them again without failing (SRE book ch.
+// 21, "Load from Connections": an idle client's connections and health
+// checks cost its backends CPU and memory for nothing). Five minutes: long
+// enough that a client calling every few seconds or minutes keeps its
+// connections, so that only the truly idle pay a reconnection (a
+// round trip, and a TLS handshake) on their next call.
+const DefaultIdleTimeout = 5 * time.Minute
+
+// WithIdleTimeout sets how long a connection may carry no call before it
+// goes idle (grpc.WithIdleTimeout). Default DefaultIdleTimeout; 0 never.
+func WithIdleTimeout(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.idle = max(d, 0) })
+}
+
 // NewClient returns a Client.
 func NewClient(opts ...ClientOption) *Client {
-	var cfg clientConfig
+	cfg := clientConfig{idle: DefaultIdleTimeout}
 	for _, o := range opts {
 		o.applyClient(&cfg)
 	}
@@ -84,7 +103,7 @@ func NewClient(opts ...ClientOption) *Client {
 		}
 		cfg.policy = p
 	}
-	return &Client{headers: newHeaderTable(), policy: cfg.policy}
+	return &Client{headers: newHeaderTable(), policy: cfg.policy, idle: cfg.idle}
 }
 
 // Policy returns the Client's policy, nil without one.
@@ -97,6 +116,7 @@ func (c *Client) DialOptions() []grpc.DialOption {
 	opts := []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(c.unary(false)),
 		grpc.WithChainStreamInterceptor(c.stream(false)),
+		grpc.WithIdleTimeout(c.idle),
 	}
 	if c.policy != nil {
 		opts = append(opts, grpc.WithDisableRetry())

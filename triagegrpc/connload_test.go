@@ -72,3 +72,45 @@ func (b bareSpy) Accept() (net.Conn, error) {
 	}
 	return c, err
 }
+
+// A client idle for its idle timeout closes its connection (the server
+// sees it end), and its next call opens a new one without failing.
+func TestClientIdleTimeout(t *testing.T) {
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := connEvents{make(chan struct{}, 8), make(chan struct{}, 8)}
+	l, err := connload.NewListener(raw, connload.WithObserver(ev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(l)
+	defer srv.Stop()
+	cc := dialLoopback(t, l.Addr().String(), triagegrpc.NewClient(triagegrpc.WithoutPolicy(), triagegrpc.WithIdleTimeout(50*time.Millisecond)).DialOptions()...)
+	check := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check()
+	<-ev.accepted
+	select {
+	case <-ev.closed: // the client went idle and dropped its connection
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle client kept its connection")
+	}
+	if s := l.Stats(); s.Open != 0 {
+		t.Fatalf("after the client went idle: %+v", s)
+	}
+	check() // back from idle, on a new connection
+	<-ev.accepted
+	if s := l.Stats(); s.Accepted != 2 {
+		t.Fatalf("stats %+v, want a second connection", s)
+	}
+}
