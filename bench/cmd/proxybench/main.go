@@ -10,17 +10,14 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -84,12 +82,12 @@ func run(callers int, d time.Duration, repeats int, proxyCPU string) error {
 	fmt.Println("run  admission  calls/s  rejected/s  proxy CPU  calls per proxy CPU-second")
 	for r := range repeats {
 		for _, adm := range []bool{true, false} {
-			addr, pid, stop, err := startProxy(blis.Addr().String(), proxyCPU, adm)
+			px, err := child.Start(proxyCPU, "proxy", blis.Addr().String(), strconv.FormatBool(adm))
 			if err != nil {
 				return err
 			}
-			rate, rejected, cpu, err := load(addr, pid, callers, d)
-			stop()
+			rate, rejected, cpu, err := load(px, callers, d)
+			px.Stop()
 			if err != nil {
 				return err
 			}
@@ -102,8 +100,8 @@ func run(callers int, d time.Duration, repeats int, proxyCPU string) error {
 // load runs callers closed-loop through the proxy for d after a second of
 // warm-up, and returns calls answered and rejected (by the proxy's
 // admission control) per second, and the proxy's CPU share.
-func load(addr string, pid, callers int, d time.Duration) (rate, rejected, cpu float64, err error) {
-	cc, err := grpc.NewClient(addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(),
+func load(px *child.Process, callers int, d time.Duration) (rate, rejected, cpu float64, err error) {
+	cc, err := grpc.NewClient(px.Addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return 0, 0, 0, err
@@ -111,7 +109,7 @@ func load(addr string, pid, callers int, d time.Duration) (rate, rejected, cpu f
 	defer cc.Close()
 	var n atomic.Int64
 	var failed atomic.Int64
-	ctx, cancel := context.WithTimeout(context.Background(), d+time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), d+3*time.Second) // ended by cancel after the reading; the timeout is a backstop
 	defer cancel()
 	var wg sync.WaitGroup
 	for range callers {
@@ -132,60 +130,12 @@ func load(addr string, pid, callers int, d time.Duration) (rate, rejected, cpu f
 		}()
 	}
 	time.Sleep(time.Second) // warm-up
-	n0, f0, c0, t0 := n.Load(), failed.Load(), processCPU(pid), time.Now()
+	n0, f0, c0, t0 := n.Load(), failed.Load(), px.CPU(), time.Now()
 	time.Sleep(d)
-	n1, f1, c1, el := n.Load(), failed.Load(), processCPU(pid), time.Since(t0)
+	n1, f1, c1, el := n.Load(), failed.Load(), px.CPU(), time.Since(t0)
 	cancel()
 	wg.Wait()
 	return float64(n1-n0) / el.Seconds(), float64(f1-f0) / el.Seconds(), (c1 - c0) / el.Seconds(), nil
-}
-
-// processCPU returns the CPU seconds process pid used so far, from /proc.
-func processCPU(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) / 100
-}
-
-func startProxy(backend, cpu string, withAdmission bool) (string, int, func(), error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return "", 0, nil, err
-	}
-	args := []string{exe, "proxy", backend, strconv.FormatBool(withAdmission)}
-	if cpu != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			args = append([]string{ts, "-c", cpu}, args...)
-		}
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", 0, nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", 0, nil, err
-	}
-	stop := func() { cmd.Process.Kill(); cmd.Wait() }
-	line, err := bufio.NewReader(out).ReadString('\n')
-	f := strings.Fields(line)
-	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
-		stop()
-		return "", 0, nil, fmt.Errorf("proxy did not start: %q %v", line, err)
-	}
-	go io.Copy(io.Discard, out)
-	return f[1], cmd.Process.Pid, stop, nil
 }
 
 // proxyMain is the proxy process: triage's batch proxy, with or without

@@ -12,7 +12,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -26,7 +25,6 @@ import (
 	"os/signal"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -38,6 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/triagegrpc"
@@ -162,11 +161,12 @@ func run(ctx context.Context, c config, w io.Writer) error {
 }
 
 func runOne(ctx context.Context, c config, variant string, rounds int) (result, error) {
-	addr, pid, stop, err := startServer(c, variant, rounds)
+	srv, err := child.Start(c.serverCPU, "server", variant, strconv.Itoa(rounds), strconv.FormatFloat(c.accept, 'f', -1, 64))
 	if err != nil {
 		return result{}, err
 	}
-	defer stop()
+	defer srv.Stop()
+	addr := srv.Addr
 	r := result{Variant: variant, StormClients: c.clients}
 	opts := append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	var steady []*grpc.ClientConn
@@ -188,7 +188,7 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	}
 	wcancel()
 
-	cpu0 := processCPU(pid)
+	cpu0 := srv.CPU()
 	total := c.before + c.after
 	n := int(float64(c.rate) * total.Seconds())
 	lat := make([]time.Duration, n)
@@ -217,7 +217,7 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	}
 	wg.Wait()
 	sr := <-stormDone
-	r.ServerCPUS = processCPU(pid) - cpu0
+	r.ServerCPUS = srv.CPU() - cpu0
 	split := int(float64(c.rate) * c.before.Seconds())
 	var base, during []time.Duration
 	for i := range n {
@@ -352,55 +352,6 @@ func p99(d []time.Duration) float64 {
 	}
 	slices.Sort(d)
 	return float64(d[len(d)*99/100]) / 1e6
-}
-
-// processCPU returns the CPU seconds (user + system) process pid used so
-// far, from /proc (0 where there is none).
-func processCPU(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (u + st) / 100 // clock ticks (USER_HZ is 100 on Linux)
-}
-
-func startServer(c config, variant string, rounds int) (string, int, func(), error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return "", 0, nil, err
-	}
-	args := []string{exe, "server", variant, strconv.Itoa(rounds), strconv.FormatFloat(c.accept, 'f', -1, 64)}
-	if c.serverCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			args = append([]string{ts, "-c", c.serverCPU}, args...)
-		}
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", 0, nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", 0, nil, err
-	}
-	stop := func() { cmd.Process.Kill(); cmd.Wait() }
-	line, err := bufio.NewReader(out).ReadString('\n')
-	f := strings.Fields(line)
-	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
-		stop()
-		return "", 0, nil, fmt.Errorf("server did not start: %q %v", line, err)
-	}
-	go io.Copy(io.Discard, out)
-	return f[1], cmd.Process.Pid, stop, nil
 }
 
 // serverMain is the backend: admission control, a health service, and a

@@ -1,0 +1,83 @@
+// Package child starts the benchmarks' server processes: this binary again
+// with a sub-command, GOMAXPROCS=1, pinned to a CPU with taskset when
+// there is one, announcing "LISTEN ADDR" on its first line; and reads a
+// process's CPU use from /proc.
+package child
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// Process is a started server process.
+type Process struct {
+	Addr string
+	Pid  int
+	cmd  *exec.Cmd
+}
+
+// Start runs this binary with args, one CPU (cpu: a taskset list; empty:
+// not pinned), and waits for its "LISTEN ADDR" line.
+func Start(cpu string, args ...string) (*Process, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	argv := append([]string{exe}, args...)
+	if cpu != "" {
+		if ts, err := exec.LookPath("taskset"); err == nil {
+			argv = append([]string{ts, "-c", cpu}, argv...)
+		}
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &Process{Pid: cmd.Process.Pid, cmd: cmd}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
+		p.Stop()
+		return nil, fmt.Errorf("%s did not start: %q %v", args[0], line, err)
+	}
+	go io.Copy(io.Discard, out)
+	p.Addr = f[1]
+	return p, nil
+}
+
+// Stop kills the process and waits for it.
+func (p *Process) Stop() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// CPU returns the CPU seconds (user + system) the process used so far.
+func (p *Process) CPU() float64 { return ProcessCPU(p.Pid) }
+
+// ProcessCPU returns the CPU seconds process pid used so far, from /proc
+// (0 where there is none).
+func ProcessCPU(pid int) float64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	return (u + s) / 100 // clock ticks (USER_HZ is 100 on Linux)
+}
