@@ -19,9 +19,10 @@ type connEvents struct{ accepted, closed chan struct{} }
 func (e connEvents) Accepted(time.Duration) { e.accepted <- struct{}{} }
 func (e connEvents) Closed()                { e.closed <- struct{}{} }
 
-// With WithConnLoad, gRPC gets bare connections (*net.TCPConn) and the
-// Listener still counts them open and closed, from gRPC's own events.
-func TestWithConnLoad(t *testing.T) {
+// connLoadListener is a loopback connload.Listener whose events arrive on
+// the returned channels.
+func connLoadListener(t *testing.T) (*connload.Listener, connEvents) {
+	t.Helper()
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -31,6 +32,13 @@ func TestWithConnLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l, ev
+}
+
+// With WithConnLoad, gRPC gets bare connections (*net.TCPConn) and the
+// Listener still counts them open and closed, from gRPC's own events.
+func TestWithConnLoad(t *testing.T) {
+	l, ev := connLoadListener(t)
 	bare := make(chan bool, 8)
 	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
@@ -76,15 +84,7 @@ func (b bareSpy) Accept() (net.Conn, error) {
 // A client idle for its idle timeout closes its connection (the server
 // sees it end), and its next call opens a new one without failing.
 func TestClientIdleTimeout(t *testing.T) {
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := connEvents{make(chan struct{}, 8), make(chan struct{}, 8)}
-	l, err := connload.NewListener(raw, connload.WithObserver(ev))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, ev := connLoadListener(t)
 	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(l)
