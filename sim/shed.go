@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -147,7 +148,7 @@ func Shed(cfg ShedConfig) (*Result, error) {
 	// Headlines at the demand closest to 3x (the mix's design point).
 	d := cfg.Demands[0]
 	for _, x := range cfg.Demands {
-		if abs(x-3) < abs(d-3) {
+		if math.Abs(x-3) < math.Abs(d-3) {
 			d = x
 		}
 	}
@@ -180,13 +181,6 @@ func Shed(cfg ShedConfig) (*Result, error) {
 	}
 	res.Elapsed = time.Since(began)
 	return res, nil
-}
-
-func abs(x float64) float64 {
-	if x < 0 {
-		return -x
-	}
-	return x
 }
 
 // shedReq is a request in the task: waiting for a CPU (in the run queue,

@@ -90,7 +90,7 @@ func forwardedHeader(k string) bool {
 	switch {
 	case strings.HasPrefix(k, ":"), strings.HasPrefix(k, "grpc-"), wire.IsTriage(k):
 		return false
-	case k == "content-type", k == "user-agent", k == "te", k == "authority":
+	case k == "content-type", k == "user-agent":
 		return false
 	}
 	return true
