@@ -5,7 +5,7 @@
 // overload backends through connections alone.
 //
 // A Listener wraps a task's net.Listener. It counts the open connections
-// and the recent rate of new ones, offers the open count as a utilization
+// (busy or idle), the recent rate of new ones and of health checks, offers the open count as a utilization
 // signal (it satisfies admission.Signal), and bounds both: new connections
 // are accepted at most at a rate (a token bucket) and never beyond a
 // maximum open. A connection it does not accept yet waits in the kernel's
@@ -100,24 +100,56 @@ func WithObserver(o Observer) Option { return func(c *config) { c.obs = o } }
 
 // Listener is a net.Listener whose connections are counted and bounded.
 // It is safe for concurrent use. Its memory is fixed: counters, and one
-// wrapper per open connection (at most MaxOpen).
+// wrapper (or, tracked, one Conn handle) per open connection (at most MaxOpen).
 type Listener struct {
 	net.Listener
 	cfg   config
 	start time.Time
 
-	mu       sync.Mutex // guards tokens, last, and the rate ring
+	mu       sync.Mutex // guards tokens, last, and the rate rings
 	tokens   float64
 	last     time.Time
-	ring     [10]int64 // accepts per second of the last rateWindow
-	ringAt   int64     // the second ring's newest slot counts
+	accepts  secRing // accepts per second of the last rateWindow
+	checks   secRing // health checks likewise
 	freed    chan struct{}
 	closed   chan struct{}
 	once     sync.Once
 	open     atomic.Int64
+	busy     atomic.Int64
 	tracked  atomic.Bool
 	accepted atomic.Int64
 	delayed  atomic.Int64
+	health   atomic.Int64
+}
+
+// secRing counts events per second over the last rateWindow.
+type secRing struct {
+	n  [10]int64
+	at int64 // the second n's newest slot counts
+}
+
+// add counts one event in second sec.
+func (r *secRing) add(sec int64) {
+	r.advance(sec)
+	r.n[sec%int64(len(r.n))]++
+}
+
+// advance clears the seconds between the newest and sec.
+func (r *secRing) advance(sec int64) {
+	for s := max(r.at+1, sec-int64(len(r.n))+1); s <= sec; s++ {
+		r.n[s%int64(len(r.n))] = 0
+	}
+	r.at = max(r.at, sec)
+}
+
+// sum is the events in the window ending with second sec.
+func (r *secRing) sum(sec int64) int64 {
+	r.advance(sec)
+	var n int64
+	for _, c := range r.n {
+		n += c
+	}
+	return n
 }
 
 // NewListener wraps l.
@@ -192,12 +224,64 @@ func (l *Listener) Accept() (net.Conn, error) {
 }
 
 // Track makes the caller responsible for the open count: Accept returns
-// bare connections from now on, and the caller calls begin when a
-// connection is set up and end when it ends, once each (a connection
-// whose set-up fails is never counted). Call it before serving.
-func (l *Listener) Track() (begin, end func()) {
+// bare connections from now on, and the caller reports each connection
+// set up to the Tracker (a connection whose set-up fails is never
+// counted). Call it before serving.
+func (l *Listener) Track() *Tracker {
 	l.tracked.Store(true)
-	return func() { l.open.Add(1) }, l.release
+	return &Tracker{l: l}
+}
+
+// Tracker is how a server that sees its own connections' lives reports
+// them to a Listener (see Track).
+type Tracker struct{ l *Listener }
+
+// Open counts a connection set up, and returns its handle.
+func (t *Tracker) Open() *Conn {
+	t.l.open.Add(1)
+	return &Conn{l: t.l}
+}
+
+// Conn is one tracked connection: the server reports the calls it
+// carries, which tell busy connections from idle ones, and its end. Its
+// methods are safe for concurrent use.
+type Conn struct {
+	l     *Listener
+	calls atomic.Int64
+	ended atomic.Bool
+}
+
+// CallBegin reports a call starting on the connection. Long-lived streams
+// that carry no work (a health watch) are not calls.
+func (c *Conn) CallBegin() {
+	if c.calls.Add(1) == 1 {
+		c.l.busy.Add(1)
+	}
+}
+
+// CallEnd reports the end of a call CallBegin reported.
+func (c *Conn) CallEnd() {
+	if c.calls.Add(-1) == 0 {
+		c.l.busy.Add(-1)
+	}
+}
+
+// Close reports the connection's end; later calls do nothing.
+func (c *Conn) Close() {
+	if !c.ended.Swap(true) {
+		c.l.release()
+	}
+}
+
+// HealthCheck counts one health check the server answered (a check, or a
+// health watch opened): health checking is load too, and from many idle
+// clients it can cost more than their requests.
+func (l *Listener) HealthCheck() {
+	l.health.Add(1)
+	sec := int64(l.cfg.clock.Now().Sub(l.start) / time.Second)
+	l.mu.Lock()
+	l.checks.add(sec)
+	l.mu.Unlock()
 }
 
 // release counts a connection's end and wakes an Accept waiting for room.
@@ -233,17 +317,7 @@ func (l *Listener) count() {
 	sec := int64(l.cfg.clock.Now().Sub(l.start) / time.Second)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.advance(sec)
-	l.ring[sec%int64(len(l.ring))]++
-}
-
-// advance clears the ring's seconds between its newest and sec. l.mu is
-// held.
-func (l *Listener) advance(sec int64) {
-	for s := max(l.ringAt+1, sec-int64(len(l.ring))+1); s <= sec; s++ {
-		l.ring[s%int64(len(l.ring))] = 0
-	}
-	l.ringAt = max(l.ringAt, sec)
+	l.accepts.add(sec)
 }
 
 // Close closes the underlying listener and ends waiting Accepts.
@@ -257,22 +331,26 @@ type Stats struct {
 	// Open is the connections open now; Accepted and Delayed count those
 	// accepted since the start, and those that waited for the bounds.
 	Open, Accepted, Delayed int64
+	// Busy is the open connections carrying a call now; the others are
+	// idle. Only servers that report calls (see Track) count it.
+	Busy int64
 	// Rate is the new connections per second over the last ten seconds.
 	Rate float64
+	// HealthChecks counts the health checks answered since the start;
+	// HealthCheckRate is their rate per second over the last ten seconds.
+	HealthChecks    int64
+	HealthCheckRate float64
 }
 
 // Stats returns a snapshot.
 func (l *Listener) Stats() Stats {
 	sec := int64(l.cfg.clock.Now().Sub(l.start) / time.Second)
 	l.mu.Lock()
-	l.advance(sec)
-	var n int64
-	for _, c := range l.ring {
-		n += c
-	}
+	n, h := l.accepts.sum(sec), l.checks.sum(sec)
 	l.mu.Unlock()
-	span := min(float64(sec+1), float64(len(l.ring)))
-	return Stats{Open: l.open.Load(), Accepted: l.accepted.Load(), Delayed: l.delayed.Load(), Rate: float64(n) / span}
+	span := min(float64(sec+1), float64(len(l.accepts.n)))
+	return Stats{Open: l.open.Load(), Accepted: l.accepted.Load(), Delayed: l.delayed.Load(), Busy: l.busy.Load(),
+		Rate: float64(n) / span, HealthChecks: l.health.Load(), HealthCheckRate: float64(h) / span}
 }
 
 // Name implements admission.Signal.

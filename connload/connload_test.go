@@ -160,3 +160,48 @@ func TestConfigErrors(t *testing.T) {
 		t.Error("nil listener accepted")
 	}
 }
+
+// A tracked server reports its connections and their calls: busy is the
+// connections carrying a call now, counted once however many calls; health
+// checks have a count and a rate.
+func TestTrackerBusyAndHealthChecks(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	l, err := connload.NewListener(loopback(t), connload.WithClock(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	tr := l.Track()
+	a, b := tr.Open(), tr.Open()
+	a.CallBegin()
+	a.CallBegin()
+	if s := l.Stats(); s.Open != 2 || s.Busy != 1 {
+		t.Fatalf("two calls on one of two connections: %+v", s)
+	}
+	a.CallEnd()
+	b.CallBegin()
+	if s := l.Stats(); s.Busy != 2 {
+		t.Fatalf("a call on each: %+v", s)
+	}
+	a.CallEnd()
+	b.CallEnd()
+	if s := l.Stats(); s.Busy != 0 || s.Open != 2 {
+		t.Fatalf("no calls: %+v", s)
+	}
+	a.Close()
+	a.Close() // twice: counted once
+	if s := l.Stats(); s.Open != 1 {
+		t.Fatalf("one closed: %+v", s)
+	}
+	for range 20 {
+		l.HealthCheck()
+	}
+	f.Advance(1500 * time.Millisecond)
+	if s := l.Stats(); s.HealthChecks != 20 || s.HealthCheckRate != 10 {
+		t.Fatalf("20 checks in the first of two seconds: %+v", s)
+	}
+	f.Advance(20 * time.Second)
+	if s := l.Stats(); s.HealthChecks != 20 || s.HealthCheckRate != 0 {
+		t.Fatalf("after 20 quiet seconds: %+v", s)
+	}
+}

@@ -2,6 +2,7 @@ package triagegrpc
 
 import (
 	"context"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
@@ -13,28 +14,71 @@ import (
 // connections to l (connload.Listener.Track): serve l itself, and install
 // the option, so that gRPC-Go gets bare connections, which it reads
 // without pinning a buffer per idle connection, while l still counts them
-// and bounds them.
+// and bounds them. It also reports each connection's calls (which tell
+// busy connections from idle ones) and each health check answered (a
+// grpc.health.v1.Health Check, or a Watch opened; a Watch stream is not a
+// call).
 //
 //	cl, _ := connload.NewListener(lis)
 //	srv := grpc.NewServer(append(ts.ServerOptions(), triagegrpc.WithConnLoad(cl))...)
 //	srv.Serve(cl)
 func WithConnLoad(l *connload.Listener) grpc.ServerOption {
-	begin, end := l.Track()
-	return grpc.StatsHandler(connStats{begin: begin, end: end})
+	return grpc.StatsHandler(connStats{l: l, t: l.Track()})
 }
 
-// connStats counts connections from gRPC's connection events.
-type connStats struct{ begin, end func() }
+// connStats counts connections, calls and health checks from gRPC's
+// events. A connection's handle rides in its context; an RPC's events see
+// it through theirs. A health watch's context carries a mark, so that its
+// end is not counted as a call's.
+type connStats struct {
+	l *connload.Listener
+	t *connload.Tracker
+}
 
-func (connStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
-func (connStats) HandleRPC(context.Context, stats.RPCStats)                         {}
-func (connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+type (
+	connKey  struct{}
+	watchKey struct{}
+)
 
-func (c connStats) HandleConn(_ context.Context, s stats.ConnStats) {
+const healthService = "/grpc.health.v1.Health/"
+
+func (c connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return context.WithValue(ctx, connKey{}, new(*connload.Conn))
+}
+
+func (c connStats) HandleConn(ctx context.Context, s stats.ConnStats) {
+	h, _ := ctx.Value(connKey{}).(**connload.Conn)
+	if h == nil {
+		return
+	}
 	switch s.(type) {
 	case *stats.ConnBegin:
-		c.begin()
+		*h = c.t.Open()
 	case *stats.ConnEnd:
-		c.end()
+		if *h != nil {
+			(*h).Close()
+		}
+	}
+}
+
+func (c connStats) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if m, ok := strings.CutPrefix(info.FullMethodName, healthService); ok {
+		c.l.HealthCheck()
+		if m == "Watch" {
+			return context.WithValue(ctx, watchKey{}, true)
+		}
+	}
+	if h, _ := ctx.Value(connKey{}).(**connload.Conn); h != nil && *h != nil {
+		(*h).CallBegin()
+	}
+	return ctx
+}
+
+func (c connStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.End); !ok || ctx.Value(watchKey{}) != nil {
+		return
+	}
+	if h, _ := ctx.Value(connKey{}).(**connload.Conn); h != nil && *h != nil {
+		(*h).CallEnd()
 	}
 }

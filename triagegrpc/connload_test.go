@@ -3,12 +3,14 @@ package triagegrpc_test
 import (
 	"context"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/triagegrpc"
@@ -112,5 +114,67 @@ func TestClientIdleTimeout(t *testing.T) {
 	<-ev.accepted
 	if s := l.Stats(); s.Accepted != 2 {
 		t.Fatalf("stats %+v, want a second connection", s)
+	}
+}
+
+// WithConnLoad also reports calls and health checks: a connection carrying
+// a call is busy until the call ends; a health Check and a health Watch
+// opened are health checks, and the Watch stream, which stays open, does
+// not make its connection busy.
+func TestWithConnLoadCallsAndHealthChecks(t *testing.T) {
+	l, ev := connLoadListener(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
+	srv.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "triage.test.Block",
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{MethodName: "Call", Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			in := new(emptypb.Empty)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			entered <- struct{}{}
+			<-release
+			return in, nil
+		}}},
+	}, struct{}{})
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	go srv.Serve(l)
+	defer srv.Stop()
+	cc := dialLoopback(t, l.Addr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	hc := healthpb.NewHealthClient(cc)
+	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	<-ev.accepted
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); err != nil { // the watch is open on the server
+		t.Fatal(err)
+	}
+	if s := l.Stats(); s.HealthChecks != 2 || s.Busy != 0 || s.Open != 1 {
+		t.Fatalf("after a check and a watch: %+v, want 2 health checks, 0 busy of 1", s)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cc.Invoke(ctx, "/triage.test.Block/Call", new(emptypb.Empty), new(emptypb.Empty)) }()
+	<-entered
+	if s := l.Stats(); s.Busy != 1 {
+		t.Fatalf("during a call: %+v, want 1 busy", s)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The server counts the call's end after its response is written: the
+	// client may see the response first. Wait for it (bounded).
+	for deadline := time.Now().Add(5 * time.Second); l.Stats().Busy != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the call: %+v, want 0 busy", l.Stats())
+		}
+		runtime.Gosched()
 	}
 }

@@ -6,9 +6,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/internal/relay"
@@ -73,5 +77,81 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	}
 	if _, err := relay.Invoke(context.Background(), cc, "x"); err == nil {
 		t.Fatal("the server still serves after Shutdown")
+	}
+}
+
+// An idle client holds no connection and no health check, yet lame duck
+// news reaches it: when its next call wakes it, it connects again and
+// watches each backend's health before the first pick, so that none of
+// its calls lands on the backend that entered lame duck while it slept,
+// and none fails.
+func TestLameDuckReachesIdleClient(t *testing.T) {
+	triagegrpc.RegisterBalancer()
+	var eps []resolver.Endpoint
+	lcs := map[string]*triagegrpc.Lifecycle{}
+	for _, name := range []string{"A", "B"} {
+		hs := health.NewServer()
+		lc, err := triagegrpc.NewLifecycle(hs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := triagegrpc.NewServer(triagegrpc.WithLifecycle(lc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := grpc.NewServer(srv.ServerOptions()...)
+		healthpb.RegisterHealthServer(s, hs)
+		relay.Register(s, &relay.Tier{Name: name})
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: serveLoopback(t, s)}}})
+		lcs[name] = lc
+	}
+	r := manual.NewBuilderWithScheme("idle")
+	r.InitialState(resolver.State{Endpoints: eps})
+	opts := append(triagegrpc.NewClient(triagegrpc.WithoutPolicy(), triagegrpc.WithIdleTimeout(100*time.Millisecond)).DialOptions(),
+		grpc.WithResolvers(r), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"triage": {"policy": "round_robin"}}], "healthCheckConfig": {"serviceName": ""}}`))
+	cc, err := grpc.NewClient(r.Scheme()+":///backends", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	served := func(n int) map[string]int {
+		t.Helper()
+		by := map[string]int{}
+		for range n {
+			trace, err := relay.Invoke(ctx, cc, "x")
+			if err != nil {
+				t.Fatal(err)
+			}
+			by[trace[:1]]++
+		}
+		return by
+	}
+	for by := served(20); by["A"] == 0 || by["B"] == 0; by = served(20) { // both connected and SERVING
+		if ctx.Err() != nil {
+			t.Fatalf("awake, both backends should serve: %v", by)
+		}
+	}
+	idle := func() {
+		t.Helper()
+		for s := cc.GetState(); s != connectivity.Idle; s = cc.GetState() {
+			if !cc.WaitForStateChange(ctx, s) {
+				t.Fatalf("the client never went idle (state %v)", s)
+			}
+		}
+	}
+	idle()
+	lcs["A"].EnterLameDuck() // while the client holds no connection
+	if by := served(20); by["A"] != 0 || by["B"] != 20 {
+		t.Fatalf("woken after A entered lame duck: %v, want all 20 on B", by)
+	}
+	idle()
+	lcs["A"].Ready()
+	for by := served(20); by["A"] == 0; by = served(20) { // A's SERVING arrives by its watch
+		if ctx.Err() != nil {
+			t.Fatal("A never served again after Ready")
+		}
 	}
 }

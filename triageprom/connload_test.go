@@ -13,7 +13,7 @@ import (
 )
 
 // The connection series follow a real loopback listener: two accepted,
-// one closed.
+// one closed; two health checks.
 func TestConnLoadState(t *testing.T) {
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -37,6 +37,8 @@ func TestConnLoadState(t *testing.T) {
 	b, _ := l.Accept()
 	defer b.Close()
 	a.Close()
+	l.HealthCheck()
+	l.HealthCheck()
 	want := `
 # HELP triage_connections_accepted_total Connections accepted.
 # TYPE triage_connections_accepted_total counter
@@ -44,8 +46,11 @@ triage_connections_accepted_total 2
 # HELP triage_connections_open Connections open now.
 # TYPE triage_connections_open gauge
 triage_connections_open 1
+# HELP triage_health_checks_total Health checks answered (checks, and health watches opened).
+# TYPE triage_health_checks_total counter
+triage_health_checks_total 2
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "triage_connections_open", "triage_connections_accepted_total"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "triage_connections_open", "triage_connections_accepted_total", "triage_health_checks_total"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -129,6 +129,7 @@ func TestProxyCommand(t *testing.T) {
 	for _, bad := range [][]string{
 		{"proxy"}, {"proxy", "--backends", "nohostport"}, {"proxy", "--backends", "127.0.0.1:1", "--subset", "2"},
 		{"proxy", "--backends", "127.0.0.1:1", "--trust", "300.1.1.1/8"}, {"proxy", "--backends", "127.0.0.1:1", "--policy", "random"},
+		{"proxy", "--backends", "127.0.0.1:1", "--tolerance", "1"}, {"proxy", "--backends", "127.0.0.1:1", "--queue-factor", "65"}, {"proxy", "--backends", "127.0.0.1:1", "--max-wait", "0s"},
 	} {
 		var o, e strings.Builder
 		if code := run(context.Background(), bad, &o, &e); code != 2 || e.Len() == 0 {

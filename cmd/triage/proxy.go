@@ -38,6 +38,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	policy := fs.String("policy", "weighted_round_robin", "load balancing policy: round_robin, least_loaded or weighted_round_robin")
 	trusted := fs.String("trust", "", "comma-separated networks (CIDR) whose criticality, attempt and customer claims are believed; default: nobody's")
 	noAdmission := fs.Bool("no-admission", false, "forward everything, without the proxy's own admission control (not recommended: the proxy is the fuse)")
+	maxWait := fs.Duration("max-wait", triagegrpc.DefaultProxyMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
+	queueFactor := fs.Int("queue-factor", triagegrpc.DefaultProxyQueueFactor, "the proxy's waiting queue, as a multiple of its execution limit (0-64)")
+	tolerance := fs.Float64("tolerance", triagegrpc.DefaultProxyTolerance, "how far the backends' latency may rise above its recent best before the proxy forwards fewer calls at once (> 1)")
 	metrics := fs.String("metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9091); default none")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -60,6 +63,9 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	case len(addrs) > 10000:
 		fmt.Fprintln(stderr, "triage proxy: at most 10000 backends")
+		return 2
+	case *maxWait <= 0 || *queueFactor < 0 || *queueFactor > 64 || !(*tolerance > 1) || *tolerance > 100:
+		fmt.Fprintln(stderr, "triage proxy: -max-wait must be positive, -queue-factor between 0 and 64, -tolerance in (1, 100]")
 		return 2
 	case *subsetSize < 0 || *subsetSize > len(addrs) || *clientID < 0:
 		fmt.Fprintf(stderr, "triage proxy: -subset must be between 0 and the %d backends, -client-id >= 0\n", len(addrs))
@@ -117,7 +123,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	reg.MustRegister(m)
 	srvOpts := []triagegrpc.ServerOption{triagegrpc.WithTrust(pol)}
 	if !*noAdmission {
-		ctl, err := admission.New(admission.WithObserver(m.Admission()))
+		ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(*maxWait),
+			admission.WithQueueFactor(*queueFactor), admission.WithTolerance(*tolerance))
 		if err != nil {
 			fmt.Fprintf(stderr, "triage proxy: %v\n", err)
 			return 1

@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -36,6 +35,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
@@ -43,7 +43,7 @@ import (
 	"github.com/triagehq/triage/trust"
 )
 
-const method = "/triage.bench.Burn/Burn"
+const method = burn.Method
 
 type config struct {
 	clients   int
@@ -129,7 +129,7 @@ func run(ctx context.Context, c config, w io.Writer) error {
 			exec.Command(ts, "-a", "-pc", c.loadCPU, strconv.Itoa(os.Getpid())).Run()
 		}
 	}
-	rounds := calibrate(c.cost)
+	rounds := burn.Calibrate(c.cost)
 	var results []result
 	for i := 0; i < c.repeats; i++ {
 		for _, v := range []string{"bounded", "unbounded"} {
@@ -392,48 +392,9 @@ func serverMain(args []string) error {
 		lis, opts = cl, append(opts, triagegrpc.WithConnLoad(cl))
 	}
 	s := grpc.NewServer(opts...)
-	s.RegisterService(&grpc.ServiceDesc{
-		ServiceName: "triage.bench.Burn",
-		HandlerType: (*any)(nil),
-		Methods: []grpc.MethodDesc{{MethodName: "Burn", Handler: func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
-			req := new(wrapperspb.StringValue)
-			if err := dec(req); err != nil {
-				return nil, err
-			}
-			h := func(ctx context.Context, _ any) (any, error) {
-				var sum [32]byte
-				for i := 0; i < rounds; i++ {
-					sum = sha256.Sum256(sum[:])
-				}
-				return wrapperspb.String(strconv.Itoa(int(sum[0]))), nil
-			}
-			if in == nil {
-				return h(ctx, req)
-			}
-			return in(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, h)
-		}}},
-	}, struct{}{})
+	burn.Register(s, rounds)
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	fmt.Printf("LISTEN %s\n", lis.Addr())
 	os.Stdout.Sync()
 	return s.Serve(lis)
-}
-
-// calibrate returns the sha256 rounds that take cost of CPU here: the best
-// of 20 timings.
-func calibrate(cost time.Duration) int {
-	var sum [32]byte
-	best := time.Duration(1 << 62)
-	const n = 20000
-	for range 20 {
-		start := time.Now()
-		for i := 0; i < n; i++ {
-			sum = sha256.Sum256(sum[:])
-		}
-		best = min(best, time.Since(start))
-	}
-	if sum[0] == 0 && sum[1] == 0 {
-		fmt.Fprint(io.Discard, sum) // keep the work
-	}
-	return max(1, int(float64(n)*float64(cost)/float64(best)))
 }
