@@ -65,6 +65,7 @@ type config struct {
 	rate      int
 	cost      time.Duration
 	batchCost time.Duration
+	batchCPU  float64
 	before    time.Duration
 	deadline  time.Duration
 	repeats   int
@@ -101,6 +102,7 @@ flags:
 	fs.IntVar(&c.rate, "rate", 300, "interactive CRITICAL requests per second (open loop)")
 	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU per interactive request")
 	fs.DurationVar(&c.batchCost, "batch-cost", time.Millisecond, "CPU per batch call")
+	fs.Float64Var(&c.batchCPU, "batch-cpu", 0, "if > 0, the backend sheds SHEDDABLE_PLUS and SHEDDABLE from this CPU utilization to 0.1 above it (admission.CPU signal; CRITICAL at the default 0.9-1.0)")
 	fs.DurationVar(&c.before, "before", 5*time.Second, "interactive traffic before the job (the baseline)")
 	fs.DurationVar(&c.deadline, "deadline", 60*time.Second, "the batch job's deadline")
 	fs.IntVar(&c.repeats, "repeats", 2, "runs of each variant, interleaved")
@@ -111,7 +113,7 @@ flags:
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	if c.tasks < 1 || c.tasks > 5000 || c.calls < 1 || c.calls > 1000 || c.rate < 1 || c.rate > 20000 || c.cost <= 0 || c.batchCost <= 0 ||
+	if c.tasks < 1 || c.tasks > 5000 || c.calls < 1 || c.calls > 1000 || c.rate < 1 || c.rate > 20000 || c.cost <= 0 || c.batchCost <= 0 || c.batchCPU < 0 || c.batchCPU > 1 ||
 		c.before < time.Second || c.deadline < time.Second || c.deadline > 10*time.Minute || c.repeats < 1 || c.repeats > 10 {
 		fmt.Fprintln(os.Stderr, "batchjob: need 1 <= tasks <= 5000, 1 <= calls <= 1000, 1 <= rate <= 20000, positive costs, before >= 1s, 1s <= deadline <= 10m, 1 <= repeats <= 10")
 		os.Exit(2)
@@ -190,7 +192,7 @@ func run(ctx context.Context, c config) error {
 
 func runOne(ctx context.Context, c config, variant string, rounds, batchRounds int) (result, error) {
 	r := result{Variant: variant, JobCalls: c.tasks * c.calls}
-	srv, err := child.Start(c.serverCPU, "server", strconv.Itoa(rounds), strconv.Itoa(batchRounds))
+	srv, err := child.Start(c.serverCPU, "server", strconv.Itoa(rounds), strconv.Itoa(batchRounds), strconv.FormatFloat(c.batchCPU, 'f', -1, 64))
 	if err != nil {
 		return r, err
 	}
@@ -443,8 +445,12 @@ func p99(d []time.Duration) float64 {
 // method answering the peak of open connections since the last asking and
 // the rejections so far.
 func serverMain(args []string) error {
-	if len(args) != 2 {
-		return errors.New("usage: batchjob server ROUNDS BATCH-ROUNDS")
+	if len(args) != 3 {
+		return errors.New("usage: batchjob server ROUNDS BATCH-ROUNDS BATCH-CPU")
+	}
+	batchCPU, err := strconv.ParseFloat(args[2], 64)
+	if err != nil || batchCPU < 0 || batchCPU > 1 {
+		return fmt.Errorf("bad batch CPU %q", args[2])
 	}
 	rounds, err1 := strconv.Atoi(args[0])
 	batchRounds, err2 := strconv.Atoi(args[1])
@@ -452,7 +458,19 @@ func serverMain(args []string) error {
 		return fmt.Errorf("bad rounds %q %q", args[0], args[1])
 	}
 	var rejected atomic.Int64
-	ctl, err := admission.New(admission.WithObserver(rejectCounter{&rejected}))
+	opts := []admission.Option{admission.WithObserver(rejectCounter{&rejected})}
+	if batchCPU > 0 {
+		cpu, err := admission.CPU{}.Signal()
+		if err != nil {
+			return err
+		}
+		th := admission.DefaultThresholds()
+		for _, l := range []criticality.Level{criticality.Sheddable, criticality.SheddablePlus} {
+			th.Start[l], th.End[l] = batchCPU, batchCPU+0.1
+		}
+		opts = append(opts, admission.WithSignal(cpu, th))
+	}
+	ctl, err := admission.New(opts...)
 	if err != nil {
 		return err
 	}
