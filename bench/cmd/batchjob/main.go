@@ -29,10 +29,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
@@ -76,25 +76,9 @@ type config struct {
 }
 
 func main() {
-	if len(os.Args) > 1 {
-		var err error
-		switch os.Args[1] {
-		case "server":
-			err = serverMain(os.Args[2:])
-		case "proxy":
-			err = proxyMain(os.Args[2:])
-		case "job":
-			err = jobMain(os.Args[2:])
-		default:
-			goto flags
-		}
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "batchjob %s: %v\n", os.Args[1], err)
-			os.Exit(1)
-		}
+	if subcommand() {
 		return
 	}
-flags:
 	var c config
 	fs := flag.NewFlagSet("batchjob", flag.ContinueOnError)
 	fs.IntVar(&c.tasks, "tasks", 500, "batch client tasks started at once (1-5000)")
@@ -120,10 +104,34 @@ flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, c); err != nil {
+	if err := run(ctx, c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "batchjob:", err)
 		os.Exit(1)
 	}
+}
+
+// subcommand runs the child processes' sub-commands (server, proxy, job)
+// and reports whether os.Args named one.
+func subcommand() bool {
+	if len(os.Args) < 2 {
+		return false
+	}
+	var err error
+	switch os.Args[1] {
+	case "server":
+		err = serverMain(os.Args[2:])
+	case "proxy":
+		err = proxyMain(os.Args[2:])
+	case "job":
+		err = jobMain(os.Args[2:])
+	default:
+		return false
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "batchjob %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+	return true
 }
 
 // result is one run of one variant.
@@ -145,12 +153,8 @@ type result struct {
 	BackendRejects int64          `json:"backend_rejected"`
 }
 
-func run(ctx context.Context, c config) error {
-	if c.loadCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			exec.Command(ts, "-a", "-pc", c.loadCPU, strconv.Itoa(os.Getpid())).Run()
-		}
-	}
+func run(ctx context.Context, c config, w io.Writer) error {
+	child.PinSelf(c.loadCPU)
 	rounds, batchRounds := burn.Calibrate(c.cost), burn.Calibrate(c.batchCost)
 	var results []result
 	for range c.repeats {
@@ -176,10 +180,10 @@ func run(ctx context.Context, c config) error {
 		}
 	}
 	if c.asJSON {
-		return json.NewEncoder(os.Stdout).Encode(map[string]any{"tasks": c.tasks, "calls": c.calls, "rate": c.rate,
+		return json.NewEncoder(w).Encode(map[string]any{"tasks": c.tasks, "calls": c.calls, "rate": c.rate,
 			"cost_ms": float64(c.cost) / 1e6, "batch_cost_ms": float64(c.batchCost) / 1e6, "results": results})
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "batch job of %d tasks x %d calls (%v each) started at once; interactive %d CRITICAL req/s at %v straight to the backend\n",
 		c.tasks, c.calls, c.batchCost, c.rate, c.cost)
 	fmt.Fprintln(tw, "job sent\tinteractive p99 before ms\tduring ms\trise\tinteractive success\tjob calls done\tjob time s\ttries per call\tbackend peak conns\tbackend rejected\tbackend CPU s\t")
@@ -326,35 +330,17 @@ type jobReport struct {
 
 // runJob runs "batchjob job" at the lowest priority on the load CPU.
 func runJob(c config, target string, at time.Time) jobReport {
-	exe, err := os.Executable()
-	if err != nil {
-		return jobReport{Err: err.Error()}
-	}
-	args := []string{exe, "job", target, strconv.Itoa(c.tasks), strconv.Itoa(c.calls),
-		strconv.FormatInt(at.UnixNano(), 10), strconv.FormatInt(int64(c.deadline), 10)}
-	if c.loadCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			args = append([]string{ts, "-c", c.loadCPU}, args...)
-		}
-	}
-	if nice, err := exec.LookPath("nice"); err == nil {
-		args = append([]string{nice, "-n", "19"}, args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return jobReport{Err: err.Error()}
-	}
 	var r jobReport
-	if err := json.Unmarshal(out, &r); err != nil {
+	if err := child.RunLow(c.loadCPU, &r, "job", target, strconv.Itoa(c.tasks), strconv.Itoa(c.calls),
+		strconv.FormatInt(at.UnixNano(), 10), strconv.FormatInt(int64(c.deadline), 10)); err != nil {
 		return jobReport{Err: err.Error()}
 	}
 	return r
 }
 
 // jobMain is the batch job: TASKS tasks start at the wall time AT, each
-// with its own connection to TARGET and triage's client policy, and make
+// with its own connection to TARGET (triage's criticality and attempt
+// counter, no client policy: see the command's doc), and make
 // CALLS calls one after the other; a failed call is tried again after a
 // jittered exponential backoff (50 ms doubling to 2 s), until DEADLINE
 // after AT.
@@ -363,13 +349,9 @@ func jobMain(args []string) error {
 		return errors.New("usage: batchjob job TARGET TASKS CALLS AT-UNIXNANO DEADLINE-NS")
 	}
 	target := args[0]
-	var nums [4]int64
-	for i, a := range args[1:] {
-		v, err := strconv.ParseInt(a, 10, 64)
-		if err != nil || v < 0 {
-			return fmt.Errorf("bad argument %q", a)
-		}
-		nums[i] = v
+	nums, err := child.Counts(args[1:])
+	if err != nil {
+		return err
 	}
 	tasks, calls, at, deadline := int(nums[0]), int(nums[1]), time.Unix(0, nums[2]), time.Duration(nums[3])
 	if tasks < 1 || tasks > 5000 || calls < 1 || calls > 1000 || deadline > 10*time.Minute {

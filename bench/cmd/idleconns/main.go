@@ -32,7 +32,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"runtime"
 	"slices"
@@ -98,11 +97,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if c.loadCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			exec.Command(ts, "-a", "-pc", c.loadCPU, strconv.Itoa(os.Getpid())).Run()
-		}
-	}
+	child.PinSelf(c.loadCPU)
 	var results []result // none (the baseline: a backend with no clients), active, idle
 	for _, mode := range []string{"none", "active", "idle"} {
 		r, err := runMode(ctx, c, mode)

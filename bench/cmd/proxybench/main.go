@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,11 +52,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "proxybench: need 1 <= callers <= 4096, 1s <= duration <= 5m, 1 <= repeats <= 20")
 		os.Exit(2)
 	}
-	if *loadCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			exec.Command(ts, "-a", "-pc", *loadCPU, strconv.Itoa(os.Getpid())).Run()
-		}
-	}
+	child.PinSelf(*loadCPU)
 	if err := run(*callers, *d, *repeats, *proxyCPU); err != nil {
 		fmt.Fprintln(os.Stderr, "proxybench:", err)
 		os.Exit(1)

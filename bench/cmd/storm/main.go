@@ -20,7 +20,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
@@ -124,11 +123,7 @@ type result struct {
 }
 
 func run(ctx context.Context, c config, w io.Writer) error {
-	if c.loadCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			exec.Command(ts, "-a", "-pc", c.loadCPU, strconv.Itoa(os.Getpid())).Run()
-		}
-	}
+	child.PinSelf(c.loadCPU)
 	rounds := burn.Calibrate(c.cost)
 	var results []result
 	for i := 0; i < c.repeats; i++ {
@@ -258,26 +253,9 @@ type stormReport struct {
 // runStormProcess runs "storm clients" at the lowest priority on the load
 // generator's CPU and returns its report.
 func runStormProcess(c config, addr string, at time.Time, hold time.Duration) stormReport {
-	exe, err := os.Executable()
-	if err != nil {
-		return stormReport{Err: err.Error()}
-	}
-	args := []string{exe, "clients", addr, strconv.Itoa(c.clients), strconv.FormatInt(int64(c.within), 10),
-		strconv.FormatInt(at.UnixNano(), 10), strconv.FormatInt(int64(hold), 10)}
-	if c.loadCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			args = append([]string{ts, "-c", c.loadCPU}, args...)
-		}
-	}
-	if nice, err := exec.LookPath("nice"); err == nil {
-		args = append([]string{nice, "-n", "19"}, args...)
-	}
-	out, err := exec.Command(args[0], args[1:]...).Output()
-	if err != nil {
-		return stormReport{Err: err.Error()}
-	}
 	var r stormReport
-	if err := json.Unmarshal(out, &r); err != nil {
+	if err := child.RunLow(c.loadCPU, &r, "clients", addr, strconv.Itoa(c.clients), strconv.FormatInt(int64(c.within), 10),
+		strconv.FormatInt(at.UnixNano(), 10), strconv.FormatInt(int64(hold), 10)); err != nil {
 		return stormReport{Err: err.Error()}
 	}
 	return r
@@ -291,13 +269,9 @@ func clientsMain(args []string) error {
 		return errors.New("usage: storm clients ADDR N WITHIN-NS AT-UNIXNANO HOLD-NS")
 	}
 	addr := args[0]
-	var nums [4]int64
-	for i, a := range args[1:] {
-		v, err := strconv.ParseInt(a, 10, 64)
-		if err != nil || v < 0 {
-			return fmt.Errorf("bad argument %q", a)
-		}
-		nums[i] = v
+	nums, err := child.Counts(args[1:])
+	if err != nil {
+		return err
 	}
 	n, within, at, hold := int(nums[0]), time.Duration(nums[1]), time.Unix(0, nums[2]), time.Duration(nums[3])
 	if n < 1 || n > 5000 || hold > time.Hour {

@@ -1,11 +1,13 @@
 // Package child starts the benchmarks' server processes: this binary again
 // with a sub-command, GOMAXPROCS=1, pinned to a CPU with taskset when
-// there is one, announcing "LISTEN ADDR" on its first line; and reads a
-// process's CPU use from /proc.
+// there is one, announcing "LISTEN ADDR" on its first line; runs a load
+// process of its own at the lowest priority (RunLow) and pins this one
+// (PinSelf); and reads a process's CPU use from /proc.
 package child
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -80,4 +82,54 @@ func ProcessCPU(pid int) float64 {
 	u, _ := strconv.ParseFloat(f[11], 64)
 	s, _ := strconv.ParseFloat(f[12], 64)
 	return (u + s) / 100 // clock ticks (USER_HZ is 100 on Linux)
+}
+
+// PinSelf pins this process, every thread of it, to cpu (a taskset list)
+// when cpu is not empty and taskset exists.
+func PinSelf(cpu string) {
+	if cpu == "" {
+		return
+	}
+	if ts, err := exec.LookPath("taskset"); err == nil {
+		exec.Command(ts, "-a", "-pc", cpu, strconv.Itoa(os.Getpid())).Run()
+	}
+}
+
+// RunLow runs this binary with args at the lowest priority (nice 19, when
+// there is nice) on cpu (when not empty), waits for it, and decodes its
+// standard output, one JSON value, into v.
+func RunLow(cpu string, v any, args ...string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	argv := append([]string{exe}, args...)
+	if cpu != "" {
+		if ts, err := exec.LookPath("taskset"); err == nil {
+			argv = append([]string{ts, "-c", cpu}, argv...)
+		}
+	}
+	if nice, err := exec.LookPath("nice"); err == nil {
+		argv = append([]string{nice, "-n", "19"}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(out, v)
+}
+
+// Counts parses a sub-command's arguments as non-negative integers.
+func Counts(args []string) ([]int64, error) {
+	nums := make([]int64, len(args))
+	for i, a := range args {
+		v, err := strconv.ParseInt(a, 10, 64)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("bad argument %q", a)
+		}
+		nums[i] = v
+	}
+	return nums, nil
 }
