@@ -97,11 +97,19 @@ type Allocator struct {
 	used      map[string]*[criticality.NumLevels]float64
 	swept     int64
 	served    atomic.Uint64
+	mode      Mode
+	// holding sums, per customer, the shares the live tasks may hold
+	// (ModePessimistic only; see taskState.hold).
+	holding map[string]float64
 }
 
 type taskState struct {
 	last     int64
 	customer []CustomerUsage
+	// hold is, per customer, the share the task may be enforcing now: the
+	// larger of the share last granted and the share it last reported
+	// (ModePessimistic only).
+	hold map[string]float64
 }
 
 // ErrTooManyTasks is returned by Refresh when MaxTasks live tasks are
@@ -115,6 +123,7 @@ type allocatorConfig struct {
 	lease, refresh time.Duration
 	maxTasks       int
 	clock          clock.Clock
+	mode           Mode
 }
 
 // WithLease sets how long a lease is valid. Default 30 s: long against
@@ -128,6 +137,15 @@ func WithRefresh(d time.Duration) AllocatorOption { return func(c *allocatorConf
 
 // WithMaxTasks bounds the tasks known. Default 10,000.
 func WithMaxTasks(n int) AllocatorOption { return func(c *allocatorConfig) { c.maxTasks = n } }
+
+// WithAllocatorMode sets the throttling mode. In ModePessimistic the
+// shares of each customer's limit held by the live tasks never sum to more
+// than 1: demand is split without the extra floor, and a task's share is
+// raised only into room the other tasks have confirmed (a task holds the
+// larger of the share last granted to it and the share it last reported
+// holding, until it reports the smaller one). Pair it with Enforcers in
+// ModePessimistic. Default ModeOptimistic.
+func WithAllocatorMode(m Mode) AllocatorOption { return func(c *allocatorConfig) { c.mode = m } }
 
 // WithAllocatorClock sets the clock. Default clock.Real().
 func WithAllocatorClock(c clock.Clock) AllocatorOption {
@@ -149,9 +167,13 @@ func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
 	if c.maxTasks < 1 || c.maxTasks > MaxCustomers {
 		return nil, errors.New("quota: max tasks out of range")
 	}
+	if c.mode > ModePessimistic {
+		return nil, fmt.Errorf("quota: unknown throttling mode %d", c.mode)
+	}
 	clk := clock.OrReal(c.clock)
 	a := &Allocator{
 		since: clock.SinceFunc(clk, clk.Now()), lease: c.lease, refresh: c.refresh, maxTasks: c.maxTasks,
+		mode: c.mode, holding: map[string]float64{},
 		tasks: map[string]*taskState{}, total: map[string]float64{}, demanding: map[string]int{}, used: map[string]*[criticality.NumLevels]float64{},
 	}
 	a.policy.Store(p)
@@ -191,6 +213,9 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 		t = &taskState{}
 		a.tasks[r.Task] = t
 	}
+	if a.mode == ModePessimistic {
+		a.release(t)
+	}
 	a.account(t.customer, -1)
 	t.customer = append(t.customer[:0], r.Customers...)
 	t.last = now
@@ -216,7 +241,21 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 			return 1 / n
 		}
 		f := 0.05 * d / n
+		if a.mode == ModePessimistic { // every task's floor inside the limit
+			return min(1, (mine[customer]+f)/(d+n*f))
+		}
 		return min(1, (mine[customer]+f)/(d+float64(a.demanding[customer])*f))
+	}
+	if a.mode == ModePessimistic {
+		inner := share
+		share = func(customer string) float64 {
+			room := max(0, 1-a.holding[customer])
+			s := min(inner(customer), room)
+			h := max(s, held[customer])
+			t.hold[customer] = h
+			a.holding[customer] += h
+			return s
+		}
 	}
 	ls := Lease{Duration: a.lease, Refresh: a.refresh, Fallback: p.fallback, Tasks: p.tasks,
 		Default: grantOf("", p.def, 1/n)}
@@ -237,6 +276,19 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 	}
 	a.served.Add(1)
 	return ls, nil
+}
+
+// release takes a task's holds out of the running sums (ModePessimistic).
+func (a *Allocator) release(t *taskState) {
+	for c, h := range t.hold {
+		if a.holding[c] -= h; a.holding[c] <= 1e-12 {
+			delete(a.holding, c)
+		}
+	}
+	if t.hold == nil {
+		t.hold = map[string]float64{}
+	}
+	clear(t.hold)
 }
 
 func grantOf(name string, l limit, share float64) Grant {
@@ -285,8 +337,12 @@ func (a *Allocator) sweep(now int64) {
 	clear(a.total)
 	clear(a.used)
 	clear(a.demanding)
+	clear(a.holding)
 	for _, t := range a.tasks {
 		a.account(t.customer, +1)
+		for c, h := range t.hold {
+			a.holding[c] += h
+		}
 	}
 }
 

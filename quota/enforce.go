@@ -2,6 +2,7 @@ package quota
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -28,7 +29,13 @@ type Limits interface {
 //   - A hard limit is never exceeded: a customer whose usage over the
 //     last window (Usage.WindowFrom, default 4 s) has reached it is
 //     refused whatever the load, so over any window it uses at most its
-//     limit times the window, plus what it has in flight at that moment.
+//     limit times the window, plus what it has in flight at that moment;
+//     below that bound, its recent rate (Usage.From) is held at 98-99%
+//     of the limit the way fairness holds soft limits (below), so the
+//     served rate settles just under the limit instead of all-then-nothing
+//     every window. This is optimistic throttling (ModeOptimistic): when
+//     demand jumps, the customer overshoots until the measurement catches
+//     up; ModePessimistic holds the limit ahead of the usage.
 //   - A soft limit (the default) is enforced only while the task is
 //     overloaded (work conservation): with spare capacity an over-quota
 //     customer is served in full.
@@ -75,6 +82,7 @@ type Enforcer struct {
 	overSeen atomic.Bool // an overloaded Admit in this interval
 	refused  [criticality.NumLevels]atomic.Uint64
 	errOut   *outcome.Error
+	budgets  *budgets // ModePessimistic only
 }
 
 type limitsBox struct{ Limits }
@@ -88,6 +96,8 @@ type enforcerConfig struct {
 	capacity float64
 	overload func() bool
 	random   func() float64
+	mode     Mode
+	headroom float64
 }
 
 // WithAdjustInterval sets how often the fairness threshold moves. Default
@@ -128,7 +138,7 @@ func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, er
 	if limits == nil || u == nil {
 		return nil, errors.New("quota: an Enforcer needs Limits and a Usage")
 	}
-	c := enforcerConfig{interval: 250 * time.Millisecond}
+	c := enforcerConfig{interval: 250 * time.Millisecond, headroom: DefaultHeadroom}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -138,6 +148,12 @@ func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, er
 	if math.IsNaN(c.capacity) || c.capacity < 0 || c.capacity > MaxLimit {
 		return nil, errors.New("quota: capacity must be a number in [0, 1e6]")
 	}
+	if c.mode > ModePessimistic {
+		return nil, fmt.Errorf("quota: unknown throttling mode %d", c.mode)
+	}
+	if math.IsNaN(c.headroom) || c.headroom < 0 || c.headroom > 0.9 {
+		return nil, errors.New("quota: headroom must be in [0, 0.9]")
+	}
 	if c.random == nil {
 		c.random = rand.Float64
 	}
@@ -146,6 +162,9 @@ func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, er
 		usage: u, since: clock.SinceFunc(clk, clk.Now()), interval: c.interval,
 		capacity: c.capacity, overload: c.overload, random: c.random,
 		errOut: &outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second},
+	}
+	if c.mode == ModePessimistic {
+		e.budgets = &budgets{max: u.max, headroom: c.headroom, burst: DefaultBurst.Seconds(), byName: map[string]*budget{}}
 	}
 	e.limits.Store(&limitsBox{limits})
 	e.tau.Store(math.Float64bits(math.Inf(1)))
@@ -187,15 +206,30 @@ func (e *Enforcer) Overloaded() bool {
 
 // Admit says whether a request of customer at level l may run now. It
 // returns nil or the shared out-of-quota error (do not modify it). The
-// caller adds the request's cost to the Usage when it is done.
+// caller reports the request's cost with Done (or Usage.Add) when it is
+// done. In ModePessimistic use Reserve instead.
 func (e *Enforcer) Admit(customer string, l criticality.Level) error {
+	_, err := e.Reserve(customer, l)
+	return err
+}
+
+// Reserve is Admit that also returns what the request reserved from its
+// customer's budget in ModePessimistic (zero otherwise): pass it to Done.
+func (e *Enforcer) Reserve(customer string, l criticality.Level) (Reservation, error) {
 	if !l.Valid() {
 		l = criticality.Default
 	}
 	limit, hard := e.limits.Load().Limit(customer, l)
 	if math.IsInf(limit, 1) {
-		return nil
+		return Reservation{}, nil
 	}
+	if e.budgets != nil {
+		return e.reservePessimistic(customer, l, limit)
+	}
+	return Reservation{}, e.admitOptimistic(customer, l, limit, hard)
+}
+
+func (e *Enforcer) admitOptimistic(customer string, l criticality.Level, limit float64, hard bool) error {
 	overloaded := e.Overloaded()
 	if overloaded {
 		e.overSeen.Store(true)
@@ -207,7 +241,14 @@ func (e *Enforcer) Admit(customer string, l criticality.Level) error {
 		return nil // work conservation
 	}
 	if hard {
-		if e.usage.WindowFrom(customer, l) >= limit {
+		if limit <= 0 || e.usage.WindowFrom(customer, l) >= limit {
+			return e.refuse(customer, l)
+		}
+		// Below the window's bound, the recent rate is held just under the
+		// limit (98-99%), so that the served rate settles there instead
+		// of all-then-nothing every window.
+		over := (e.usage.From(customer, l)/(0.98*limit) - 1) / 0.01
+		if over > 0 && (over >= 1 || e.random() < over) {
 			return e.refuse(customer, l)
 		}
 		return nil

@@ -23,8 +23,9 @@ type admitted struct {
 	customer       string
 	ctl            *admission.Controller // nil without admission control
 	ticket         admission.Ticket
-	meter          *cost.Meter  // nil without quotas
-	usage          *quota.Usage // with meter
+	meter          *cost.Meter     // nil without quotas
+	quota          *quota.Enforcer // with meter
+	reserved       quota.Reservation
 	cost           cost.Tracker // outgoing calls mark waits on it
 }
 
@@ -57,18 +58,21 @@ func admittedOf(ctx context.Context) *admitted {
 }
 
 // admit asks the controller at arrival and returns the request's context.
-func (s *Server) admit(ctx context.Context, l criticality.Level, n int, customer string) (context.Context, error) {
+func (s *Server) admit(ctx context.Context, l criticality.Level, n int, customer string, res quota.Reservation) (context.Context, error) {
 	var t admission.Ticket
 	if s.admission != nil {
 		deadline, _ := ctx.Deadline()
 		// The ticket lives on the stack until the request is admitted, so
 		// a rejection allocates nothing here.
 		if err := s.admission.Arrive(&t, l, n, deadline); err != nil {
+			if s.quota != nil {
+				s.quota.Cancel(customer, res)
+			}
 			return nil, s.rejection(err)
 		}
 	}
 	return &admitted{Context: ctx, level: uint8(l), attempt: uint8(n), customer: customer,
-		ctl: s.admission, ticket: t, meter: s.meter, usage: s.usage}, nil
+		ctl: s.admission, ticket: t, meter: s.meter, quota: s.quota, reserved: res}, nil
 }
 
 // start takes an execution slot for the handler and starts measuring its
@@ -93,6 +97,6 @@ func (n *admitted) finish() {
 		n.ctl.Done(&n.ticket)
 	}
 	if n.meter != nil {
-		n.usage.Add(n.customer, criticality.Level(n.level), n.cost.Stop())
+		n.quota.Done(n.customer, criticality.Level(n.level), n.reserved, n.cost.Stop())
 	}
 }

@@ -34,7 +34,6 @@ type Server struct {
 	customerID bool      // the peer's mTLS identity names the customer
 	quota      *quota.Enforcer
 	meter      *cost.Meter
-	usage      *quota.Usage
 	outOfQuota error
 	// rejections holds the status error of every admission rejection,
 	// built once in compact form (see compactStatus), so that rejecting
@@ -144,7 +143,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("triagegrpc: WithQuota needs both an Enforcer and a cost Meter")
 	}
 	if c.quota != nil {
-		s.quota, s.meter, s.usage = c.quota, c.cost, c.quota.Usage()
+		s.quota, s.meter = c.quota, c.cost
 		s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
 	}
 	clk := clock.OrReal(c.clock)
@@ -308,13 +307,17 @@ func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string
 		customer = quota.Customer(p.Identities[0])
 	}
 	d := s.classifier.Classify(&req)
-	if s.quota != nil && s.quota.Admit(customer, d.Level) != nil {
-		return nil, s.outOfQuota
+	var res quota.Reservation
+	if s.quota != nil {
+		var err error
+		if res, err = s.quota.Reserve(customer, d.Level); err != nil {
+			return nil, s.outOfQuota
+		}
 	}
 	if s.admission == nil && s.quota == nil {
 		return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n), customer), nil
 	}
-	return s.admit(ctx, d.Level, n, customer)
+	return s.admit(ctx, d.Level, n, customer, res)
 }
 
 // strip deletes every triage key from md, reporting each to obs, and says

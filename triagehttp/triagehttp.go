@@ -147,8 +147,10 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 			r, d := c.classify(r)
 			ctx := r.Context()
 			customer := quota.CustomerOf(ctx)
+			var res quota.Reservation
 			if c.quota != nil {
-				if err := c.quota.Admit(customer, d.Level); err != nil {
+				var err error
+				if res, err = c.quota.Reserve(customer, d.Level); err != nil {
 					WriteError(w, err)
 					return
 				}
@@ -162,6 +164,9 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 					err = c.admission.Start(ctx, &tk)
 				}
 				if err != nil {
+					if c.quota != nil {
+						c.quota.Cancel(customer, res)
+					}
 					if !WriteError(w, err) {
 						w.WriteHeader(http.StatusServiceUnavailable) // the caller went away while waiting
 					}
@@ -172,7 +177,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				t := new(cost.Tracker)
 				t.Start(c.meter)
 				r = r.WithContext(cost.NewContext(ctx, t))
-				defer func() { c.quota.Usage().Add(customer, d.Level, t.Stop()) }()
+				defer func() { c.quota.Done(customer, d.Level, res, t.Stop()) }()
 			}
 			next.ServeHTTP(w, r)
 		})

@@ -51,6 +51,7 @@ func TestRunArguments(t *testing.T) {
 		{[]string{"quota-server", "-config", badQuota}, 1, "is negative"},
 		{[]string{"quota-server", "-config", goodQuota, "-refresh", "10s", "-lease", "5s"}, 2, "-refresh <= -lease"},
 		{[]string{"quota-server", "-config", goodQuota, "-listen", "not-an-address"}, 1, "missing port"},
+		{[]string{"quota-server", "-config", goodQuota, "-mode", "cautious"}, 2, "unknown throttling mode"},
 	}
 	for _, tt := range tests {
 		var out, errb strings.Builder

@@ -45,6 +45,7 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	refresh := fs.Duration("refresh", 5*time.Second, "how often tasks renew their lease (jittered ±25% by each task)")
 	reload := fs.Duration("reload", time.Second, "how often the policy file is checked for changes")
 	metrics := fs.String("metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9090); default none")
+	modeName := fs.String("mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -62,6 +63,11 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintln(stderr, "triage quota-server: need 0 < -refresh <= -lease <= 24h and a positive -reload")
 		return 2
 	}
+	mode, err := quota.ParseMode(*modeName)
+	if err != nil {
+		fmt.Fprintf(stderr, "triage quota-server: -mode: %v\n", err)
+		return 2
+	}
 	var alloc *quota.Allocator
 	w, err := triageyaml.WatchQuota(*config, func(p *quota.Policy) {
 		if alloc != nil {
@@ -74,7 +80,7 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 1
 	}
 	p, _ := triageyaml.LoadQuota(*config) // just validated by WatchQuota
-	if alloc, err = quota.NewAllocator(p, quota.WithLease(*lease), quota.WithRefresh(*refresh)); err != nil {
+	if alloc, err = quota.NewAllocator(p, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode)); err != nil {
 		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 		return 1
 	}

@@ -32,6 +32,9 @@ const simUsage = `Usage:
                                   it the failure cascades
   triage sim stack [flags]        attempts reaching an overloaded DB through the
                                   stack of Figure 21-2, with and without triage's rule
+  triage sim throttling [flags]   the CRE post's optimistic and pessimistic throttling:
+                                  a customer's global usage per 1 s window against its
+                                  limit while its demand surges and moves between tasks
 `
 
 func runSim(args []string, stdout, stderr io.Writer) int {
@@ -39,7 +42,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "subsetting":
 			return runSimSubsetting(args[1:], stdout, stderr)
-		case "lb", "throttle", "retry", "stack", "shed", "cascade":
+		case "lb", "throttle", "retry", "stack", "shed", "cascade", "throttling":
 			return runSimScenario(args[0], args[1:], stdout, stderr)
 		case "-h", "--help", "help":
 			fmt.Fprint(stdout, simUsage)
@@ -119,6 +122,20 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 				return nil, errors.New("tasks, lost, lose-at, load and duration must be positive")
 			}
 			return sim.Cascade(sim.CascadeConfig{Tasks: *tasks, Lost: *lost, LoseAt: *loseAt, Load: *load, Duration: *duration, Seed: *seed})
+		}
+	case "throttling":
+		tasks := fs.Int("tasks", 4, "tasks serving the customer (2-64)")
+		limit := fs.Float64("limit", 2, "the customer's global hard limit, CPU-seconds per second (0.01-1000)")
+		surge := fs.Float64("surge", 3, "demand during the surge, times the limit (1-100)")
+		cost := fs.Duration("cost", 2*time.Millisecond, "mean CPU per request (10us-100ms)")
+		refresh := fs.Duration("refresh", time.Second, "how often each task renews its lease (100ms-30s)")
+		duration := fs.Duration("duration", time.Minute, "virtual length of each run (20s-10m)")
+		run = func() (*sim.Result, error) {
+			if *tasks < 1 || *limit <= 0 || *surge <= 0 || *cost <= 0 || *refresh <= 0 || *duration <= 0 { // 0 would mean the default
+				return nil, errors.New("tasks, limit, surge, cost, refresh and duration must be positive")
+			}
+			return sim.Throttling(sim.ThrottlingConfig{Tasks: *tasks, Limit: *limit, Surge: *surge, Cost: *cost,
+				Refresh: *refresh, Duration: *duration, Seed: *seed})
 		}
 	case "stack":
 		requests := fs.Int("requests", 10000, "user requests (1-1000000)")

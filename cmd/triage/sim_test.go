@@ -196,4 +196,8 @@ func TestSimCascade(t *testing.T) {
 		t.Fatalf("scenario %q, %d headlines", scenario, len(hs))
 	}
 	refused(t, []string{"sim", "cascade", "--tasks", "5", "--lost", "5"}, []string{"sim", "cascade", "--load", "-1"})
+	if scenario, hs := scenarioJSON(t, "sim", "throttling", "--json", "--duration", "24s"); scenario != "throttling" || len(hs) != 8 {
+		t.Errorf("throttling: scenario %q, %d headlines", scenario, len(hs))
+	}
+	refused(t, []string{"sim", "throttling", "--tasks", "1"}, []string{"sim", "throttling", "--limit", "-1"}, []string{"sim", "throttling", "--duration", "1h"})
 }
