@@ -263,8 +263,8 @@ type Controller struct {
 	probing        bool            // this interval runs at the minimum limit
 	resume         int64           // the limit to return to after the probe
 	intervals      int64
-	mu             sync.Mutex // guards the queues
-	queues         [criticality.NumLevels]fifo
+	mu             sync.Mutex                      // guards the queues
+	queues         [2 * criticality.NumLevels]fifo // by rank
 
 	// hot holds every counter that every request writes, on one cache
 	// line: each request writes them all, so that on separate lines every

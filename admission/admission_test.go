@@ -354,3 +354,65 @@ func TestOverloadedFollowsShedding(t *testing.T) {
 		t.Error("still overloaded an interval after the last rejection")
 	}
 }
+
+// A request whose criticality has decayed (the CRE post: the front page is
+// worthless after 2 s) ranks below fresh SHEDDABLE requests: a freed slot
+// goes to the fresh one, and a full queue sheds the decayed one first.
+func TestDecayedWaitersRankBelowFreshSheddable(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(time.Hour))
+	var running admission.Ticket
+	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	if err := c.Start(context.Background(), &running); err != nil {
+		t.Fatal(err)
+	}
+	frontPage := criticality.WithDecay(context.Background(), criticality.Decay{At: epoch.Add(2 * time.Second), To: criticality.Sheddable})
+	tickets := make([]admission.Ticket, 10)
+	done := make(chan result, 10)
+	queue := func(i int, ctx context.Context, l criticality.Level) {
+		t.Helper()
+		if err := c.Arrive(&tickets[i], l, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- result{i, c.Start(ctx, &tickets[i])} }()
+	}
+	// 0 and 1: the front page (CRITICAL, decays at 2 s); 2: fresh SHEDDABLE.
+	queue(0, frontPage, criticality.Critical)
+	waitQueued(t, c, 1, f)
+	queue(1, frontPage, criticality.Critical)
+	waitQueued(t, c, 2, f)
+	f.Advance(time.Second)
+	queue(2, context.Background(), criticality.Sheddable)
+	waitQueued(t, c, 3, f)
+	// Before the decay, the front page is served before SHEDDABLE.
+	c.Done(&running)
+	if r := <-done; r.i != 0 || r.err != nil {
+		t.Fatalf("before the decay the slot went to %d (%v), want the front page (0)", r.i, r.err)
+	}
+	// At 2 s, request 1 decays: it moves behind the fresh SHEDDABLE (its
+	// first timer fired, a second one is set: still three timers).
+	f.Advance(time.Second)
+	waitQueued(t, c, 2, f)
+	c.Done(&tickets[0])
+	if r := <-done; r.i != 2 || r.err != nil {
+		t.Fatalf("after the decay the slot went to %d (%v), want the fresh SHEDDABLE (2)", r.i, r.err)
+	}
+	// Fill the queue (capacity 8) with fresh SHEDDABLE: the 8th arrival
+	// finds it full and displaces the decayed request, not a fresh one.
+	for i := 3; i < 10; i++ {
+		queue(i, context.Background(), criticality.Sheddable)
+		if i < 9 {
+			waitQueued(t, c, int64(i-1), f)
+		}
+	}
+	r := <-done
+	if r.i != 1 || reason(t, r.err) != admission.Concurrency {
+		t.Fatalf("a full queue shed %d (%v), want the decayed front page (1)", r.i, r.err)
+	}
+	c.Done(&tickets[1])
+	// The rest are served oldest first.
+	c.Done(&tickets[2])
+	if r := <-done; r.i != 3 || r.err != nil {
+		t.Fatalf("freed slot went to %d (%v), want the oldest fresh SHEDDABLE (3)", r.i, r.err)
+	}
+}

@@ -13,7 +13,19 @@ import (
 type waiter struct {
 	ch    chan error
 	level criticality.Level
-	gone  bool // left the queue (timed out or cancelled); guarded by mu
+	gone  bool // left the queue (timed out, cancelled, moved); guarded by mu
+}
+
+// rank orders the waiting queues: for each level from the most critical
+// down, the fresh requests, then those whose criticality has decayed to
+// that level (criticality.WithDecay): a request past its usefulness ranks
+// below every fresh request of the level it fell to, so it is the first
+// shed and the last run.
+func rank(l criticality.Level, stale bool) int {
+	if stale {
+		return 2 * int(l)
+	}
+	return 2*int(l) + 1
 }
 
 // fifo is one criticality's waiting requests, oldest first. Entries that
@@ -60,11 +72,11 @@ func (c *Controller) dispatch() {
 	}
 }
 
-// popHighest removes the oldest waiter of the highest criticality. c.mu is
+// popHighest removes the oldest waiter of the highest rank. c.mu is
 // held.
 func (c *Controller) popHighest() *waiter {
-	for l := len(c.queues) - 1; l >= 0; l-- {
-		if w := c.queues[l].pop(); w != nil {
+	for r := len(c.queues) - 1; r >= 0; r-- {
+		if w := c.queues[r].pop(); w != nil {
 			c.queued.Add(-1)
 			return w
 		}
@@ -74,7 +86,8 @@ func (c *Controller) popHighest() *waiter {
 
 // evictBelow makes room for a request of level l by displacing a less
 // critical one, and reports whether it did. It first displaces the oldest
-// waiter of the lowest criticality in the slot queue; failing that, it
+// waiter of the lowest rank in the slot queue (decayed requests first, see
+// rank); failing that, it
 // marks one not-yet-started request of the lowest criticality that has
 // some as displaced: that request is refused when it reaches Start (on a
 // busy CPU, admitted requests wait as runnable goroutines that no queue of
@@ -82,7 +95,7 @@ func (c *Controller) popHighest() *waiter {
 func (c *Controller) evictBelow(l criticality.Level) bool {
 	if c.queued.Load() > 0 {
 		c.mu.Lock()
-		for low := criticality.Level(0); low < l; low++ {
+		for low := 0; low < rank(l, false); low++ {
 			if w := c.queues[low].pop(); w != nil {
 				c.queued.Add(-1)
 				w.ch <- c.reject(w.level, Concurrency, c.now())
@@ -120,15 +133,30 @@ func (c *Controller) displaced(l criticality.Level) bool {
 	}
 }
 
-// wait queues the request for an execution slot.
+// wait queues the request for an execution slot. A request whose
+// criticality decays (criticality.WithDecay in ctx) moves, once it could
+// no longer finish before the decay (the decay less the expected service
+// time) while it waits, to the decayed queue of the level it fell to.
 func (c *Controller) wait(ctx context.Context, t *Ticket) error {
 	c.waited.Store(true)
+	now := c.clock.Now()
+	// A request decays once it could no longer finish before its decay:
+	// the decay, less the expected service time, as with deadlines.
+	dc, decays := criticality.DecayOf(ctx)
+	if decays {
+		dc.At = dc.At.Add(-c.expectedService())
+	}
+	stale := decays && !now.Before(dc.At)
+	r := rank(t.level, stale && dc.To <= t.level)
+	if stale && dc.To < t.level {
+		r = rank(dc.To, true)
+	}
 	w := &waiter{ch: make(chan error, 1), level: t.level}
 	c.mu.Lock()
 	if c.queued.Load() >= c.queueCap(c.limit.Load()) {
-		// Full: take the place of a less critical waiter, or give up.
+		// Full: take the place of a lower ranked waiter, or give up.
 		displaced := false
-		for low := criticality.Level(0); low < t.level; low++ {
+		for low := 0; low < r; low++ {
 			if v := c.queues[low].pop(); v != nil {
 				c.queued.Add(-1)
 				v.ch <- c.reject(v.level, Concurrency, c.now())
@@ -141,7 +169,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket) error {
 			return c.reject(t.level, Concurrency, c.now())
 		}
 	}
-	c.queues[t.level].push(w)
+	c.queues[r].push(w)
 	c.queued.Add(1)
 	c.dispatch()
 	c.mu.Unlock()
@@ -149,22 +177,51 @@ func (c *Controller) wait(ctx context.Context, t *Ticket) error {
 	wait := c.maxWait
 	deadlineReason := false
 	if d, ok := ctx.Deadline(); ok {
-		if left := d.Sub(c.clock.Now()) - c.expectedService(); left < wait {
+		if left := d.Sub(now) - c.expectedService(); left < wait {
 			wait, deadlineReason = max(left, 0), true
 		}
 	}
-	timer := c.clock.NewTimer(wait)
-	var err error
-	select {
-	case err = <-w.ch:
-		timer.Stop()
-		if err == nil {
-			return c.started(t, true)
+	// Until the decay falls due, then the rest of the wait.
+	first, rest := wait, time.Duration(0)
+	if decays && !stale && dc.To < t.level {
+		if until := dc.At.Sub(now); until < wait {
+			first, rest = until, wait-until
 		}
-		return err
-	case <-timer.C():
-	case <-ctx.Done():
-		timer.Stop()
+	}
+	timer := c.clock.NewTimer(first)
+	var err error
+	for waiting := true; waiting; {
+		select {
+		case err = <-w.ch:
+			timer.Stop()
+			if err == nil {
+				return c.started(t, true)
+			}
+			return err
+		case <-timer.C():
+			if rest == 0 {
+				waiting = false
+				break
+			}
+			c.mu.Lock()
+			select {
+			case err = <-w.ch: // given a slot or displaced just now
+				c.mu.Unlock()
+				if err == nil {
+					return c.started(t, true)
+				}
+				return err
+			default:
+			}
+			w.gone = true // move it behind every fresh request of its new level
+			w = &waiter{ch: w.ch, level: t.level}
+			c.queues[rank(dc.To, true)].push(w)
+			c.mu.Unlock()
+			timer, rest = c.clock.NewTimer(rest), 0
+		case <-ctx.Done():
+			timer.Stop()
+			waiting = false
+		}
 	}
 	c.mu.Lock()
 	select {

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/triagehq/triage/criticality"
 )
@@ -86,6 +87,30 @@ type RuleConfig struct {
 	Group string `yaml:"group,omitempty" json:"group,omitempty"`
 	// Criticality is the canonical name assigned on a match.
 	Criticality string `yaml:"criticality,omitempty" json:"criticality,omitempty"`
+	// Decay, optional, says how the value of a matching request falls
+	// while it waits (not on header rules: a trusted upstream sends its
+	// own decay on the wire).
+	Decay *DecayConfig `yaml:"decay,omitempty" json:"decay,omitempty"`
+}
+
+// DecayConfig is the CRE post's "Criticality changes over time": the
+// front page is worth CRITICAL for 2 s after the request arrives and then
+// nothing ({after: 2s, to: cancel}), or only what a SHEDDABLE request is
+// worth ({after: 2s, to: SHEDDABLE}).
+type DecayConfig struct {
+	// After is a Go duration ("2s", "1500ms"), more than 0 and at most
+	// criticality.MaxDecay, counted from the request's arrival at the edge.
+	After string `yaml:"after" json:"after"`
+	// To is a canonical level below the rule's criticality, or "cancel":
+	// the request's deadline is then After.
+	To string `yaml:"to" json:"to"`
+}
+
+// Decay is a compiled DecayConfig; the zero value is no decay.
+type Decay struct {
+	After  time.Duration
+	To     criticality.Level
+	Cancel bool
 }
 
 // HeaderOnly is the Config of an internal hop: believe a trusted upstream's
@@ -99,6 +124,7 @@ type rule struct {
 	path  string
 	group string
 	level criticality.Level
+	decay Decay
 }
 
 // Classifier assigns criticality by ordered rules. It is immutable after New
@@ -195,6 +221,9 @@ func compile(rc RuleConfig) (rule, error) {
 		return r, fmt.Errorf("set exactly one of header, host, path_prefix, group (got %d)", set)
 	}
 	if r.kind == Header {
+		if rc.Decay != nil {
+			return r, fmt.Errorf("a header rule takes its decay from the wire; remove decay")
+		}
 		if rc.Criticality != "" {
 			return r, fmt.Errorf("a header rule takes its criticality from the header; remove criticality %q", rc.Criticality)
 		}
@@ -208,7 +237,30 @@ func compile(rc RuleConfig) (rule, error) {
 		return r, err
 	}
 	r.level = l
+	if rc.Decay != nil {
+		if r.decay, err = compileDecay(*rc.Decay, l); err != nil {
+			return r, err
+		}
+	}
 	return r, nil
+}
+
+func compileDecay(dc DecayConfig, l criticality.Level) (Decay, error) {
+	after, err := time.ParseDuration(dc.After)
+	if err != nil || after <= 0 || after > criticality.MaxDecay {
+		return Decay{}, fmt.Errorf("decay: after %q: want a duration in (0, %v]", dc.After, criticality.MaxDecay)
+	}
+	if dc.To == "cancel" {
+		return Decay{After: after, Cancel: true}, nil
+	}
+	to, err := criticality.Parse(dc.To)
+	if err != nil {
+		return Decay{}, fmt.Errorf("decay: to %q: want a level below %v, or cancel", dc.To, l)
+	}
+	if to >= l {
+		return Decay{}, fmt.Errorf("decay: to %v is not below the rule's %v", to, l)
+	}
+	return Decay{After: after, To: to}, nil
 }
 
 // MustNew is New for literal configurations; it panics on error and must not
@@ -248,6 +300,10 @@ type Decision struct {
 	// InvalidHeader is true when a trusted peer sent a malformed header,
 	// which was ignored.
 	InvalidHeader bool
+	// Decay is the matching rule's decay (zero: none). The adapter starts
+	// it at the request's arrival (criticality.WithDecay, or a deadline
+	// for Cancel).
+	Decay Decay
 }
 
 // NeedsGroup reports whether some rule matches on Group, so adapters know
@@ -291,7 +347,7 @@ func (c *Classifier) classify(r *Request) Decision {
 				continue
 			}
 		}
-		d.Level, d.Rule = ru.level, ru.kind
+		d.Level, d.Rule, d.Decay = ru.level, ru.kind, ru.decay
 		return d
 	}
 	return d

@@ -3,6 +3,7 @@ package edge_test
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
@@ -121,5 +122,42 @@ func BenchmarkClassify(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		c.Classify(req)
+	}
+}
+
+func TestDecayRules(t *testing.T) {
+	c, err := edge.New(edge.Config{Rules: []edge.RuleConfig{
+		{PathPrefix: "/home", Criticality: "CRITICAL_PLUS", Decay: &edge.DecayConfig{After: "2s", To: "SHEDDABLE"}},
+		{PathPrefix: "/cart", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "1500ms", To: "cancel"}},
+		{PathPrefix: "/about", Criticality: "CRITICAL"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]edge.Decay{
+		"/home":  {After: 2 * time.Second, To: criticality.Sheddable},
+		"/cart":  {After: 1500 * time.Millisecond, Cancel: true},
+		"/about": {},
+	} {
+		if d := c.Classify(&edge.Request{Path: path}); d.Decay != want {
+			t.Errorf("%s: decay %+v, want %+v", path, d.Decay, want)
+		}
+	}
+	for _, rc := range []edge.RuleConfig{
+		{PathPrefix: "/a", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "2s", To: "CRITICAL"}},   // not below
+		{PathPrefix: "/a", Criticality: "SHEDDABLE", Decay: &edge.DecayConfig{After: "2s", To: "SHEDDABLE"}}, // not below
+		{PathPrefix: "/a", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "0s", To: "SHEDDABLE"}},  // zero
+		{PathPrefix: "/a", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "-1s", To: "SHEDDABLE"}}, // negative
+		{PathPrefix: "/a", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "2h", To: "SHEDDABLE"}},  // too long
+		{PathPrefix: "/a", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "2", To: "SHEDDABLE"}},   // no unit
+		{PathPrefix: "/a", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "2s", To: "sheddable"}},  // not canonical
+		{PathPrefix: "/a", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "2s"}},                   // no target
+		{Header: true, Decay: &edge.DecayConfig{After: "2s", To: "SHEDDABLE"}},                               // header rule
+	} {
+		if _, err := edge.New(edge.Config{Rules: []edge.RuleConfig{rc}}); !errors.Is(err, edge.ErrConfig) {
+			t.Errorf("rule %+v decay %+v: err %v, want ErrConfig", rc, *rc.Decay, err)
+		} else {
+			t.Log(err)
+		}
 	}
 }

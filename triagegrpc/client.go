@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/outcome"
@@ -47,6 +48,7 @@ type Client struct {
 	headers *headerTable
 	policy  *retry.Policy
 	idle    time.Duration
+	clock   clock.Clock
 }
 
 // ClientOption configures a Client.
@@ -56,6 +58,7 @@ type clientConfig struct {
 	policy   *retry.Policy
 	noPolicy bool
 	idle     time.Duration
+	clock    clock.Clock
 }
 
 type clientOptionFunc func(*clientConfig)
@@ -90,6 +93,14 @@ func WithIdleTimeout(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.idle = max(d, 0) })
 }
 
+// WithClientClock sets the clock that reads the time left before a
+// request's criticality decays (criticality.WithDecay): each call carries
+// the current criticality and, while the decay is ahead, its time left in
+// triage-criticality-decay. Default clock.Real().
+func WithClientClock(clk clock.Clock) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.clock = clk })
+}
+
 // NewClient returns a Client.
 func NewClient(opts ...ClientOption) *Client {
 	cfg := clientConfig{idle: DefaultIdleTimeout}
@@ -103,7 +114,7 @@ func NewClient(opts ...ClientOption) *Client {
 		}
 		cfg.policy = p
 	}
-	return &Client{headers: newHeaderTable(), policy: cfg.policy, idle: cfg.idle}
+	return &Client{headers: newHeaderTable(), policy: cfg.policy, idle: cfg.idle, clock: clock.OrReal(cfg.clock)}
 }
 
 // Policy returns the Client's policy, nil without one.
@@ -246,7 +257,19 @@ func newHeaderTable() *headerTable {
 // attempt.Outgoing, and quota.CustomerOf when there is one) to its
 // outgoing metadata. ctx must have been through dropForwarded.
 func (c *Client) outgoing(ctx context.Context) context.Context {
-	h := c.headers[criticality.Of(ctx)][attempt.Outgoing(ctx)]
+	level := criticality.Of(ctx)
+	if dc, ok := criticality.DecayOf(ctx); ok {
+		now := c.clock.Now()
+		if level, _ = criticality.Current(ctx, now); level > dc.To {
+			h := c.headers[level][attempt.Outgoing(ctx)]
+			ctx = metadata.AppendToOutgoingContext(ctx, wire.DecayKey, criticality.FormatDecay(dc, now))
+			if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
+				return metadata.AppendToOutgoingContext(ctx, append(h[:len(h):len(h)], wire.CustomerKey, cu)...)
+			}
+			return metadata.AppendToOutgoingContext(ctx, h...)
+		}
+	}
+	h := c.headers[level][attempt.Outgoing(ctx)]
 	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
 		return metadata.AppendToOutgoingContext(ctx, append(h[:len(h):len(h)], wire.CustomerKey, cu)...)
 	}

@@ -35,6 +35,7 @@ type Server struct {
 	quota      *quota.Enforcer
 	meter      *cost.Meter
 	outOfQuota error
+	clock      clock.Clock
 	// rejections holds the status error of every admission rejection,
 	// built once in compact form (see compactStatus), so that rejecting
 	// allocates nothing in triage and as little as possible in grpc-go.
@@ -120,7 +121,8 @@ func WithQuota(e *quota.Enforcer, m *cost.Meter) ServerOption {
 }
 
 // WithServerClock sets the clock of the Server's own timing (how often the
-// load report trailer is rebuilt). Default clock.Real().
+// load report trailer is rebuilt, when a criticality decay starts or
+// falls due). Default clock.Real().
 func WithServerClock(c clock.Clock) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.clock = c })
 }
@@ -147,6 +149,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
 	}
 	clk := clock.OrReal(c.clock)
+	s.clock = clk
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: clock.SinceFunc(clk, clk.Now())}); t.enabled() {
 		s.trailers = t
 	}
@@ -291,9 +294,10 @@ func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string
 		Host:    single(md, ":authority"),
 		Path:    fullMethod,
 	}
-	n, customer := 0, ""
+	n, customer, decayWire := 0, "", ""
 	if trusted {
 		req.Header = single(md, wire.CriticalityKey)
+		decayWire = single(md, wire.DecayKey)
 		if v := single(md, wire.AttemptKey); v != "" {
 			n, _ = attempt.Parse(v)
 		}
@@ -307,6 +311,16 @@ func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string
 		customer = quota.Customer(p.Identities[0])
 	}
 	d := s.classifier.Classify(&req)
+	switch {
+	case d.Decay.After > 0: // a rule's decay starts now; on gRPC, cancel falls to SHEDDABLE
+		ctx = criticality.WithDecay(ctx, criticality.Decay{At: s.clock.Now().Add(d.Decay.After), To: d.Decay.To})
+	case decayWire != "" && d.Rule == edge.Header:
+		now := s.clock.Now()
+		if dc, err := criticality.ParseDecay(decayWire, now); err == nil {
+			ctx = criticality.WithDecay(ctx, dc)
+			d.Level, _ = criticality.Current(ctx, now)
+		}
+	}
 	var res quota.Reservation
 	if s.quota != nil {
 		var err error

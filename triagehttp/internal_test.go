@@ -10,6 +10,7 @@ import (
 func TestHeaderNames(t *testing.T) {
 	for key, canon := range map[string]string{
 		wire.CriticalityKey: criticalityHeader,
+		wire.DecayKey:       decayHeader,
 		wire.AttemptKey:     attemptHeader,
 		wire.OutcomeKey:     outcomeHeader,
 	} {

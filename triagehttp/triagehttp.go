@@ -30,6 +30,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
@@ -45,6 +46,7 @@ import (
 // not canonicalize on every request. TestHeaderNames checks them.
 const (
 	criticalityHeader = "Triage-Criticality"
+	decayHeader       = "Triage-Criticality-Decay"
 	attemptHeader     = "Triage-Attempt"
 	customerHeader    = "Triage-Customer"
 	outcomeHeader     = "Triage-Outcome"
@@ -62,6 +64,7 @@ type config struct {
 	customerID bool
 	quota      *quota.Enforcer
 	meter      *cost.Meter
+	clock      clock.Clock
 }
 
 type optionFunc func(*config)
@@ -91,6 +94,11 @@ func WithGroup(f func(*http.Request) string) Option {
 func WithCustomerFromIdentity() Option {
 	return optionFunc(func(c *config) { c.customerID = true })
 }
+
+// WithClock sets the clock that starts criticality decays (edge rules
+// with a decay). Default clock.Real(); give the admission controller the
+// same one.
+func WithClock(clk clock.Clock) Option { return optionFunc(func(c *config) { c.clock = clk }) }
 
 // WithAdmission installs admission control: before the handler runs, the
 // request must be admitted (admission.Controller.Arrive, with the request
@@ -137,14 +145,20 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 	if c.admission == nil && c.quota == nil {
 		return func(next http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				r, _ = c.classify(r)
+				r, _, cancel := c.classify(r)
+				if cancel != nil {
+					defer cancel()
+				}
 				next.ServeHTTP(w, r)
 			})
 		}, nil
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			r, d := c.classify(r)
+			r, d, cancel := c.classify(r)
+			if cancel != nil {
+				defer cancel()
+			}
 			ctx := r.Context()
 			customer := quota.CustomerOf(ctx)
 			var res quota.Reservation
@@ -184,11 +198,17 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 	}, nil
 }
 
-func (c *config) classify(r *http.Request) (*http.Request, edge.Decision) {
+// classify strips, classifies and decodes r, and returns it with the
+// request context. A decay (the matching rule's, started now, or a trusted
+// upstream's from the Triage-Criticality-Decay header) goes into the
+// context, and the decision's level is the current one; a rule that
+// cancels at its decay sets the deadline instead, and cancel must be
+// called when the request ends.
+func (c *config) classify(r *http.Request) (*http.Request, edge.Decision, context.CancelFunc) {
 	p := PeerOf(r)
 	trusted := c.trust.Trusted(p)
 	req := edge.Request{Trusted: trusted, Host: r.Host, Path: r.URL.Path}
-	n, customer := 0, ""
+	n, customer, decayWire := 0, "", ""
 	if trusted {
 		req.Header = single(r.Header, criticalityHeader)
 		if v := single(r.Header, attemptHeader); v != "" {
@@ -197,6 +217,7 @@ func (c *config) classify(r *http.Request) (*http.Request, edge.Decision) {
 		if v := single(r.Header, customerHeader); len(v) <= wire.CustomerMaxLen {
 			customer = quota.Customer(v)
 		}
+		decayWire = single(r.Header, decayHeader)
 	} else {
 		strip(r.Header, c.classifier.Observer())
 	}
@@ -207,7 +228,21 @@ func (c *config) classify(r *http.Request) (*http.Request, edge.Decision) {
 		customer = quota.Customer(p.Identities[0])
 	}
 	d := c.classifier.Classify(&req)
-	return r.WithContext(reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n), customer)), d
+	ctx := reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n), customer)
+	var cancel context.CancelFunc
+	switch {
+	case d.Decay.Cancel:
+		ctx, cancel = context.WithDeadline(ctx, clock.OrReal(c.clock).Now().Add(d.Decay.After))
+	case d.Decay.After > 0:
+		ctx = criticality.WithDecay(ctx, criticality.Decay{At: clock.OrReal(c.clock).Now().Add(d.Decay.After), To: d.Decay.To})
+	case decayWire != "" && d.Rule == edge.Header:
+		now := clock.OrReal(c.clock).Now()
+		if dc, err := criticality.ParseDecay(decayWire, now); err == nil {
+			ctx = criticality.WithDecay(ctx, dc)
+			d.Level, _ = criticality.Current(ctx, now)
+		}
+	}
+	return r.WithContext(ctx), d, cancel
 }
 
 // single returns the only value of a header, by canonical name; absent or
@@ -279,6 +314,10 @@ type Transport struct {
 	Base http.RoundTripper
 	// Policy is the retry and throttling policy; nil propagates headers only.
 	Policy *retry.Policy
+	// Clock reads the time left before a criticality decay
+	// (criticality.WithDecay), sent in Triage-Criticality-Decay. Nil
+	// means the real clock.
+	Clock clock.Clock
 }
 
 // RoundTrip implements http.RoundTripper. The caller's request is not
@@ -292,12 +331,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	tr.Wait()
 	defer tr.Resume()
 	if t.Policy == nil {
-		return base.RoundTrip(withHeaders(r, r.Context()))
+		return base.RoundTrip(withHeaders(r, r.Context(), t.Clock))
 	}
 	var resp *http.Response
 	first := true
 	call := func(ctx context.Context) error {
-		out := withHeaders(r, ctx)
+		out := withHeaders(r, ctx, t.Clock)
 		if !first && r.GetBody != nil {
 			body, err := r.GetBody()
 			if err != nil {
@@ -340,15 +379,23 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // withHeaders clones r for ctx with the triage headers of ctx
-// (criticality, attempt, and the customer when there is one).
-func withHeaders(r *http.Request, ctx context.Context) *http.Request {
+// (criticality as of now, its decay if still ahead, attempt, and the
+// customer when there is one).
+func withHeaders(r *http.Request, ctx context.Context, clk clock.Clock) *http.Request {
 	out := r.Clone(ctx)
 	for k := range out.Header {
 		if wire.IsTriage(k) {
 			delete(out.Header, k)
 		}
 	}
-	out.Header[criticalityHeader] = []string{criticality.Of(ctx).String()}
+	level := criticality.Of(ctx)
+	if dc, ok := criticality.DecayOf(ctx); ok {
+		now := clock.OrReal(clk).Now()
+		if level, _ = criticality.Current(ctx, now); level > dc.To {
+			out.Header[decayHeader] = []string{criticality.FormatDecay(dc, now)}
+		}
+	}
+	out.Header[criticalityHeader] = []string{level.String()}
 	out.Header[attemptHeader] = []string{attempt.Format(attempt.Outgoing(ctx))}
 	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
 		out.Header[customerHeader] = []string{cu}

@@ -44,6 +44,7 @@ func TestMetricsFromTheMiddleware(t *testing.T) {
 # TYPE triage_untrusted_keys_stripped_total counter
 triage_untrusted_keys_stripped_total{key="triage-attempt"} 0
 triage_untrusted_keys_stripped_total{key="triage-criticality"} 1
+triage_untrusted_keys_stripped_total{key="triage-criticality-decay"} 0
 triage_untrusted_keys_stripped_total{key="triage-customer"} 0
 triage_untrusted_keys_stripped_total{key="triage-lame-duck"} 0
 triage_untrusted_keys_stripped_total{key="triage-outcome"} 0

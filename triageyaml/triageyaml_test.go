@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
@@ -24,6 +25,9 @@ criticality:
       criticality: SHEDDABLE
     - path_prefix: /checkout
       criticality: CRITICAL_PLUS
+    - path_prefix: /home
+      criticality: CRITICAL
+      decay: {after: 2s, to: SHEDDABLE}
 `
 
 func TestLoadEdge(t *testing.T) {
@@ -41,6 +45,9 @@ func TestLoadEdge(t *testing.T) {
 	}
 	if d := cl.Classify(&edge.Request{Host: "batch.example.com"}); d.Level != criticality.Sheddable {
 		t.Errorf("host rule gave %v", d.Level)
+	}
+	if d := cl.Classify(&edge.Request{Path: "/home"}); d.Decay != (edge.Decay{After: 2 * time.Second, To: criticality.Sheddable}) {
+		t.Errorf("decay rule gave %+v", d)
 	}
 	if d := cl.Classify(&edge.Request{Path: "/"}); d.Level != criticality.SheddablePlus {
 		t.Errorf("default gave %v", d.Level)
@@ -62,6 +69,8 @@ func TestParseEdgeErrors(t *testing.T) {
 		"wrong type":      "criticality:\n  rules: yes\n",
 		"too large":       "# " + strings.Repeat("x", triageyaml.MaxSize) + "\n",
 		"tab indentation": "criticality:\n\tdefault: CRITICAL\n",
+		"decay typo":      "criticality:\n  rules:\n    - path_prefix: /a\n      criticality: CRITICAL\n      decay: {afer: 2s, to: SHEDDABLE}\n",
+		"decay upward":    "criticality:\n  rules:\n    - path_prefix: /a\n      criticality: SHEDDABLE\n      decay: {after: 2s, to: CRITICAL}\n",
 	}
 	for name, in := range tests {
 		if _, err := triageyaml.ParseEdge([]byte(in)); err == nil {

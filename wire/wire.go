@@ -60,6 +60,10 @@ const (
 	// accounting), believed only from trusted peers: a frontend that
 	// authenticated the caller.
 	CustomerKey = "triage-customer"
+	// DecayKey carries how the request's criticality decays
+	// (criticality.FormatDecay): the milliseconds left and the level it
+	// then falls to, "1850:SHEDDABLE".
+	DecayKey = "triage-criticality-decay"
 	// CustomerMaxLen bounds a customer name on the wire; longer values
 	// are ignored (the customer is unknown).
 	CustomerMaxLen = 64
@@ -67,6 +71,7 @@ const (
 
 var registry = [...]Key{
 	{CriticalityKey, Request, 14, "criticality of the request: CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS or SHEDDABLE"},
+	{DecayKey, Request, 22, "milliseconds until the criticality decays, and the level it falls to: 1850:SHEDDABLE"},
 	{AttemptKey, Request, 2, "attempt counter, 0 on the first try; advisory, feeds histograms only"},
 	{OutcomeKey, Response, 32, "overload outcome of an HTTP response: task-overloaded, overloaded-dont-retry, out-of-quota"},
 	{CustomerKey, Request, CustomerMaxLen, "customer the request is for (quotas); believed only from trusted peers"},
