@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
@@ -22,6 +23,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/isolate"
+	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/subset"
 	"github.com/triagehq/triage/wire"
 )
@@ -97,7 +100,21 @@ func WithBalancerMetrics(t BalancerTracker) BalancerOption {
 	return func(b *balancerBuilder) { b.tracker = t }
 }
 
-type balancerBuilder struct{ tracker BalancerTracker }
+// WithBalancerIsolation routes each call by its client type
+// (isolate.ClientOf, set by triagehttp.WithIsolation or
+// triagegrpc.WithServerIsolation at the edge): a client type routed Sacrificial
+// goes only to the backends t names sacrificial, every other one only to
+// the rest, and a black-holed one fails at once with "overloaded; don't
+// retry". A change to t takes effect at the next pick, on connections
+// already open. Default: none (every backend serves every client type).
+func WithBalancerIsolation(t *isolate.Table) BalancerOption {
+	return func(b *balancerBuilder) { b.isolation = t }
+}
+
+type balancerBuilder struct {
+	tracker   BalancerTracker
+	isolation *isolate.Table
+}
 
 func (balancerBuilder) Name() string { return BalancerName }
 
@@ -170,7 +187,7 @@ func ParseBalancerConfig(js []byte) (*BalancerConfig, error) {
 }
 
 func (bb balancerBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
-	b := &triageBalancer{ClientConn: cc, tracker: bb.tracker}
+	b := &triageBalancer{ClientConn: cc, tracker: bb.tracker, iso: bb.isolation}
 	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return b
 }
@@ -186,10 +203,17 @@ type triageBalancer struct {
 	child balancer.Balancer
 
 	tracker BalancerTracker
+	iso     *isolate.Table
 
 	mu   sync.Mutex
 	cfg  *BalancerConfig
 	core *balance.Balancer
+	// With isolation: sac picks among the sacrificial backends, core among
+	// the rest; children is the last state of every endpoint, from which
+	// a change of the isolation table re-partitions them.
+	sac      *balance.Balancer
+	children []endpointsharding.ChildState
+	version  atomic.Uint64 // the isolation table's version last applied
 }
 
 func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
@@ -208,13 +232,25 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 			b.mu.Unlock()
 			return err
 		}
+		var sac *balance.Balancer
+		if b.iso != nil {
+			if sac, err = balance.New(opts...); err != nil {
+				b.mu.Unlock()
+				return err
+			}
+		}
 		if b.tracker != nil {
-			if b.core != nil {
-				b.tracker.Remove(b.core)
+			for _, old := range []*balance.Balancer{b.core, b.sac} {
+				if old != nil {
+					b.tracker.Remove(old)
+				}
 			}
 			b.tracker.Add(b.Target(), core)
+			if sac != nil {
+				b.tracker.Add(b.Target(), sac)
+			}
 		}
-		b.core = core
+		b.core, b.sac = core, sac
 	}
 	b.cfg = cfg
 	b.mu.Unlock()
@@ -249,8 +285,12 @@ func (b *triageBalancer) Close() {
 	b.child.Close()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.tracker != nil && b.core != nil {
-		b.tracker.Remove(b.core)
+	if b.tracker != nil {
+		for _, c := range []*balance.Balancer{b.core, b.sac} {
+			if c != nil {
+				b.tracker.Remove(c)
+			}
+		}
 	}
 }
 func (b *triageBalancer) ExitIdle() { b.child.ExitIdle() }
@@ -264,47 +304,108 @@ type endpointData struct {
 func (b *triageBalancer) UpdateState(s balancer.State) {
 	children := endpointsharding.ChildStatesFromPicker(s.Picker)
 	b.mu.Lock()
-	core := b.core
-	b.mu.Unlock()
-	if core == nil {
+	if b.core == nil {
+		b.mu.Unlock()
 		b.ClientConn.UpdateState(s)
 		return
 	}
-	ids := make([]string, len(children))
-	for i, c := range children {
-		ids[i] = endpointID(c.Endpoint)
-	}
-	eps, err := core.SetEndpoints(ids)
-	if err != nil {
-		b.ClientConn.UpdateState(s) // duplicate ids cannot happen: endpointsharding dedups
-		return
-	}
-	ready := 0
-	for i, c := range children {
-		e := eps[i]
-		switch c.State.ConnectivityState {
-		case connectivity.Ready:
-			ready++
-			if e.State() != balance.LameDuck {
-				e.SetState(balance.Healthy)
-			}
-		default:
-			e.SetState(balance.Refusing) // a new connection starts afresh
-		}
-		e.SetValue(&endpointData{picker: c.State.Picker, done: doneFunc(e)})
-	}
-	if ready == 0 {
+	b.children = children
+	ready, ok := b.apply()
+	core, sac := b.core, b.sac
+	b.mu.Unlock()
+	if !ok || ready == 0 {
 		b.ClientConn.UpdateState(s) // connecting or failing: endpointsharding's picker says so
 		return
 	}
-	b.ClientConn.UpdateState(balancer.State{ConnectivityState: connectivity.Ready, Picker: &picker{core: core}})
+	b.ClientConn.UpdateState(balancer.State{ConnectivityState: connectivity.Ready, Picker: &picker{b: b, core: core, sac: sac}})
 }
 
-type picker struct{ core *balance.Balancer }
+// apply hands the endpoints of b.children to the cores (to sac the
+// sacrificial ones, with isolation) with their states, and returns how
+// many are ready. b.mu is held.
+func (b *triageBalancer) apply() (ready int, ok bool) {
+	var version uint64
+	if b.iso != nil {
+		version = b.iso.Version()
+	}
+	type part struct {
+		core *balance.Balancer
+		ids  []string
+		kids []endpointsharding.ChildState
+	}
+	parts := []*part{{core: b.core}}
+	if b.sac != nil {
+		parts = append(parts, &part{core: b.sac})
+	}
+	for _, c := range b.children {
+		p := parts[0]
+		if b.sac != nil && b.iso.IsSacrificial(endpointID(c.Endpoint)) {
+			p = parts[1]
+		}
+		p.ids = append(p.ids, endpointID(c.Endpoint))
+		p.kids = append(p.kids, c)
+	}
+	for _, p := range parts {
+		eps, err := p.core.SetEndpoints(p.ids)
+		if err != nil {
+			return 0, false // duplicate ids cannot happen: endpointsharding dedups
+		}
+		for i, c := range p.kids {
+			e := eps[i]
+			switch c.State.ConnectivityState {
+			case connectivity.Ready:
+				ready++
+				if e.State() != balance.LameDuck {
+					e.SetState(balance.Healthy)
+				}
+			default:
+				e.SetState(balance.Refusing) // a new connection starts afresh
+			}
+			e.SetValue(&endpointData{picker: c.State.Picker, done: doneFunc(e)})
+		}
+	}
+	b.version.Store(version)
+	return ready, true
+}
+
+// repartition re-partitions the endpoints if the isolation table changed
+// since the last partition: one atomic load per pick otherwise.
+func (b *triageBalancer) repartition() {
+	if v := b.iso.Version(); v != b.version.Load() {
+		b.mu.Lock()
+		if b.iso.Version() != b.version.Load() {
+			b.apply()
+		}
+		b.mu.Unlock()
+	}
+}
+
+type picker struct {
+	b         *triageBalancer
+	core, sac *balance.Balancer
+}
 
 var errFlowControl = status.Error(codes.Unavailable, "triage: every backend in the subset is at the client's flow-control cap")
 
+var (
+	errBlackHole    = compactStatus(&outcome.Error{Kind: outcome.DontRetry, Reason: "client type black-holed"}).Err()
+	errNoSacrifical = status.Error(codes.Unavailable, "triage: no backend on this client type's route")
+)
+
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	core := p.core
+	if iso := p.b.iso; iso != nil {
+		p.b.repartition()
+		switch iso.RouteOf(isolate.ClientOf(info.Ctx)) {
+		case isolate.BlackHole:
+			return balancer.PickResult{}, errBlackHole
+		case isolate.Sacrificial:
+			core = p.sac
+		}
+		if len(core.Endpoints()) == 0 {
+			return balancer.PickResult{}, errNoSacrifical
+		}
+	}
 	// An endpoint's own picker can fail for a moment before its new state
 	// reaches this picker (a backend entering lame duck turns its health
 	// check NOT_SERVING): try up to two other endpoints before failing
@@ -315,7 +416,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		err error
 	)
 	for try := 0; try < 3; try++ {
-		e, perr := p.core.Pick()
+		e, perr := core.Pick()
 		if errors.Is(perr, balance.ErrFlowControl) {
 			// Every healthy backend has MaxActive of this client's
 			// requests: fail at once rather than leave the call blocked in

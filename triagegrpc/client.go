@@ -2,6 +2,7 @@ package triagegrpc
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
@@ -49,6 +51,18 @@ type Client struct {
 	policy  *retry.Policy
 	idle    time.Duration
 	clock   clock.Clock
+	iso     *isolate.Table
+	sacPol  *retry.Policy // for client types routed to the sacrificial backends
+	// gens holds, per client type, a context cancelled when the type's
+	// route changes: calls in flight of that type are cancelled with it.
+	gens   atomic.Pointer[map[string]routeGen]
+	gensMu sync.Mutex // held to replace gens
+}
+
+type routeGen struct {
+	route  isolate.Route
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // ClientOption configures a Client.
@@ -59,6 +73,8 @@ type clientConfig struct {
 	noPolicy bool
 	idle     time.Duration
 	clock    clock.Clock
+	iso      *isolate.Table
+	sacPol   *retry.Policy
 }
 
 type clientOptionFunc func(*clientConfig)
@@ -101,6 +117,17 @@ func WithClientClock(clk clock.Clock) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.clock = clk })
 }
 
+// WithClientIsolation gives the calls of client types that t routes to the
+// sacrificial backends (triagegrpc.WithBalancerIsolation) a policy of
+// their own, sacrificial (nil: retry.New() with the book's defaults):
+// adaptive throttling estimates how much the backends it sends to accept,
+// and the sacrificial backends, which may be overloaded, must not throttle
+// the other client types' calls to the rest, nor spend their retry
+// budget. Without a Policy (WithoutPolicy) it changes nothing.
+func WithClientIsolation(t *isolate.Table, sacrificial *retry.Policy) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.iso, c.sacPol = t, sacrificial })
+}
+
 // NewClient returns a Client.
 func NewClient(opts ...ClientOption) *Client {
 	cfg := clientConfig{idle: DefaultIdleTimeout}
@@ -114,11 +141,92 @@ func NewClient(opts ...ClientOption) *Client {
 		}
 		cfg.policy = p
 	}
-	return &Client{headers: newHeaderTable(), policy: cfg.policy, idle: cfg.idle, clock: clock.OrReal(cfg.clock)}
+	c := &Client{headers: newHeaderTable(), policy: cfg.policy, idle: cfg.idle, clock: clock.OrReal(cfg.clock)}
+	if cfg.iso != nil && cfg.policy != nil {
+		c.iso, c.sacPol = cfg.iso, cfg.sacPol
+		if c.sacPol == nil {
+			p, err := retry.New()
+			if err != nil {
+				panic("triagegrpc: default retry policy: " + err.Error()) // the defaults are valid
+			}
+			c.sacPol = p
+		}
+		c.gens.Store(&map[string]routeGen{})
+		c.iso.Subscribe(c.routesChanged) // for the life of the process: a Client is long-lived
+	}
+	return c
 }
 
 // Policy returns the Client's policy, nil without one.
 func (c *Client) Policy() *retry.Policy { return c.policy }
+
+// routesChanged cancels the calls in flight of every client type whose
+// route changed: a client type moved to the sacrificial backends (or
+// black-holed) leaves the shared ones at once, with the requests it has
+// queued there.
+func (c *Client) routesChanged() {
+	c.gensMu.Lock()
+	defer c.gensMu.Unlock()
+	old := *c.gens.Load()
+	next := make(map[string]routeGen, len(old))
+	for ct, g := range old {
+		if c.iso.RouteOf(ct) != g.route {
+			g.cancel()
+			continue
+		}
+		next[ct] = g
+	}
+	c.gens.Store(&next)
+}
+
+// isolated returns ctx cancelled when the route of its client type
+// changes, and a func to call when the call ends. A call without a client
+// type is left alone.
+func (c *Client) isolated(ctx context.Context) (context.Context, func()) {
+	ct := isolate.ClientOf(ctx)
+	if c.iso == nil || ct == "" {
+		return ctx, func() {}
+	}
+	g, ok := (*c.gens.Load())[ct]
+	if !ok {
+		g = c.newGen(ct)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(g.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// newGen adds ct's generation (bounded by isolate.MaxClients: a client
+// type the table does not name gets none).
+func (c *Client) newGen(ct string) routeGen {
+	c.gensMu.Lock()
+	defer c.gensMu.Unlock()
+	cur := *c.gens.Load()
+	if g, ok := cur[ct]; ok {
+		return g
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := routeGen{route: c.iso.RouteOf(ct), ctx: ctx, cancel: cancel}
+	if len(cur) >= isolate.MaxClients {
+		return g
+	}
+	next := make(map[string]routeGen, len(cur)+1)
+	for k, v := range cur {
+		next[k] = v
+	}
+	next[ct] = g
+	c.gens.Store(&next)
+	return g
+}
+
+// policyFor returns the policy of ctx's call: the sacrificial route's for
+// a client type routed there (WithClientIsolation), else the Client's.
+func (c *Client) policyFor(ctx context.Context) *retry.Policy {
+	if c.iso != nil && c.iso.RouteOf(isolate.ClientOf(ctx)) == isolate.Sacrificial {
+		return c.sacPol
+	}
+	return c.policy
+}
 
 // DialOptions returns the grpc.DialOptions that install the client side on a
 // connection; pass them to grpc.NewClient. With a Policy it includes
@@ -162,10 +270,13 @@ func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 		call := func(ctx context.Context) error {
 			return fromWire(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
 		}
+		ctx, end := c.isolated(ctx)
+		defer end()
+		p := c.policyFor(ctx)
 		if standalone && cc != nil && cc.GetMethodConfig(method).RetryPolicy != nil {
-			return toWire(c.policy.DoOnce(ctx, call)) // grpc-go retries this method
+			return toWire(p.DoOnce(ctx, call)) // grpc-go retries this method
 		}
-		return toWire(c.policy.Do(ctx, call))
+		return toWire(p.Do(ctx, call))
 	}
 }
 
@@ -175,7 +286,7 @@ func (c *Client) stream(standalone bool) grpc.StreamClientInterceptor {
 		var single retry.Single
 		if c.policy != nil {
 			var err error
-			if single, err = c.policy.Start(ctx); err != nil {
+			if single, err = c.policyFor(ctx).Start(ctx); err != nil {
 				return nil, toWire(err)
 			}
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
+	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/trust"
@@ -35,7 +36,9 @@ type Server struct {
 	quota      *quota.Enforcer
 	meter      *cost.Meter
 	outOfQuota error
+	blackHole  error
 	clock      clock.Clock
+	iso        *isolate.Table
 	// rejections holds the status error of every admission rejection,
 	// built once in compact form (see compactStatus), so that rejecting
 	// allocates nothing in triage and as little as possible in grpc-go.
@@ -55,6 +58,7 @@ type serverConfig struct {
 	customerID bool
 	quota      *quota.Enforcer
 	cost       *cost.Meter
+	iso        *isolate.Table
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -100,6 +104,16 @@ func WithLifecycle(l *Lifecycle) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.lifecycle = l })
 }
 
+// WithServerIsolation names each request's client type from its :authority
+// (isolate.Table.ClientFor) and puts it in the handler's context
+// (isolate.ClientOf), so that the calls the handler makes are routed by
+// it (triagegrpc.WithBalancerIsolation); a client type the table
+// black-holes is refused in the tap, "overloaded; don't retry", before a
+// handler goroutine exists. Default: none.
+func WithServerIsolation(t *isolate.Table) ServerOption {
+	return serverOptionFunc(func(sc *serverConfig) { sc.iso = t })
+}
+
 // WithCustomerFromIdentity makes the peer's verified mTLS identity (its
 // first URI SAN, else DNS SAN) the customer of requests that do not carry
 // a trusted triage-customer: a client service authenticated by its
@@ -140,7 +154,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		}
 		c.classifier = cl
 	}
-	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission, customerID: c.customerID}
+	s := &Server{trust: c.trust, classifier: c.classifier, admission: c.admission, customerID: c.customerID, iso: c.iso}
 	if (c.quota == nil) != (c.cost == nil) {
 		return nil, fmt.Errorf("triagegrpc: WithQuota needs both an Enforcer and a cost Meter")
 	}
@@ -150,6 +164,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	clk := clock.OrReal(c.clock)
 	s.clock = clk
+	s.blackHole = errBlackHole
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: clock.SinceFunc(clk, clk.Now())}); t.enabled() {
 		s.trailers = t
 	}
@@ -311,6 +326,14 @@ func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string
 		customer = quota.Customer(p.Identities[0])
 	}
 	d := s.classifier.Classify(&req)
+	if s.iso != nil {
+		if ct := s.iso.ClientFor(req.Host); ct != "" {
+			if s.iso.RouteOf(ct) == isolate.BlackHole {
+				return nil, s.blackHole
+			}
+			ctx = isolate.NewContext(ctx, ct)
+		}
+	}
 	switch {
 	case d.Decay.After > 0: // a rule's decay starts now; on gRPC, cancel falls to SHEDDABLE
 		ctx = criticality.WithDecay(ctx, criticality.Decay{At: s.clock.Now().Add(d.Decay.After), To: d.Decay.To})

@@ -35,6 +35,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/reqctx"
+	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
@@ -65,6 +66,7 @@ type config struct {
 	quota      *quota.Enforcer
 	meter      *cost.Meter
 	clock      clock.Clock
+	iso        *isolate.Table
 }
 
 type optionFunc func(*config)
@@ -94,6 +96,17 @@ func WithGroup(f func(*http.Request) string) Option {
 func WithCustomerFromIdentity() Option {
 	return optionFunc(func(c *config) { c.customerID = true })
 }
+
+// WithIsolation names each request's client type from its Host
+// (isolate.Table.ClientFor) and puts it in the request context
+// (isolate.ClientOf), where the "triage" gRPC balancer routes by it
+// (triagegrpc.WithBalancerIsolation); a client type the table black-holes
+// is answered at once, 503 "overloaded; don't retry", before any other
+// work. Default: none.
+func WithIsolation(t *isolate.Table) Option { return optionFunc(func(c *config) { c.iso = t }) }
+
+// errBlackHole answers a black-holed client type.
+var errBlackHole = &outcome.Error{Kind: outcome.DontRetry, Reason: "client type black-holed"}
 
 // WithClock sets the clock that starts criticality decays (edge rules
 // with a decay). Default clock.Real(); give the admission controller the
@@ -149,6 +162,10 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				if cancel != nil {
 					defer cancel()
 				}
+				if c.blackHoled(r) {
+					WriteError(w, errBlackHole)
+					return
+				}
 				next.ServeHTTP(w, r)
 			})
 		}, nil
@@ -158,6 +175,10 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 			r, d, cancel := c.classify(r)
 			if cancel != nil {
 				defer cancel()
+			}
+			if c.blackHoled(r) {
+				WriteError(w, errBlackHole)
+				return
 			}
 			ctx := r.Context()
 			customer := quota.CustomerOf(ctx)
@@ -229,6 +250,11 @@ func (c *config) classify(r *http.Request) (*http.Request, edge.Decision, contex
 	}
 	d := c.classifier.Classify(&req)
 	ctx := reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n), customer)
+	if c.iso != nil {
+		if ct := c.iso.ClientFor(r.Host); ct != "" {
+			ctx = isolate.NewContext(ctx, ct)
+		}
+	}
 	var cancel context.CancelFunc
 	switch {
 	case d.Decay.Cancel:
@@ -243,6 +269,11 @@ func (c *config) classify(r *http.Request) (*http.Request, edge.Decision, contex
 		}
 	}
 	return r.WithContext(ctx), d, cancel
+}
+
+// blackHoled reports whether r's client type is black-holed.
+func (c *config) blackHoled(r *http.Request) bool {
+	return c.iso != nil && c.iso.RouteOf(isolate.ClientOf(r.Context())) == isolate.BlackHole
 }
 
 // single returns the only value of a header, by canonical name; absent or

@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/trust"
 )
@@ -97,6 +98,27 @@ func ParseQuota(b []byte) (*quota.Policy, error) {
 		return nil, fmt.Errorf("triageyaml: %w", err)
 	}
 	return p, nil
+}
+
+// ParseIsolation parses and validates an isolation table (see
+// isolate.Config for the format):
+//
+//	clients:
+//	  - name: maps
+//	    hosts: [maps.api.example.com]
+//	  - name: rogue
+//	    hosts: [rogue.api.example.com]
+//	    route: sacrificial        # or shared (default), black-hole
+//	sacrificial: ["10.0.0.7:8080"]
+func ParseIsolation(b []byte) (isolate.Config, error) {
+	var c isolate.Config
+	if err := decodeStrict(b, &c); err != nil {
+		return isolate.Config{}, fmt.Errorf("triageyaml: isolation: %w", err)
+	}
+	if _, err := isolate.New(c); err != nil {
+		return isolate.Config{}, fmt.Errorf("triageyaml: %w", err)
+	}
+	return c, nil
 }
 
 // LoadQuota reads and parses a quota policy file.

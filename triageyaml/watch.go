@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/quota"
 )
 
-// QuotaWatcher reloads a quota policy file without a restart: every
-// interval (default 1 s) it reads the file and, when its bytes changed,
-// parses and validates it (ParseQuota) and hands the new policy to apply.
+// Watcher reloads a configuration file without a restart: a quota policy
+// (WatchQuota) or an isolation table (WatchIsolation). Every interval
+// (default 1 s) it reads the file and, when its bytes changed, parses and
+// validates it (ParseQuota, ParseIsolation) and puts it in force.
 // A file that fails to read or validate is refused and counted; the policy
 // in force stays, and the same bad bytes are not reported twice. So a bad
 // push never takes a task down (Google Cloud's June 2025 outage began with
@@ -22,9 +24,9 @@ import (
 //
 // Run is its only goroutine and stops when its context is done. It holds
 // one copy of the file (at most MaxSize bytes).
-type QuotaWatcher struct {
+type Watcher struct {
 	path     string
-	apply    func(*quota.Policy)
+	load     func([]byte) (apply func(), err error)
 	clock    clock.Clock
 	interval time.Duration
 
@@ -35,25 +37,56 @@ type QuotaWatcher struct {
 	lastErr  error
 }
 
-// WatchOption configures a QuotaWatcher.
-type WatchOption func(*QuotaWatcher)
+// QuotaWatcher is the Watcher of a quota policy file.
+type QuotaWatcher = Watcher
+
+// WatchOption configures a Watcher.
+type WatchOption func(*Watcher)
 
 // WithWatchInterval sets how often the file is read. Default 1 s.
-func WithWatchInterval(d time.Duration) WatchOption { return func(w *QuotaWatcher) { w.interval = d } }
+func WithWatchInterval(d time.Duration) WatchOption { return func(w *Watcher) { w.interval = d } }
 
 // WithWatchClock sets the clock. Default clock.Real().
-func WithWatchClock(c clock.Clock) WatchOption { return func(w *QuotaWatcher) { w.clock = c } }
+func WithWatchClock(c clock.Clock) WatchOption { return func(w *Watcher) { w.clock = c } }
 
 // WatchQuota loads the policy at path, hands it to apply, and returns a
 // watcher that reloads it; an initial file that does not load is an
 // error.
 func WatchQuota(path string, apply func(*quota.Policy), opts ...WatchOption) (*QuotaWatcher, error) {
-	w := &QuotaWatcher{path: path, apply: apply, interval: time.Second}
+	if apply == nil {
+		return nil, errors.New("triageyaml: WatchQuota needs an apply func")
+	}
+	return watch(path, func(b []byte) (func(), error) {
+		p, err := ParseQuota(b)
+		return func() { apply(p) }, err
+	}, opts)
+}
+
+// WatchIsolation loads the isolation config at path (ParseIsolation),
+// puts it in force in t, and returns a watcher that reloads it: this is
+// how an operator moves a client type to the sacrificial backends, or
+// black-holes it, without a restart. An initial file that does not load
+// is an error; a later bad file is refused and t keeps what it had.
+func WatchIsolation(path string, t *isolate.Table, opts ...WatchOption) (*Watcher, error) {
+	if t == nil {
+		return nil, errors.New("triageyaml: WatchIsolation needs a Table")
+	}
+	return watch(path, func(b []byte) (func(), error) {
+		c, err := ParseIsolation(b)
+		if err == nil {
+			err = t.Set(c)
+		}
+		return func() {}, err
+	}, opts)
+}
+
+func watch(path string, load func([]byte) (func(), error), opts []WatchOption) (*Watcher, error) {
+	w := &Watcher{path: path, load: load, interval: time.Second}
 	for _, o := range opts {
 		o(w)
 	}
-	if apply == nil || w.interval <= 0 {
-		return nil, errors.New("triageyaml: WatchQuota needs an apply func and a positive interval")
+	if w.interval <= 0 {
+		return nil, errors.New("triageyaml: the watch interval must be positive")
 	}
 	w.clock = clock.OrReal(w.clock)
 	if _, err := w.Check(); err != nil {
@@ -64,17 +97,17 @@ func WatchQuota(path string, apply func(*quota.Policy), opts ...WatchOption) (*Q
 
 // Check reads the file now and applies it if it changed and is valid. It
 // reports whether a new policy was applied.
-func (w *QuotaWatcher) Check() (bool, error) {
+func (w *Watcher) Check() (bool, error) {
 	b, err := readBounded(w.path)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err == nil && w.last != nil && bytes.Equal(b, w.last) {
 		return false, nil
 	}
-	var p *quota.Policy
+	var apply func()
 	if err == nil {
 		w.last = b
-		if p, err = ParseQuota(b); err != nil {
+		if apply, err = w.load(b); err != nil {
 			err = fmt.Errorf("%s: %w", w.path, err)
 		}
 	}
@@ -85,13 +118,13 @@ func (w *QuotaWatcher) Check() (bool, error) {
 	}
 	w.reloads++
 	w.lastErr = nil
-	w.apply(p)
+	apply()
 	return true, nil
 }
 
 // Stats returns how many policies were applied and refused, and the error
 // of the last refused one if it is still the latest word.
-func (w *QuotaWatcher) Stats() (reloads, refusals int, lastErr error) {
+func (w *Watcher) Stats() (reloads, refusals int, lastErr error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.reloads, w.refusals, w.lastErr
@@ -99,7 +132,7 @@ func (w *QuotaWatcher) Stats() (reloads, refusals int, lastErr error) {
 
 // Run checks the file every interval until ctx is done; errors are kept
 // for Stats and passed to onErr if not nil.
-func (w *QuotaWatcher) Run(ctx context.Context, onErr func(error)) error {
+func (w *Watcher) Run(ctx context.Context, onErr func(error)) error {
 	t := w.clock.NewTimer(w.interval)
 	defer t.Stop()
 	for {

@@ -33,7 +33,9 @@ import (
 
 var registerOnce sync.Once
 
-func registerBalancer() { registerOnce.Do(func() { triagegrpc.RegisterBalancer() }) }
+func registerBalancer() {
+	registerOnce.Do(func() { triagegrpc.RegisterBalancer(triagegrpc.WithBalancerIsolation(e2eIsolation)) })
+}
 
 // slotBackend emulates a machine of some speed with worker slots: each
 // request holds a slot for the service time, and waits for one if all are

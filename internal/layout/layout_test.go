@@ -16,7 +16,7 @@ const module = "github.com/triagehq/triage"
 
 // core lists the transport-agnostic packages. They may import the standard
 // library and each other, nothing else.
-var core = []string{"clock", "criticality", "attempt", "outcome", "wire", "trust", "edge", "throttle", "retry", "admission", "subset", "balance", "connload", "quota", "cost", "sim", "internal/window", "internal/reqctx", "internal/proc"}
+var core = []string{"clock", "criticality", "isolate", "attempt", "outcome", "wire", "trust", "edge", "throttle", "retry", "admission", "subset", "balance", "connload", "quota", "cost", "sim", "internal/window", "internal/reqctx", "internal/proc"}
 
 func TestCoreImportsOnlyStdlibAndCore(t *testing.T) {
 	allowed := map[string]bool{}

@@ -1,0 +1,342 @@
+package e2e
+
+// Issue 10, part 2: per-client hostnames and isolation, over loopback
+// sockets. An HTTP frontend names the client type from the Host each type
+// uses (maps., mail., rogue.example.test) and calls four gRPC backends
+// through the "triage" balancer; the fourth is designated sacrificial. The
+// rogue client type goes to 20x its normal rate; the operator then moves
+// it, at runtime, to the sacrificial backend, and later black-holes it.
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	neturl "net/url"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/isolate"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagehttp"
+	"github.com/triagehq/triage/trust"
+)
+
+// e2eIsolation is the isolation table of the balancer the e2e tests
+// register: empty (every backend shared) except while
+// TestIsolationOverLoopback runs.
+var e2eIsolation, _ = isolate.New(isolate.Config{})
+
+type isoBackend struct {
+	addr string
+	mu   sync.Mutex
+	seen map[string]int // client type -> requests served, by phase
+}
+
+// Every client type CRITICAL (the rogue is a client like the others), and
+// again with criticality keyed on the rogue's hostname (SHEDDABLE_PLUS):
+// then admission control protects the others during the surge too.
+func TestIsolationOverLoopback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time load over loopback")
+	}
+	for _, rogueLevel := range []string{"", "SHEDDABLE_PLUS"} {
+		name := "rogue CRITICAL"
+		if rogueLevel != "" {
+			name = "rogue host " + rogueLevel
+		}
+		t.Run(name, func(t *testing.T) { runIsolation(t, rogueLevel) })
+	}
+}
+
+func runIsolation(t *testing.T, rogueLevel string) {
+	scale := 0.5
+	if os.Getenv("TRIAGE_MEASURE") == "1" {
+		scale = 1
+	}
+	sc := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
+	var phase atomic.Int32 // 0 normal, 1 surge, 2 sacrificial, 3 black hole
+	phases := []string{"normal", "rogue at 20x", "rogue sacrificial", "rogue black-holed"}
+
+	// Four backends, each 4 slots of 20 ms: 200 requests a second.
+	backends := make([]*isoBackend, 4)
+	var addrs []string
+	for i := range backends {
+		b := &isoBackend{seen: map[string]int{}}
+		ctl, err := admission.New(admission.WithLimits(4, 4, 4), admission.WithMaxWait(50*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := grpc.NewServer(srv.ServerOptions()...)
+		relay.Register(s, &relay.Tier{Name: "B", Observe: func(relay.Arrival) {}, Fail: func(ctx context.Context, body string) error {
+			timer := time.NewTimer(20 * time.Millisecond)
+			defer timer.Stop()
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			b.mu.Lock()
+			b.seen[body]++ // the phase the request was sent in, and its client type
+			b.mu.Unlock()
+			return nil
+		}})
+		b.addr = listenAndServe(t, s)
+		backends[i], addrs = b, append(addrs, b.addr)
+	}
+	sacrificial := addrs[3]
+	if err := e2eIsolation.Set(isolate.Config{
+		Clients: []isolate.Client{
+			{Name: "maps", Hosts: []string{"maps.example.test"}},
+			{Name: "mail", Hosts: []string{"mail.example.test"}},
+			{Name: "rogue", Hosts: []string{"rogue.example.test"}},
+		},
+		Sacrificial: []string{sacrificial},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e2eIsolation.Set(isolate.Config{}) })
+
+	registerBalancer()
+	r := manual.NewBuilderWithScheme("isotest")
+	var eps []resolver.Endpoint
+	for _, a := range addrs {
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+	}
+	r.InitialState(resolver.State{Endpoints: eps})
+	client := triagegrpc.NewClient(triagegrpc.WithClientIsolation(e2eIsolation, nil))
+	cc, err := grpc.NewClient(r.Scheme()+":///backends", append([]grpc.DialOption{grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"triage": {"policy": "least_loaded"}}]}`)},
+		client.DialOptions()...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+
+	rules := edge.Config{}
+	if rogueLevel != "" {
+		rules.Rules = []edge.RuleConfig{{Host: "rogue.example.test", Criticality: rogueLevel}}
+	}
+	mw, err := triagehttp.Middleware(triagehttp.WithIsolation(e2eIsolation), triagehttp.WithClassifier(edge.MustNew(rules)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := &http.Server{Handler: mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if _, err := relay.Invoke(ctx, cc, r.URL.Query().Get("phase")+"/"+isolate.ClientOf(r.Context())); err != nil {
+			if !triagehttp.WriteError(w, err) {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go front.Serve(ln)
+	defer front.Close()
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000}, Timeout: 10 * time.Second}
+	defer hc.CloseIdleConnections()
+	url := "http://" + ln.Addr().String() + "/"
+
+	// Every client type sends 50 requests a second; the rogue goes to
+	// 1000 (20x) from the surge on. The operator moves it to the
+	// sacrificial backend 2 s into the surge and black-holes it 4 s later.
+	surge, toSac, toHole, end := sc(4*time.Second), sc(6*time.Second), sc(10*time.Second), sc(12*time.Second)
+	type shot struct {
+		client string
+		at     time.Duration
+	}
+	var shots []shot
+	add := func(client string, rate float64, from, to time.Duration) {
+		for at := from; at < to; at += time.Duration(float64(time.Second) / rate) {
+			shots = append(shots, shot{client, at})
+		}
+	}
+	add("maps", 50, 0, end)
+	add("mail", 50, 0, end)
+	add("rogue", 50, 0, surge)
+	add("rogue", 1000, surge, end)
+	sort.Slice(shots, func(i, j int) bool { return shots[i].at < shots[j].at })
+
+	type tally struct{ sent, ok int }
+	var (
+		mu    sync.Mutex
+		count = map[string]*tally{} // phase/client
+		wg    sync.WaitGroup
+	)
+	start := time.Now()
+	for _, s := range shots {
+		if d := time.Until(start.Add(s.at)); d > 0 {
+			time.Sleep(d) // pacing an open-loop load generator in real time
+		}
+		switch el := time.Since(start); {
+		case el >= toHole && phase.Load() < 3:
+			e2eIsolation.Set(withRoute(e2eIsolation.Config(), "rogue", "black-hole"))
+			phase.Store(3)
+		case el >= toSac && phase.Load() < 2:
+			e2eIsolation.Set(withRoute(e2eIsolation.Config(), "rogue", "sacrificial"))
+			phase.Store(2)
+		case el >= surge && phase.Load() < 1:
+			phase.Store(1)
+		}
+		ph := phases[phase.Load()]
+		key := ph + "/" + s.client
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("GET", url+"?phase="+neturl.QueryEscape(ph), nil)
+			req.Host = s.client + ".example.test"
+			resp, err := hc.Do(req)
+			ok := err == nil && resp.StatusCode == http.StatusOK
+			if resp != nil {
+				resp.Body.Close()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			c := count[key]
+			if c == nil {
+				c = &tally{}
+				count[key] = c
+			}
+			c.sent++
+			if ok {
+				c.ok++
+			}
+		}()
+	}
+	wg.Wait()
+
+	rate := func(phase, client string) (float64, int) {
+		c := count[phase+"/"+client]
+		if c == nil || c.sent == 0 {
+			return 1, 0
+		}
+		return float64(c.ok) / float64(c.sent), c.sent
+	}
+	t.Logf("backends serve 200/s each; %s is sacrificial; phases at %v, %v, %v, end %v", sacrificial, surge, toSac, toHole, end)
+	t.Logf("%-18s %-6s %7s %8s", "phase", "client", "sent", "success")
+	for _, p := range phases {
+		for _, cl := range []string{"maps", "mail", "rogue"} {
+			if s, n := rate(p, cl); n > 0 {
+				t.Logf("%-18s %-6s %7d %7.2f%%", p, cl, n, 100*s)
+			}
+		}
+	}
+	for i, b := range backends {
+		b.mu.Lock()
+		t.Logf("backend %d (%s): served %v", i, b.addr, b.seen)
+		b.mu.Unlock()
+	}
+	// Through the switch and after it, the other client types keep at
+	// least 99.9%; with the rogue's hostname classified lower, during the
+	// surge too.
+	from := 2
+	if rogueLevel != "" {
+		from = 0
+	}
+	for _, p := range phases[from:] {
+		for _, cl := range []string{"maps", "mail"} {
+			if s, n := rate(p, cl); s < 0.999 {
+				t.Errorf("%s: %s succeeded %.2f%% of %d, want at least 99.9%%", p, cl, 100*s, n)
+			}
+		}
+	}
+	// Sent after the switch, the rogue's requests reach only the sacrificial
+	// backend, and none once black-holed; the others never reach it.
+	for i, b := range backends {
+		b.mu.Lock()
+		for _, p := range phases[2:] {
+			if i != 3 && b.seen[p+"/rogue"] > 0 {
+				t.Errorf("backend %d served %d rogue requests in phase %q", i, b.seen[p+"/rogue"], p)
+			}
+			if i == 3 && (b.seen[p+"/maps"]+b.seen[p+"/mail"]) > 0 {
+				t.Errorf("the sacrificial backend served %d maps/mail requests in phase %q", b.seen[p+"/maps"]+b.seen[p+"/mail"], p)
+			}
+		}
+		if i == 3 && b.seen[phases[3]+"/rogue"] > 0 {
+			t.Errorf("black-holed, the rogue still reached the sacrificial backend %d times", b.seen[phases[3]+"/rogue"])
+		}
+		b.mu.Unlock()
+	}
+	if s, n := rate(phases[3], "rogue"); n == 0 || s > 0 {
+		t.Errorf("black-holed rogue: %d sent, %.2f%% succeeded", n, 100*s)
+	}
+}
+
+// withRoute returns c with client's route set to route.
+func withRoute(c isolate.Config, client, route string) isolate.Config {
+	out := c
+	out.Clients = append([]isolate.Client(nil), c.Clients...)
+	for i := range out.Clients {
+		if out.Clients[i].Name == client {
+			out.Clients[i].Route = route
+		}
+	}
+	return out
+}
+
+// A gRPC service reached through per-client hostnames: the tap names the
+// client type from :authority and refuses a black-holed one before a
+// handler runs; the handler's calls carry the client type for the balancer.
+func TestServerIsolationByAuthority(t *testing.T) {
+	tb, err := isolate.New(isolate.Config{Clients: []isolate.Client{
+		{Name: "maps", Hosts: []string{"maps.example.test"}},
+		{Name: "spam", Hosts: []string{"spam.example.test"}, Route: "black-hole"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen sync.Map
+	addr := serveB(t, func(ctx context.Context, body string) error {
+		seen.Store(body, isolate.ClientOf(ctx))
+		return nil
+	}, triagegrpc.WithServerIsolation(tb))
+	call := func(authority string) error {
+		cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithAuthority(authority)}, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		_, err = relay.Invoke(context.Background(), cc, authority)
+		return err
+	}
+	if err := call("maps.example.test:443"); err != nil {
+		t.Fatal(err)
+	}
+	if ct, _ := seen.Load("maps.example.test:443"); ct != "maps" {
+		t.Errorf("the handler saw client type %q, want maps", ct)
+	}
+	err = call("spam.example.test")
+	if !errors.Is(err, outcome.ErrDontRetry) {
+		t.Errorf("black-holed client type: %v, want overloaded; don't retry", err)
+	}
+	if _, ran := seen.Load("spam.example.test"); ran {
+		t.Error("a black-holed request reached the handler")
+	}
+	if err := call("other.example.test"); err != nil {
+		t.Errorf("an unnamed host: %v", err)
+	}
+}
