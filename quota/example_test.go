@@ -46,3 +46,35 @@ func ExampleEnforcer() {
 	// search refused 0, batch refused some: true
 	// batch uses 0.2 CPU (limit 0.2)
 }
+
+// Pessimistic throttling: the customer's hard limit of 0.5 CPU-seconds per
+// second is held ahead of its usage, so that no second of a sudden burst
+// at 10x the limit goes over it. Each request reserves the customer's
+// expected cost when admitted (Reserve) and settles its real cost when done
+// (Done).
+func ExampleWithMode() {
+	clk := clock.NewFake(time.Unix(0, 0))
+	policy, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"batch": {CPU: 0.5, Hard: true}}})
+	usage, _ := quota.NewUsage(quota.WithUsageClock(clk))
+	enf, _ := quota.NewEnforcer(policy, usage, quota.WithEnforcerClock(clk), quota.WithMode(quota.ModePessimistic))
+
+	worst := 0.0
+	for range 5 { // 5 s of 5 CPU-seconds per second offered, in 1 ms requests
+		used := 0.0
+		for range 1000 {
+			for range 5 {
+				r, err := enf.Reserve("batch", criticality.Sheddable)
+				if err != nil {
+					continue
+				}
+				enf.Done("batch", criticality.Sheddable, r, time.Millisecond)
+				used += 0.001
+			}
+			clk.Advance(time.Millisecond)
+		}
+		worst = max(worst, used)
+	}
+	fmt.Printf("busiest second: %.2f CPU-seconds (limit 0.5)\n", worst)
+	// Output:
+	// busiest second: 0.45 CPU-seconds (limit 0.5)
+}
