@@ -111,9 +111,9 @@ func startSlotBackend(t *testing.T, slots int, service time.Duration) *slotBacke
 	return b
 }
 
-// conn dials every backend through a manual resolver with the given
-// service config.
-func lbConn(t *testing.T, addrs []string, serviceConfig string) *grpc.ClientConn {
+// lbConn dials every backend through a manual resolver with the given
+// service config, and any further options.
+func lbConn(t *testing.T, addrs []string, serviceConfig string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	registerBalancer()
 	r := manual.NewBuilderWithScheme("lbtest")
@@ -122,8 +122,8 @@ func lbConn(t *testing.T, addrs []string, serviceConfig string) *grpc.ClientConn
 		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
 	}
 	r.InitialState(resolver.State{Endpoints: eps})
-	cc, err := grpc.NewClient(r.Scheme()+":///backends", grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(serviceConfig))
+	cc, err := grpc.NewClient(r.Scheme()+":///backends", append([]grpc.DialOption{grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(serviceConfig)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

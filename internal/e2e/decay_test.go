@@ -10,17 +10,14 @@ package e2e
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"os"
-	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
-	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 )
@@ -73,73 +70,23 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	front := &http.Server{Handler: mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := relay.Invoke(r.Context(), cc, "x"); err != nil {
-			if !triagehttp.WriteError(w, err) {
-				w.WriteHeader(http.StatusServiceUnavailable)
-			}
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go front.Serve(ln)
-	defer front.Close()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000}, Timeout: sc(20 * time.Second)}
-	defer client.CloseIdleConnections()
-	url := "http://" + ln.Addr().String()
+	url, client := relayFrontend(t, mw, cc, 0, func(*http.Request) string { return "x" })
 
 	// Open loop: /home at 250/s for 2 s then 60/s for 8 s; /feed at 40/s
 	// for 10 s (durations scaled). Capacity is 100/s: the spike leaves a
 	// backlog, and after it the offered load is exactly the capacity.
-	type shot struct {
-		path string
-		at   time.Duration
-	}
-	var shots []shot
-	add := func(path string, rate float64, from, to time.Duration) {
-		for at := from; at < to; at += time.Duration(float64(time.Second) / rate) {
-			shots = append(shots, shot{path, at})
-		}
-	}
-	add("/home", 250, 0, sc(2*time.Second))
-	add("/home", 60, sc(2*time.Second), sc(10*time.Second))
-	add("/feed", 40, 0, sc(10*time.Second))
-	sort.Slice(shots, func(i, j int) bool { return shots[i].at < shots[j].at })
+	var load schedule
+	load.add("/home", 250, 0, sc(2*time.Second))
+	load.add("/home", 60, sc(2*time.Second), sc(10*time.Second))
+	load.add("/feed", 40, 0, sc(10*time.Second))
 	var (
 		mu  sync.Mutex
 		run = decayRun{name: map[string]string{"": "no decay", "SHEDDABLE": "decay to SHEDDABLE", "cancel": "decay to cancel"}[decay]}
-		wg  sync.WaitGroup
 	)
-	start := time.Now()
-	stopDbg := make(chan struct{})
-	if os.Getenv("DECAY_DEBUG") != "" {
-		go func() {
-			tk := time.NewTicker(250 * time.Millisecond)
-			defer tk.Stop()
-			for {
-				select {
-				case <-stopDbg:
-					return
-				case <-tk.C:
-					t.Logf("%v %+v", time.Since(start).Round(time.Millisecond), ctl.Stats())
-				}
-			}
-		}()
-	}
-	defer close(stopDbg)
-	for _, s := range shots {
-		if d := time.Until(start.Add(s.at)); d > 0 {
-			time.Sleep(d) // pacing an open-loop load generator in real time
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	load.run(func(_ time.Duration, s shot) func() {
+		return func() {
 			sent := time.Now()
-			resp, err := client.Get(url + s.path)
+			resp, err := client.Get(url + s.key)
 			took := time.Since(sent)
 			ok := err == nil && resp.StatusCode == http.StatusOK
 			if resp != nil {
@@ -148,7 +95,7 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case s.path == "/home":
+			case s.key == "/home":
 				run.homeSent++
 				if ok {
 					run.homeServed++
@@ -164,9 +111,8 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 					run.feedServed++
 				}
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
 	return run
 }
 

@@ -10,11 +10,9 @@ package e2e
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	neturl "net/url"
 	"os"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,8 +20,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/resolver"
-	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
@@ -114,22 +110,8 @@ func runIsolation(t *testing.T, rogueLevel string) {
 	}
 	t.Cleanup(func() { e2eIsolation.Set(isolate.Config{}) })
 
-	registerBalancer()
-	r := manual.NewBuilderWithScheme("isotest")
-	var eps []resolver.Endpoint
-	for _, a := range addrs {
-		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
-	}
-	r.InitialState(resolver.State{Endpoints: eps})
 	client := triagegrpc.NewClient(triagegrpc.WithClientIsolation(e2eIsolation, nil))
-	cc, err := grpc.NewClient(r.Scheme()+":///backends", append([]grpc.DialOption{grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"triage": {"policy": "least_loaded"}}]}`)},
-		client.DialOptions()...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
+	cc := lbConn(t, addrs, `{"loadBalancingConfig": [{"triage": {"policy": "least_loaded"}}]}`, client.DialOptions()...)
 
 	rules := edge.Config{}
 	if rogueLevel != "" {
@@ -139,59 +121,27 @@ func runIsolation(t *testing.T, rogueLevel string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	front := &http.Server{Handler: mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
-		defer cancel()
-		if _, err := relay.Invoke(ctx, cc, r.URL.Query().Get("phase")+"/"+isolate.ClientOf(r.Context())); err != nil {
-			if !triagehttp.WriteError(w, err) {
-				w.WriteHeader(http.StatusServiceUnavailable)
-			}
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-	}))}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go front.Serve(ln)
-	defer front.Close()
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000}, Timeout: 10 * time.Second}
-	defer hc.CloseIdleConnections()
-	url := "http://" + ln.Addr().String() + "/"
+	url, hc := relayFrontend(t, mw, cc, time.Second, func(r *http.Request) string {
+		return r.URL.Query().Get("phase") + "/" + isolate.ClientOf(r.Context())
+	})
 
 	// Every client type sends 50 requests a second; the rogue goes to
 	// 1000 (20x) from the surge on. The operator moves it to the
 	// sacrificial backend 2 s into the surge and black-holes it 4 s later.
 	surge, toSac, toHole, end := sc(4*time.Second), sc(6*time.Second), sc(10*time.Second), sc(12*time.Second)
-	type shot struct {
-		client string
-		at     time.Duration
-	}
-	var shots []shot
-	add := func(client string, rate float64, from, to time.Duration) {
-		for at := from; at < to; at += time.Duration(float64(time.Second) / rate) {
-			shots = append(shots, shot{client, at})
-		}
-	}
-	add("maps", 50, 0, end)
-	add("mail", 50, 0, end)
-	add("rogue", 50, 0, surge)
-	add("rogue", 1000, surge, end)
-	sort.Slice(shots, func(i, j int) bool { return shots[i].at < shots[j].at })
+	var load schedule
+	load.add("maps", 50, 0, end)
+	load.add("mail", 50, 0, end)
+	load.add("rogue", 50, 0, surge)
+	load.add("rogue", 1000, surge, end)
 
 	type tally struct{ sent, ok int }
 	var (
 		mu    sync.Mutex
 		count = map[string]*tally{} // phase/client
-		wg    sync.WaitGroup
 	)
-	start := time.Now()
-	for _, s := range shots {
-		if d := time.Until(start.Add(s.at)); d > 0 {
-			time.Sleep(d) // pacing an open-loop load generator in real time
-		}
-		switch el := time.Since(start); {
+	load.run(func(el time.Duration, s shot) func() {
+		switch {
 		case el >= toHole && phase.Load() < 3:
 			e2eIsolation.Set(withRoute(e2eIsolation.Config(), "rogue", "black-hole"))
 			phase.Store(3)
@@ -202,12 +152,10 @@ func runIsolation(t *testing.T, rogueLevel string) {
 			phase.Store(1)
 		}
 		ph := phases[phase.Load()]
-		key := ph + "/" + s.client
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, _ := http.NewRequest("GET", url+"?phase="+neturl.QueryEscape(ph), nil)
-			req.Host = s.client + ".example.test"
+		return func() {
+			key := ph + "/" + s.key
+			req, _ := http.NewRequest("GET", url+"/?phase="+neturl.QueryEscape(ph), nil)
+			req.Host = s.key + ".example.test"
 			resp, err := hc.Do(req)
 			ok := err == nil && resp.StatusCode == http.StatusOK
 			if resp != nil {
@@ -224,9 +172,8 @@ func runIsolation(t *testing.T, rogueLevel string) {
 			if ok {
 				c.ok++
 			}
-		}()
-	}
-	wg.Wait()
+		}
+	})
 
 	rate := func(phase, client string) (float64, int) {
 		c := count[phase+"/"+client]
