@@ -3,6 +3,7 @@ package triagegrpc
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -326,6 +327,13 @@ func (s *Server) classify(ctx context.Context, md metadata.MD, fullMethod string
 		customer = quota.Customer(p.Identities[0])
 	}
 	d := s.classifier.Classify(&req)
+	if strings.HasPrefix(fullMethod, healthService) {
+		// Health checks are answered whatever the load, outside admission,
+		// quotas and isolation: they are how a client learns that a task
+		// is in lame duck, and a Watch stream lasts as long as its
+		// connection, so counted as executing it would hold a slot forever.
+		return reqctx.WithRequest(ctx, uint8(d.Level), uint8(n), customer), nil
+	}
 	if s.iso != nil {
 		if ct := s.iso.ClientFor(req.Host); ct != "" {
 			if s.iso.RouteOf(ct) == isolate.BlackHole {
