@@ -164,8 +164,10 @@ func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs
 
 // Policy runs requests with throttling, retries and budgets. It is safe for
 // concurrent use; use one per client of a backend service. Its memory is
-// fixed (a Budget and a Throttle); Do starts no goroutines and holds one
-// timer while it backs off.
+// bounded (a Budget, a Throttle, and a throttle for each of at most
+// MaxQuotaThrottles customers answered "out of quota": see
+// quotaThrottles); Do starts no goroutines and holds one timer while it
+// backs off.
 type Policy struct {
 	maxAttempts      int
 	budget           *Budget
@@ -177,6 +179,7 @@ type Policy struct {
 	since            func() time.Duration
 	random           func() float64
 	obs              Observer
+	quotas           *quotaThrottles // with a throttle: per customer, for out of quota
 }
 
 // now reads the clock once (monotonic only, for the real clock); the
@@ -234,6 +237,11 @@ func New(opts ...Option) (*Policy, error) {
 			return nil, err
 		}
 		p.throttle = t
+	}
+	if p.throttle != nil {
+		p.quotas = &quotaThrottles{byCustomer: map[string]*throttle.Throttle{}, newThrottle: func() (*throttle.Throttle, error) {
+			return throttle.New(throttle.WithClock(p.clock), throttle.WithRandom(p.random))
+		}}
 	}
 	return p, nil
 }
@@ -294,10 +302,10 @@ func (p *Policy) do(ctx context.Context, call Call, max int) error {
 			}
 			now = p.now()
 		}
-		var tk throttle.Ticket
+		var tk ticket
 		if p.throttle != nil {
 			var ok bool
-			if tk, ok = p.throttle.AllowAt(l, now); !ok {
+			if tk, ok = p.allow(ctx, l, now); !ok {
 				p.obs.Throttled(l)
 				return &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 			}
@@ -315,7 +323,7 @@ func (p *Policy) do(ctx context.Context, call Call, max int) error {
 			kind = outcome.TaskOverloaded // the deadline passed with no answer
 		}
 		accepted := !kind.Overload()
-		tk.Done(accepted)
+		tk.done(kind)
 		p.obs.Answered(l, accepted)
 		if err == nil {
 			return nil
@@ -402,7 +410,7 @@ func giveUp(last error, reason string) error {
 type Single struct {
 	p  *Policy
 	l  criticality.Level
-	tk throttle.Ticket
+	tk ticket
 }
 
 // Start begins a request that is sent once and answered later (streams).
@@ -418,7 +426,7 @@ func (p *Policy) Start(ctx context.Context) (Single, error) {
 	s := Single{p: p, l: l}
 	if p.throttle != nil {
 		var ok bool
-		if s.tk, ok = p.throttle.AllowAt(l, now); !ok {
+		if s.tk, ok = p.allow(ctx, l, now); !ok {
 			p.obs.Throttled(l)
 			return Single{}, &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 		}
@@ -432,7 +440,7 @@ func (s Single) Finish(err error) {
 	if s.p == nil {
 		return
 	}
-	accepted := !outcome.Classify(err).Overload()
-	s.tk.Done(accepted)
-	s.p.obs.Answered(s.l, accepted)
+	kind := outcome.Classify(err)
+	s.tk.done(kind)
+	s.p.obs.Answered(s.l, !kind.Overload())
 }

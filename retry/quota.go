@@ -1,0 +1,96 @@
+package retry
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/reqctx"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/throttle"
+)
+
+// MaxQuotaThrottles bounds the customers a Policy keeps an out-of-quota
+// throttle for; the requests of further customers share one more.
+const MaxQuotaThrottles = 256
+
+// quotaThrottles is adaptive throttling per customer, for "customer out of
+// quota" answers: SRE book ch. 21 introduces client-side throttling for
+// exactly these ("when a client detects that a significant portion of its
+// recent requests have been rejected due to 'out of quota' errors, it
+// starts self-regulating"), by a client task acting for one customer. A
+// client that serves many customers (a frontend, a middle tier) would
+// otherwise let one customer's quota throttle every other customer's
+// requests of the same criticality, so each customer's out-of-quota
+// answers count against that customer's own throttle, and count as
+// accepted (the backend was not overloaded) for the criticality's.
+type quotaThrottles struct {
+	newThrottle func() (*throttle.Throttle, error)
+	mu          sync.Mutex
+	byCustomer  map[string]*throttle.Throttle
+	other       *throttle.Throttle
+}
+
+func (q *quotaThrottles) get(customer string) *throttle.Throttle {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t := q.byCustomer[customer]; t != nil {
+		return t
+	}
+	if len(q.byCustomer) >= MaxQuotaThrottles {
+		if q.other == nil {
+			q.other, _ = q.newThrottle()
+		}
+		return q.other
+	}
+	t, err := q.newThrottle()
+	if err != nil {
+		return nil
+	}
+	q.byCustomer[customer] = t
+	return t
+}
+
+// customerOf is the request's customer (quota.CustomerOf).
+func customerOf(ctx context.Context) string {
+	c, _ := ctx.Value(reqctx.CustomerKey{}).(string)
+	return c
+}
+
+// ticket is one attempt's throttle tickets: the criticality's, and the
+// customer's for out-of-quota answers.
+type ticket struct {
+	level, customer throttle.Ticket
+	hasCustomer     bool
+}
+
+// allow asks the customer's throttle (if the request has a customer) and
+// the criticality's.
+func (p *Policy) allow(ctx context.Context, l criticality.Level, now time.Time) (ticket, bool) {
+	var tk ticket
+	if p.quotas != nil {
+		if c := customerOf(ctx); c != "" {
+			if t := p.quotas.get(c); t != nil {
+				var ok bool
+				if tk.customer, ok = t.AllowAt(l, now); !ok {
+					return tk, false
+				}
+				tk.hasCustomer = true
+			}
+		}
+	}
+	var ok bool
+	tk.level, ok = p.throttle.AllowAt(l, now)
+	return tk, ok
+}
+
+// done records the attempt's answer of kind k.
+func (tk ticket) done(k outcome.Kind) {
+	if tk.hasCustomer {
+		tk.customer.Done(k != outcome.OutOfQuota)
+		tk.level.Done(k == outcome.OutOfQuota || !k.Overload())
+		return
+	}
+	tk.level.Done(!k.Overload())
+}

@@ -1,0 +1,53 @@
+package retry_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/retry"
+)
+
+// A frontend serves two customers at the same criticality; the backend
+// answers one of them "out of quota". That customer's requests are soon
+// throttled locally; the other's never are, and neither is a request
+// without a customer.
+func TestOutOfQuotaThrottlesOnlyThatCustomer(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	draws := 0.0
+	p, err := retry.New(retry.WithClock(f), retry.WithRandom(func() float64 { draws += 0.37; return draws - float64(int(draws)) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxOf := func(customer string) context.Context {
+		return quota.NewContext(criticality.NewContext(context.Background(), criticality.Critical), customer)
+	}
+	refusedAtBackend := map[string]int{}
+	throttled := map[string]int{}
+	for range 2000 {
+		for _, c := range []string{"abuser", "gmail", ""} {
+			err := p.Do(ctxOf(c), func(context.Context) error {
+				if c == "abuser" {
+					refusedAtBackend[c]++
+					return &outcome.Error{Kind: outcome.OutOfQuota}
+				}
+				return nil
+			})
+			if oe, ok := outcome.As(err); ok && oe.Local {
+				throttled[c]++
+			}
+		}
+		f.Advance(10 * time.Millisecond)
+	}
+	t.Logf("reached the backend: abuser %d of 2000; throttled locally: %v", refusedAtBackend["abuser"], throttled)
+	if throttled["gmail"] != 0 || throttled[""] != 0 {
+		t.Errorf("in-quota requests throttled: %v", throttled)
+	}
+	if throttled["abuser"] < 1000 {
+		t.Errorf("the out-of-quota customer was throttled only %d times of 2000", throttled["abuser"])
+	}
+}
