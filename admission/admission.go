@@ -261,6 +261,8 @@ type Controller struct {
 	adjust         sync.Mutex      // held while revisiting the limit
 	best           int64           // mean service time at the minimum limit, measured by the last probe
 	probing        bool            // this interval runs at the minimum limit
+	probingNow     atomic.Bool     // probing, for wait (read without c.adjust)
+	probeResume    atomic.Int64    // the limit before the probe, for wait
 	resume         int64           // the limit to return to after the probe
 	intervals      int64
 	mu             sync.Mutex                      // guards the queues
@@ -843,12 +845,15 @@ func (c *Controller) maybeAdjust(now int64) {
 		// The probe interval ran at the minimum limit: its mean service
 		// time is the baseline until the next probe.
 		c.best, c.probing, next = mean, false, c.resume
+		c.probingNow.Store(false)
 	case c.best == math.MaxInt64 || c.intervals%probeEvery == 0:
 		// Measure the baseline: one interval at the minimum limit (as
 		// BBR's ProbeRTT does), since a baseline taken at the current
 		// limit would let the limit ratchet up.
 		if limit > c.minLimit {
 			c.probing, c.resume, next = true, limit, c.minLimit
+			c.probeResume.Store(limit)
+			c.probingNow.Store(true)
 		} else {
 			c.best = mean
 		}

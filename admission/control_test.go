@@ -419,3 +419,40 @@ func TestNeverStartedRequestsStopCounting(t *testing.T) {
 		t.Fatalf("all done: pending %d, executing %d", s.Pending, s.Executing)
 	}
 }
+
+// The baseline probe holds the limit at its minimum for one interval: it
+// delays the requests that queue meanwhile, as BBR's ProbeRTT does, and
+// sheds none of them at the usual maximum wait.
+func TestProbeDelaysAndDoesNotShed(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 4, 4), admission.WithInterval(100*time.Millisecond),
+		admission.WithMaxWait(50*time.Millisecond))
+	var a admission.Ticket
+	c.Arrive(&a, criticality.Critical, 0, time.Time{})
+	c.Start(context.Background(), &a)
+	f.Advance(10 * time.Millisecond)
+	c.Done(&a)
+	f.Advance(100 * time.Millisecond)
+	var b, d admission.Ticket
+	c.Arrive(&b, criticality.Critical, 0, time.Time{}) // the first adjustment probes
+	if got := c.Stats().Limit; got != 1 {
+		t.Fatalf("limit %d during the probe, want the minimum, 1", got)
+	}
+	if err := c.Start(context.Background(), &b); err != nil {
+		t.Fatal(err)
+	}
+	c.Arrive(&d, criticality.Critical, 0, time.Time{})
+	done := start(c, context.Background(), &d)
+	waitQueued(t, c, 1, f)
+	f.Advance(60 * time.Millisecond) // past the 50 ms maximum wait
+	select {
+	case err := <-done:
+		t.Fatalf("a request queued behind the probe ended after 60 ms: %v", err)
+	default:
+	}
+	c.Done(&b)
+	if err := <-done; err != nil {
+		t.Fatalf("the freed slot: %v", err)
+	}
+	c.Done(&d)
+}

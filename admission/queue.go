@@ -152,8 +152,12 @@ func (c *Controller) wait(ctx context.Context, t *Ticket) error {
 		r = rank(dc.To, true)
 	}
 	w := &waiter{ch: make(chan error, 1), level: t.level}
+	capLimit := c.limit.Load()
+	if c.probingNow.Load() {
+		capLimit = max(capLimit, c.probeResume.Load()) // the queue a probe delays keeps its room
+	}
 	c.mu.Lock()
-	if c.queued.Load() >= c.queueCap(c.limit.Load()) {
+	if c.queued.Load() >= c.queueCap(capLimit) {
 		// Full: take the place of a lower ranked waiter, or give up.
 		displaced := false
 		for low := 0; low < r; low++ {
@@ -175,6 +179,11 @@ func (c *Controller) wait(ctx context.Context, t *Ticket) error {
 	c.mu.Unlock()
 
 	wait := c.maxWait
+	if c.probingNow.Load() {
+		// The probe holds the limit at its minimum for one interval: it
+		// delays requests, as BBR's ProbeRTT does, and sheds none for it.
+		wait = max(wait, time.Duration(c.interval)+c.maxWait)
+	}
 	deadlineReason := false
 	if d, ok := ctx.Deadline(); ok {
 		if left := d.Sub(now) - c.expectedService(); left < wait {
