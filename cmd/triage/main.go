@@ -14,18 +14,23 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"github.com/triagehq/triage/internal/demo"
+	"github.com/triagehq/triage/internal/drill"
 )
 
 const usage = `triage keeps RPC services standing under overload (SRE book ch. 20-21).
 
 Usage:
-  triage demo [flags]    run an HTTP frontend and two gRPC tiers on loopback and
-                         show criticality and overload outcomes across the hops
+  triage demo [flags]    the overload drill: a stack of real processes on loopback
+                         hit by 10x its provisioned rate, restarted and killed,
+                         with triage and without; live view, summary, report.html
+
+  triage serve frontend|a|b|db [flags]
+                         one task of the drill's stack (started by triage demo)
 
   triage sim subsetting [flags]
                          connections per backend under deterministic, random or
@@ -63,6 +68,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "demo":
 		return runDemo(ctx, args[1:], stdout, stderr)
+	case "serve":
+		return runServe(ctx, args[1:], stderr)
 	case "sim":
 		return runSim(args[1:], stdout, stderr)
 	case "quota-server":
@@ -80,11 +87,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("triage demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	requests := fs.Int("requests", 25, "requests per scenario (1-10000)")
-	config := fs.String("config", "", "YAML file with the frontend's trust and criticality rules (default: built in; see -print-config)")
-	printConfig := fs.Bool("print-config", false, "print the built-in frontend configuration and exit")
-	timeout := fs.Duration("timeout", 5*time.Second, "per-request timeout")
-	deadline := fs.Duration("max-duration", 50*time.Second, "stop the whole demo after this long")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage: triage demo [flags]
+
+The overload drill: a stack of real processes on loopback (an HTTP frontend,
+gRPC backends A and B, the DB frontend, three tasks per gRPC tier on machines
+of two speeds, and the quota service) provisioned for 100 requests a second,
+hit by 10x that, then a rolling restart of tier B, then a SIGKILL of a DB
+task, then recovery; twice, with triage's protections and without them.
+It shows a live view, prints a summary, and writes result.json and a
+self-contained report.html with the plots.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	duration := fs.Duration("duration", 2*time.Minute, "length of the whole drill, both runs (20s-1h)")
+	out := fs.String("out", "", "directory for result.json, report.html and the tasks' logs (default: a new temporary directory, printed at the end)")
+	serve := fs.String("serve", "", "also serve the live view as a web page on this address, e.g. 127.0.0.1:8080")
+	quiet := fs.Bool("quiet", false, "print one line a second instead of redrawing the live view")
+	only := fs.String("only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -95,32 +117,35 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "triage demo: unexpected argument %q\n", fs.Arg(0))
 		return 2
 	}
-	if *printConfig {
-		fmt.Fprint(stdout, demo.DefaultConfig)
-		return 0
-	}
-	if *requests < 1 || *requests > 10000 {
-		fmt.Fprintf(stderr, "triage demo: -requests must be between 1 and 10000, got %d\n", *requests)
+	if *duration < 20*time.Second || *duration > time.Hour {
+		fmt.Fprintf(stderr, "triage demo: -duration must be between 20s and 1h, got %v\n", *duration)
 		return 2
 	}
-	if *timeout <= 0 || *deadline <= 0 {
-		fmt.Fprintln(stderr, "triage demo: -timeout and -max-duration must be positive")
+	var runs []bool
+	switch *only {
+	case "":
+	case "with":
+		runs = []bool{true}
+	case "without":
+		runs = []bool{false}
+	default:
+		fmt.Fprintf(stderr, "triage demo: -only must be \"with\" or \"without\", got %q\n", *only)
 		return 2
 	}
-	var cfg []byte
-	if *config != "" {
-		b, err := os.ReadFile(*config)
-		if err != nil {
-			fmt.Fprintf(stderr, "triage demo: %v\n", err)
-			return 1
-		}
-		cfg = b
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "triage demo: %v\n", err)
+		return 1
 	}
-	ctx, cancel := context.WithTimeout(ctx, *deadline)
-	defer cancel()
-	if _, err := demo.Run(ctx, stdout, demo.Options{Requests: *requests, Config: cfg, Timeout: *timeout}); err != nil {
+	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs,
+		Command: func(args ...string) *exec.Cmd { return exec.Command(self, args...) }}) // the environment is inherited
+	if err != nil {
 		fmt.Fprintf(stderr, "triage demo: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+func runServe(ctx context.Context, args []string, stderr io.Writer) int {
+	return drill.Main(ctx, args, stderr)
 }

@@ -178,3 +178,13 @@ var serviceDesc = grpc.ServiceDesc{
 		},
 	}},
 }
+
+// Func serves the Call method (and the Stream method, with one message
+// each way) with a function.
+type Func func(ctx context.Context, body string) (string, error)
+
+// Call implements the service.
+func (f Func) Call(ctx context.Context, body string) (string, error) { return f(ctx, body) }
+
+// RegisterFunc registers f as the service on s.
+func RegisterFunc(s grpc.ServiceRegistrar, f Func) { s.RegisterService(&serviceDesc, f) }

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// asCLI makes this test binary the triage command, so that the drill can
+// start its tasks and the quota service from it.
+const asCLI = "TRIAGE_TEST_AS_CLI"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(asCLI) == "1" {
+		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// A shortened drill, end to end, on real processes: both runs, and the
+// headline figures of result.json. With triage, no task dies and
+// CRITICAL_PLUS and CRITICAL are answered; without, the same traffic kills
+// tasks and collapses goodput.
+func TestDrillShortened(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("a 40 s drill on real processes; .ci/run runs it without the race detector")
+	}
+	t.Setenv(asCLI, "1")
+	dir := t.TempDir()
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"demo", "-duration", "40s", "-quiet", "-out", dir}, &out, &out)
+	t.Log(out.String()[max(0, out.Len()-2500):])
+	if code != 0 {
+		t.Fatalf("triage demo exited %d", code)
+	}
+	var res struct {
+		ProvisionedRate float64 `json:"provisioned_rate"`
+		Runs            []struct {
+			Name       string             `json:"name"`
+			Protection bool               `json:"protection"`
+			Goodput    float64            `json:"goodput_frac"`
+			ByLevel    map[string]float64 `json:"goodput_by_criticality"`
+			Died       int                `json:"tasks_died"`
+			Phases     []struct {
+				Name    string             `json:"name"`
+				ByLevel map[string]float64 `json:"goodput_by_criticality"`
+			} `json:"phases"`
+			Attempts [4]uint64 `json:"db_attempts"`
+		} `json:"runs"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 2 || !res.Runs[0].Protection || res.Runs[1].Protection || res.ProvisionedRate != 100 {
+		t.Fatalf("result.json: %d runs, provisioned %v", len(res.Runs), res.ProvisionedRate)
+	}
+	with, without := res.Runs[0], res.Runs[1]
+	if len(with.Phases) != 5 || with.Attempts[0] == 0 {
+		t.Errorf("with triage: %d phases, DB attempts %v", len(with.Phases), with.Attempts)
+	}
+	if with.Died != 0 {
+		t.Errorf("with triage, %d tasks died", with.Died)
+	}
+	for _, l := range []string{"CRITICAL_PLUS", "CRITICAL"} {
+		if with.ByLevel[l] < 0.99 {
+			t.Errorf("with triage, %s answered %.2f%%", l, 100*with.ByLevel[l])
+		}
+	}
+	if with.Goodput < 0.8 {
+		t.Errorf("with triage, goodput %.2f of the provisioned rate", with.Goodput)
+	}
+	if without.Died == 0 && without.Goodput > 0.7 {
+		t.Errorf("without triage the surge neither killed a task nor collapsed goodput (%.2f)", without.Goodput)
+	}
+	if without.Goodput >= with.Goodput || without.ByLevel["CRITICAL"] >= with.ByLevel["CRITICAL"] {
+		t.Errorf("without triage goodput %.2f (CRITICAL %.2f) against %.2f (%.2f) with it", without.Goodput, without.ByLevel["CRITICAL"], with.Goodput, with.ByLevel["CRITICAL"])
+	}
+	html, err := os.ReadFile(filepath.Join(dir, "report.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(html), "<svg"); n < 10 || strings.Contains(string(html), "http://") && strings.Contains(string(html), "<script src") {
+		t.Errorf("report.html: %d figures, or it loads something from the network", n)
+	}
+}

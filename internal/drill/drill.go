@@ -1,0 +1,574 @@
+// Package drill is `triage demo`: the overload drill of the SRE book's
+// chapter 21 and the CRE post, on real sockets. A stack of processes (an
+// HTTP frontend, gRPC backends A and B, the DB frontend: Figure 21-2, three
+// tasks per gRPC tier on machines of two speeds, and the quota service)
+// serves a provisioned rate; the script then throws ten times that at it,
+// restarts one tier task by task, kills a DB task with SIGKILL, and lets
+// it recover. The drill runs twice on the same traffic: with triage's
+// protections (admission control, criticality, client throttling, retry
+// budgets, weighted round robin over deterministic subsets, lame duck,
+// quotas, degraded answers) and without them (plain gRPC, round robin,
+// every failure retried at once at every layer, unbounded queues). Each
+// task holds memory for every request in its handlers and dies, as under
+// a container's OOM killer, past its limit; the drill restarts dead tasks
+// after 2 s, as a cluster manager would.
+//
+// Every process is started by the drill and stopped by it, also on
+// Ctrl-C (and killed with the drill, through Pdeathsig, if the drill
+// itself dies). Every load loop is bounded in time.
+package drill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/triagehq/triage/criticality"
+)
+
+// Options configure a drill.
+type Options struct {
+	// Duration is the whole drill, both runs (default 2 minutes; at
+	// least 20 s).
+	Duration time.Duration
+	// Out is the directory for result.json and report.html ("": a new
+	// temporary directory).
+	Out string
+	// Serve, if set, serves the live view as a web page on this address.
+	Serve string
+	// Command returns the command that runs `triage ARGS...` (a task is
+	// `serve ROLE ...`, the quota service `quota-server ...`).
+	Command func(args ...string) *exec.Cmd
+	// Stdout receives the live view and the summary; Quiet prints one
+	// line per second instead of redrawing.
+	Stdout io.Writer
+	Quiet  bool
+	// Runs selects the runs: nil means both, protected first.
+	Runs []bool
+}
+
+// ProvisionedRate is the rate the stack is provisioned for, requests per
+// second at the frontend: the DB tier (the bottleneck) runs at 40% of its
+// capacity there, so it survives the loss of its biggest task.
+const ProvisionedRate = 100
+
+// A class of user request.
+type class struct {
+	path, key    string
+	level        criticality.Level
+	normal, peak float64 // requests per second
+}
+
+// The traffic: critical traffic stays within what the stack is
+// provisioned for, as the book assumes; the surge is sheddable traffic and
+// an abusive customer.
+var classes = []class{
+	{"/checkout", "key-gmail", criticality.CriticalPlus, 10, 10},
+	{"/search", "key-gmail", criticality.Critical, 20, 20},
+	{"/search", "key-calendar", criticality.Critical, 10, 10},
+	{"/search", "key-android", criticality.Critical, 10, 10},
+	{"/suggest", "key-android", criticality.SheddablePlus, 25, 250},
+	{"/prefetch", "key-calendar", criticality.Sheddable, 25, 500},
+	{"/suggest", "key-abuser", criticality.SheddablePlus, 0, 200},
+}
+
+// quotaPolicy is the quota service's policy, in slot-seconds per second of
+// the DB tier (10 slots): soft limits, enforced while a task is
+// overloaded.
+const quotaPolicy = `tasks: 3
+fallback: safe
+customers:
+  gmail: {cpu: 5}
+  calendar: {cpu: 2}
+  android: {cpu: 2}
+  abuser: {cpu: 0.5}
+default: {cpu: 0.5}
+`
+
+// A phase of the script, with its share of a run.
+type phase struct {
+	name, says string
+	share      float64
+	surge      bool // the load is at its peak
+}
+
+var script = []phase{
+	{"normal", "normal load: the provisioned rate, 100 requests/s", 0.12, false},
+	{"surge", "surge: 10x the provisioned rate (sheddable traffic and an abusive customer)", 0.22, true},
+	{"restart", "rolling restart of tier B, one task at a time (lame duck, then a new task), under the surge", 0.22, true},
+	{"kill", "SIGKILL of the DB's biggest task, under the surge", 0.14, true},
+	{"recovery", "recovery: normal load; the killed task comes back", 0.30, false},
+}
+
+// warmup is how long the stack serves normal load before the drill.
+const warmup = 3 * time.Second
+
+// tierSpec is a gRPC tier: each task's slots (its machine's speed) and the
+// time a request holds one.
+type tierSpec struct {
+	role  string
+	slots []int
+	work  time.Duration
+}
+
+var tiers = []tierSpec{
+	{RoleDB, []int{4, 4, 2}, 40 * time.Millisecond},
+	{RoleB, []int{4, 2, 4}, 4 * time.Millisecond},
+	{RoleA, []int{4, 4, 2}, 2 * time.Millisecond},
+}
+
+// Run performs the drill and returns its result; the result and the
+// report are also written to Options.Out.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	if o.Duration == 0 {
+		o.Duration = 2 * time.Minute
+	}
+	if o.Duration < 20*time.Second || o.Duration > time.Hour {
+		return nil, errors.New("drill: duration must be between 20s and 1h")
+	}
+	if o.Command == nil {
+		return nil, errors.New("drill: Options.Command is required")
+	}
+	if o.Stdout == nil {
+		o.Stdout = io.Discard
+	}
+	if o.Runs == nil {
+		o.Runs = []bool{true, false}
+	}
+	if o.Out == "" {
+		dir, err := os.MkdirTemp("", "triage-drill-")
+		if err != nil {
+			return nil, err
+		}
+		o.Out = dir
+	} else if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, err
+	}
+	v := newView(o.Stdout, o.Quiet)
+	if o.Serve != "" {
+		stop, err := v.serve(o.Serve)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		v.printf("live view on http://%s/\n", o.Serve)
+	}
+	res := &Result{ProvisionedRate: ProvisionedRate, Dir: o.Out}
+	perRun := o.Duration / time.Duration(len(o.Runs))
+	for _, protect := range o.Runs {
+		r, err := runOnce(ctx, o, protect, perRun, v)
+		if r != nil {
+			res.Runs = append(res.Runs, r)
+		}
+		if err != nil {
+			return res, err
+		}
+	}
+	if err := res.write(o.Out); err != nil {
+		return res, err
+	}
+	v.printf("\n%s\nresult: %s\nreport: %s\n", res.Summary(), filepath.Join(o.Out, "result.json"), filepath.Join(o.Out, "report.html"))
+	return res, nil
+}
+
+// proc is one process of the stack.
+type proc struct {
+	name    string
+	args    []string
+	stats   string
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the current process exits
+	stopped bool          // the drill stopped it: not a death
+	err     error
+}
+
+type stack struct {
+	o      Options
+	procs  []*proc
+	byName map[string]*proc
+	deaths chan string
+	log    *os.File
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func (s *stack) start(p *proc) error {
+	cmd := s.o.Command(p.args...)
+	cmd.Stdout, cmd.Stderr = s.log, s.log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.cmd, p.done, p.stopped = cmd, done, false
+	p.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.err = err
+		stopped := p.stopped
+		p.mu.Unlock()
+		close(done)
+		if !stopped {
+			select {
+			case s.deaths <- p.name:
+			default:
+			}
+		}
+	}()
+	return nil
+}
+
+// ready waits for p's stats endpoint (or /healthz of the quota service:
+// any answer will do).
+func (s *stack) ready(ctx context.Context, p *proc) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if p.stats != "" {
+			if resp, err := http.Get("http://" + p.stats + "/stats"); err == nil {
+				resp.Body.Close()
+				return nil
+			}
+		} else {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.done:
+			return fmt.Errorf("%s exited at start: %v", p.name, p.err)
+		case <-time.After(50 * time.Millisecond): // polling a starting process
+		}
+	}
+	return fmt.Errorf("%s did not start within 15s", p.name)
+}
+
+// stop stops p: SIGTERM (a clean shutdown), then SIGKILL after 8 s.
+func (s *stack) stop(p *proc, sig syscall.Signal) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.stopped = true
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(8 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (s *stack) stopAll() {
+	var wg sync.WaitGroup
+	for _, p := range s.procs {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.stop(p, syscall.SIGTERM) }()
+	}
+	wg.Wait()
+}
+
+func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *view) (*RunResult, error) {
+	name := "with triage"
+	if !protect {
+		name = "without triage"
+	}
+	v.printf("\n== run %q: starting the stack (HTTP frontend, 3 A, 3 B, 3 DB tasks", name)
+	if protect {
+		v.printf(", quota service")
+	}
+	v.printf(")\n")
+	logf, err := os.Create(filepath.Join(o.Out, "tasks-"+strings.ReplaceAll(name, " ", "-")+".log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	s := &stack{o: o, byName: map[string]*proc{}, deaths: make(chan string, 64), log: logf}
+	defer s.stopAll()
+
+	quotaAddr := ""
+	if protect {
+		policy := filepath.Join(o.Out, "quota.yaml")
+		if err := os.WriteFile(policy, []byte(quotaPolicy), 0o644); err != nil {
+			return nil, err
+		}
+		if quotaAddr, err = freePort(); err != nil {
+			return nil, err
+		}
+		q := &proc{name: "quota", args: []string{"quota-server", "-config", policy, "-listen", quotaAddr, "-lease", "5s", "-refresh", "1s"}}
+		if err := s.start(q); err != nil {
+			return nil, err
+		}
+		s.procs = append(s.procs, q)
+	}
+	next := []string{}
+	for _, t := range tiers {
+		var addrs []string
+		for i, slots := range t.slots {
+			listen, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			stats, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			id := fmt.Sprintf("%s-%d", t.role, i)
+			args := []string{"serve", t.role, "-id", id, "-index", strconv.Itoa(i), "-listen", listen, "-stats", stats,
+				"-slots", strconv.Itoa(slots), "-work", t.work.String(), "-protect=" + strconv.FormatBool(protect)}
+			if len(next) > 0 {
+				args = append(args, "-next", strings.Join(next, ","))
+			}
+			if t.role == RoleDB && protect {
+				args = append(args, "-quota", quotaAddr)
+			}
+			p := &proc{name: id, args: args, stats: stats}
+			s.procs, s.byName[id] = append(s.procs, p), p
+			addrs = append(addrs, listen)
+		}
+		next = addrs
+	}
+	frontAddr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	fstats, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	fp := &proc{name: "frontend-0", stats: fstats, args: []string{"serve", RoleFrontend, "-id", "frontend-0", "-listen", frontAddr, "-stats", fstats,
+		"-slots", "64", "-work", "0s", "-protect=" + strconv.FormatBool(protect), "-next", strings.Join(next, ",")}}
+	s.procs, s.byName[fp.name] = append(s.procs, fp), fp
+	for _, p := range s.procs {
+		if p.name == "quota" {
+			continue
+		}
+		if err := s.start(p); err != nil {
+			return nil, err
+		}
+		if err := s.ready(ctx, p); err != nil {
+			return nil, err
+		}
+	}
+
+	run := newRun(name, protect, s.taskNames())
+	lg := newLoad("http://"+frontAddr, run)
+	defer lg.close()
+	// The stack serves normal load for a while before the drill starts.
+	v.printf("  warming up: %v of normal load\n", warmup)
+	start := time.Now().Add(warmup)
+	var phaseEnds []time.Duration
+	acc := time.Duration(0)
+	for _, ph := range script {
+		acc += time.Duration(ph.share * float64(d))
+		phaseEnds = append(phaseEnds, acc)
+	}
+	runCtx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+
+	// The script: actions at phase starts, run beside the load.
+	var actions sync.WaitGroup
+	restarts := make(chan string, 16) // dead tasks to restart
+	restartDead := func(name string) {
+		actions.Add(1)
+		go func() {
+			defer actions.Done()
+			select {
+			case <-time.After(2 * time.Second): // the cluster manager notices and reschedules
+			case <-runCtx.Done():
+				return
+			}
+			p := s.byName[name]
+			if p == nil || runCtx.Err() != nil {
+				return
+			}
+			p.mu.Lock()
+			alive := p.done != nil
+			if alive {
+				select {
+				case <-p.done:
+					alive = false
+				default:
+				}
+			}
+			p.mu.Unlock()
+			if !alive {
+				if err := s.start(p); err == nil {
+					restarts <- name
+				}
+			}
+		}()
+	}
+
+	curPhase := -1
+	select {
+	case <-time.After(warmup): // the load generator warms the stack up meanwhile
+	case <-ctx.Done():
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		lg.run(runCtx, start, func(el time.Duration) (surge bool) {
+			if el < 0 {
+				return false
+			}
+			for i, end := range phaseEnds {
+				if el < end {
+					return script[i].surge
+				}
+			}
+			return false
+		}, phaseEnds[len(phaseEnds)-1])
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			s.stopAll()
+			<-loadDone
+			return run, ctx.Err()
+		case name := <-s.deaths:
+			run.died(name, time.Since(start))
+			v.printf("  %s died (out of memory); restarting it in 2 s\n", name)
+			restartDead(name)
+		case name := <-restarts:
+			v.printf("  %s restarted\n", name)
+		case <-loadDone:
+			actions.Wait()
+			run.finish(time.Since(start))
+			v.printf("== run %q done: goodput %.2f of the provisioned rate, %d task deaths\n", name, run.GoodputFrac, run.TasksDied)
+			return run, nil
+		case <-tick.C:
+			el := time.Since(start)
+			ph := len(script) - 1
+			for i, end := range phaseEnds {
+				if el < end {
+					ph = i
+					break
+				}
+			}
+			if ph != curPhase {
+				curPhase = ph
+				run.phaseAt(script[ph].name, el)
+				v.printf("-- %5.1fs  %s\n", el.Seconds(), script[ph].says)
+				switch script[ph].name {
+				case "restart":
+					actions.Add(1)
+					go func() { defer actions.Done(); s.rollingRestart(runCtx, RoleB, v, run, start) }()
+				case "kill":
+					p := s.byName["db-0"]
+					s.stop(p, syscall.SIGKILL)
+					run.note(fmt.Sprintf("%.1fs db-0 killed (SIGKILL)", time.Since(start).Seconds()))
+				case "recovery":
+					p := s.byName["db-0"]
+					if err := s.start(p); err == nil {
+						run.note(fmt.Sprintf("%.1fs db-0 started again", time.Since(start).Seconds()))
+					}
+				}
+			}
+			s.poll(run, el)
+			v.show(run, script[ph].name, el, d)
+		}
+	}
+}
+
+func (s *stack) taskNames() []string {
+	var out []string
+	for _, p := range s.procs {
+		if p.stats != "" {
+			out = append(out, p.name)
+		}
+	}
+	return out
+}
+
+// rollingRestart restarts a tier's tasks one at a time: SIGTERM (a
+// protected task enters lame duck, drains and stops), a new task on the
+// same address, ready before the next one goes.
+func (s *stack) rollingRestart(ctx context.Context, role string, v *view, run *RunResult, start time.Time) {
+	for i := 0; ; i++ {
+		p := s.byName[fmt.Sprintf("%s-%d", role, i)]
+		if p == nil || ctx.Err() != nil {
+			return
+		}
+		s.stop(p, syscall.SIGTERM)
+		run.note(fmt.Sprintf("%.1fs %s stopped (SIGTERM)", time.Since(start).Seconds(), p.name))
+		if err := s.start(p); err != nil {
+			return
+		}
+		if err := s.ready(ctx, p); err != nil {
+			return
+		}
+		run.note(fmt.Sprintf("%.1fs %s started again", time.Since(start).Seconds(), p.name))
+		select {
+		case <-time.After(time.Second): // let it warm up before the next one goes
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// poll reads every task's stats into the run's current second.
+func (s *stack) poll(run *RunResult, el time.Duration) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	stats := map[string]Stats{}
+	client := &http.Client{Timeout: 500 * time.Millisecond}
+	for _, p := range s.procs {
+		if p.stats == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := client.Get("http://" + p.stats + "/stats")
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			var st Stats
+			if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st) == nil {
+				mu.Lock()
+				stats[p.name] = st
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	run.sample(el, stats)
+}
+
+// percentile returns the q-quantile of sorted xs.
+func percentile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	sort.Float64s(xs)
+	return xs[min(len(xs)-1, int(q*float64(len(xs))))]
+}

@@ -1,0 +1,203 @@
+package drill
+
+import (
+	"bytes"
+	"fmt"
+	"html/template"
+	"net"
+	"sort"
+	"strings"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/report"
+	"github.com/triagehq/triage/sim"
+)
+
+func listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+
+// figure is one drawn plot.
+type figure struct {
+	Title string
+	SVG   template.HTML
+}
+
+// plots returns the run's figures, as data.
+func (r *RunResult) plots(slug string) []sim.Plot {
+	var xs []float64
+	for i := range r.Seconds {
+		xs = append(xs, float64(i)+0.5)
+	}
+	good := sim.Plot{Name: "goodput-" + slug, Title: r.Name + ": answered per second, by criticality", XLabel: "time (s)", YLabel: "requests/s"}
+	for l := criticality.NumLevels - 1; l >= 0; l-- {
+		se := sim.Series{Name: criticality.Level(l).String(), X: xs}
+		for _, s := range r.Seconds {
+			se.Y = append(se.Y, float64(s.OK[l]))
+		}
+		good.Series = append(good.Series, se)
+	}
+	prov := sim.Series{Name: "provisioned rate", X: xs}
+	for range xs {
+		prov.Y = append(prov.Y, ProvisionedRate)
+	}
+	good.Series = append(good.Series, prov)
+
+	lat := sim.Plot{Name: "latency-" + slug, Title: r.Name + ": latency of successful requests", XLabel: "time (s)", YLabel: "ms"}
+	p50, p99 := sim.Series{Name: "p50"}, sim.Series{Name: "p99"}
+	for i, s := range r.Seconds {
+		if s.P99 > 0 {
+			p50.X, p50.Y = append(p50.X, xs[i]), append(p50.Y, s.P50)
+			p99.X, p99.Y = append(p99.X, xs[i]), append(p99.Y, s.P99)
+		}
+	}
+	if len(p50.X) > 0 {
+		lat.Series = []sim.Series{p50, p99}
+	}
+
+	rej := sim.Plot{Name: "rejections-" + slug, Title: r.Name + ": failed requests per second, by reason", XLabel: "time (s)", YLabel: "requests/s"}
+	reasons := map[string]int{}
+	for _, s := range r.Seconds {
+		for k, v := range s.Rejected {
+			reasons[k] += v
+		}
+	}
+	for _, k := range sortedKeys(reasons) {
+		se := sim.Series{Name: k, X: xs}
+		for _, s := range r.Seconds {
+			se.Y = append(se.Y, float64(s.Rejected[k]))
+		}
+		rej.Series = append(rej.Series, se)
+	}
+
+	util := sim.Plot{Name: "util-" + slug, Title: r.Name + ": utilization per task (busy share of its slots)", XLabel: "time (s)", YLabel: "utilization"}
+	var tasks []string
+	for _, t := range r.tasks {
+		if !strings.HasPrefix(t, RoleFrontend) {
+			tasks = append(tasks, t)
+		}
+	}
+	sort.Strings(tasks)
+	for _, t := range tasks {
+		se := sim.Series{Name: t}
+		for i, s := range r.Seconds {
+			if v, ok := s.Util[t]; ok {
+				se.X, se.Y = append(se.X, xs[i]), append(se.Y, v)
+			}
+		}
+		if len(se.X) > 0 {
+			util.Series = append(util.Series, se)
+		}
+	}
+
+	usage := sim.Plot{Name: "usage-" + slug, Title: r.Name + ": DB usage per customer against its quota", XLabel: "time (s)", YLabel: "slot-seconds per second"}
+	customers := map[string]bool{}
+	for _, s := range r.Seconds {
+		for c := range s.Usage {
+			if c != "" && !strings.HasPrefix(c, "(") {
+				customers[c] = true
+			}
+		}
+	}
+	for _, c := range sortedKeys(customers) {
+		se := sim.Series{Name: c + " usage"}
+		for i, s := range r.Seconds {
+			if s.Usage != nil {
+				se.X, se.Y = append(se.X, xs[i]), append(se.Y, s.Usage[c])
+			}
+		}
+		usage.Series = append(usage.Series, se)
+	}
+	for _, c := range []string{"abuser", "gmail"} {
+		se := sim.Series{Name: c + " quota"}
+		for i, s := range r.Seconds {
+			if v, ok := s.Limit[c]; ok {
+				se.X, se.Y = append(se.X, xs[i]), append(se.Y, v)
+			}
+		}
+		if len(se.X) > 0 {
+			usage.Series = append(usage.Series, se)
+		}
+	}
+	var out []sim.Plot
+	for _, p := range []sim.Plot{good, lat, rej, util, usage} {
+		if len(p.Series) > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Report renders report.html: self-contained, every figure inline.
+func (res *Result) Report() ([]byte, error) {
+	type runView struct {
+		Name    string
+		Figures []figure
+		Missing []string
+		Notes   []string
+		Deaths  []string
+	}
+	data := struct {
+		Summary     string
+		Runs        []runView
+		Attempts    template.HTML
+		Provisioned float64
+	}{Summary: res.Summary(), Provisioned: ProvisionedRate}
+	att := sim.Plot{Name: "attempts", Title: "attempts received by the DB tier (Figure 21-1)", YLabel: "requests",
+		Categories: []string{"first attempt", "1st retry", "2nd retry", "3rd retry"}}
+	for i, r := range res.Runs {
+		rv := runView{Name: r.Name, Notes: r.Notes, Deaths: r.Deaths}
+		for _, p := range r.plots(fmt.Sprint("run", i)) {
+			svg, err := report.SVG(p)
+			if err != nil {
+				return nil, err
+			}
+			rv.Figures = append(rv.Figures, figure{Title: p.Title, SVG: template.HTML(svg)})
+		}
+		if !r.Protection {
+			rv.Missing = append(rv.Missing, "no quota service in this run: the DB's usage per customer is not measured")
+		}
+		data.Runs = append(data.Runs, rv)
+		se := sim.Series{Name: r.Name}
+		for _, v := range r.Attempts {
+			se.Y = append(se.Y, float64(v))
+		}
+		att.Series = append(att.Series, se)
+	}
+	if len(att.Series) > 0 {
+		svg, err := report.SVG(att)
+		if err != nil {
+			return nil, err
+		}
+		data.Attempts = template.HTML(svg)
+	}
+	var buf bytes.Buffer
+	if err := reportPage.Execute(&buf, data); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+var reportPage = template.Must(template.New("report").Parse(`<!doctype html>
+<html lang="en"><meta charset="utf-8"><title>triage overload drill</title>
+<style>
+body{font-family:sans-serif;margin:2em;max-width:1600px}
+pre{background:#f6f6f6;padding:1em;overflow-x:auto}
+.runs{display:grid;grid-template-columns:1fr 1fr;gap:1em}
+figure{margin:0 0 1em 0} svg{width:100%;height:auto}
+</style>
+<h1>triage overload drill</h1>
+<p>A stack on loopback sockets (an HTTP frontend, gRPC backends A and B, the DB frontend: the SRE book's Figure 21-2,
+three tasks per gRPC tier on machines of two speeds) provisioned for {{.Provisioned}} requests per second, hit by ten times that
+(sheddable traffic and an abusive customer; the critical traffic stays within the provisioned rate), then a rolling restart
+of tier B, then a SIGKILL of the DB's biggest task, then recovery. The same traffic, with triage's protections and without them.</p>
+<pre>{{.Summary}}</pre>
+<figure>{{.Attempts}}</figure>
+<div class="runs">
+{{range .Runs}}<div><h2>{{.Name}}</h2>
+{{range .Figures}}<figure>{{.SVG}}</figure>
+{{end}}{{range .Missing}}<p><em>{{.}}</em></p>
+{{end}}{{if .Deaths}}<h3>task deaths</h3><ul>{{range .Deaths}}<li>{{.}}</li>{{end}}</ul>{{end}}
+{{if .Notes}}<h3>script</h3><ul>{{range .Notes}}<li>{{.}}</li>{{end}}</ul>{{end}}
+</div>
+{{end}}</div>
+</html>
+`))

@@ -1,0 +1,279 @@
+package drill
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/triagehq/triage/criticality"
+)
+
+// Result is what a drill measured: result.json.
+type Result struct {
+	ProvisionedRate float64      `json:"provisioned_rate"`
+	Runs            []*RunResult `json:"runs"`
+	Dir             string       `json:"-"`
+}
+
+// RunResult is one run of the script.
+type RunResult struct {
+	Name       string `json:"name"`
+	Protection bool   `json:"protection"`
+	// GoodputFrac is the mean, over the run's seconds, of the requests
+	// answered successfully in that second, as a share of the provisioned
+	// rate (at most 1 a second).
+	GoodputFrac float64 `json:"goodput_frac"`
+	// GoodputByCriticality is, per level, the share of its requests
+	// answered successfully over the whole run.
+	GoodputByCriticality map[string]float64 `json:"goodput_by_criticality"`
+	TasksDied            int                `json:"tasks_died"`
+	Deaths               []string           `json:"deaths,omitempty"`
+	Phases               []PhaseResult      `json:"phases"`
+	// Attempts is the histogram of attempt numbers the DB tasks received
+	// (0: first attempts).
+	Attempts [4]uint64 `json:"db_attempts"`
+	Notes    []string  `json:"notes,omitempty"`
+	Seconds  []Second  `json:"seconds"`
+
+	mu       sync.Mutex
+	tasks    []string
+	lastAtt  map[string][4]uint64
+	phaseIdx []int // the second each phase starts
+}
+
+// PhaseResult is one phase of a run.
+type PhaseResult struct {
+	Name                 string             `json:"name"`
+	Start                float64            `json:"start_s"`
+	End                  float64            `json:"end_s"`
+	GoodputFrac          float64            `json:"goodput_frac"`
+	GoodputByCriticality map[string]float64 `json:"goodput_by_criticality"`
+}
+
+// Second is what happened in one second of a run (requests by the second
+// they were sent in).
+type Second struct {
+	Sent     [4]int             `json:"sent"` // by criticality.Level
+	OK       [4]int             `json:"ok"`
+	Degraded int                `json:"degraded"`
+	P50      float64            `json:"p50_ms,omitempty"` // of successes
+	P99      float64            `json:"p99_ms,omitempty"`
+	Rejected map[string]int     `json:"rejected,omitempty"`
+	Util     map[string]float64 `json:"util,omitempty"`  // per task
+	Usage    map[string]float64 `json:"usage,omitempty"` // per customer, DB tier
+	Limit    map[string]float64 `json:"limit,omitempty"`
+	lat      []float64
+}
+
+func newRun(name string, protect bool, tasks []string) *RunResult {
+	return &RunResult{Name: name, Protection: protect, tasks: tasks, lastAtt: map[string][4]uint64{}}
+}
+
+// maxLatencies bounds the latencies kept per second.
+const maxLatencies = 4096
+
+func (r *RunResult) second(el time.Duration) *Second {
+	i := int(el / time.Second)
+	for len(r.Seconds) <= i {
+		r.Seconds = append(r.Seconds, Second{Rejected: map[string]int{}})
+	}
+	return &r.Seconds[i]
+}
+
+func (r *RunResult) sent(el time.Duration, l criticality.Level) {
+	r.mu.Lock()
+	r.second(el).Sent[l]++
+	r.mu.Unlock()
+}
+
+func (r *RunResult) answered(el time.Duration, l criticality.Level, ok, degraded bool, reason string, took time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.second(el)
+	if ok {
+		s.OK[l]++
+		if degraded {
+			s.Degraded++
+		}
+		if len(s.lat) < maxLatencies {
+			s.lat = append(s.lat, float64(took)/float64(time.Millisecond))
+		}
+		return
+	}
+	if len(s.Rejected) < 16 || s.Rejected[reason] > 0 {
+		s.Rejected[reason]++
+	}
+}
+
+func (r *RunResult) died(name string, el time.Duration) {
+	r.mu.Lock()
+	r.TasksDied++
+	r.Deaths = append(r.Deaths, fmt.Sprintf("%.1fs %s", el.Seconds(), name))
+	r.mu.Unlock()
+}
+
+func (r *RunResult) note(s string) {
+	r.mu.Lock()
+	if len(r.Notes) < 100 {
+		r.Notes = append(r.Notes, s)
+	}
+	r.mu.Unlock()
+}
+
+func (r *RunResult) phaseAt(name string, el time.Duration) {
+	r.mu.Lock()
+	r.Phases = append(r.Phases, PhaseResult{Name: name, Start: el.Seconds()})
+	r.phaseIdx = append(r.phaseIdx, int(el/time.Second))
+	r.mu.Unlock()
+}
+
+// sample records the tasks' stats in the current second.
+func (r *RunResult) sample(el time.Duration, stats map[string]Stats) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.second(el - time.Second/2) // the second the stats mostly cover
+	s.Util, s.Usage, s.Limit = map[string]float64{}, map[string]float64{}, map[string]float64{}
+	for name, st := range stats {
+		if st.Slots > 0 {
+			s.Util[name] = st.Busy / float64(st.Slots)
+		}
+		for c, u := range st.Usage {
+			s.Usage[c] += u
+		}
+		for c, l := range st.Limit {
+			s.Limit[c] += l
+		}
+		if st.Role == RoleDB {
+			last := r.lastAtt[name]
+			for i, v := range st.Attempts {
+				d := v - last[i]
+				if v < last[i] { // restarted: counting from zero
+					d = v
+				}
+				r.Attempts[i] += d
+			}
+			r.lastAtt[name] = st.Attempts
+		}
+	}
+}
+
+// finish computes the headline figures.
+func (r *RunResult) finish(el time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := int(el / time.Second)
+	if len(r.Seconds) > n {
+		r.Seconds = r.Seconds[:n] // a last partial second would read low
+	}
+	for i := range r.Seconds {
+		s := &r.Seconds[i]
+		if len(s.lat) > 0 {
+			s.P50, s.P99 = percentile(s.lat, 0.5), percentile(s.lat, 0.99)
+		}
+	}
+	for i := range r.Phases {
+		end := len(r.Seconds)
+		if i+1 < len(r.phaseIdx) {
+			end = r.phaseIdx[i+1]
+		}
+		r.Phases[i].End = float64(end)
+		r.Phases[i].GoodputFrac, r.Phases[i].GoodputByCriticality = goodput(r.Seconds[min(r.phaseIdx[i], end):end])
+	}
+	r.GoodputFrac, r.GoodputByCriticality = goodput(r.Seconds)
+}
+
+func goodput(ss []Second) (float64, map[string]float64) {
+	var frac float64
+	var sent, ok [4]int
+	for _, s := range ss {
+		total := 0
+		for l := range s.OK {
+			total += s.OK[l]
+			sent[l] += s.Sent[l]
+			ok[l] += s.OK[l]
+		}
+		frac += math.Min(1, float64(total)/ProvisionedRate)
+	}
+	if len(ss) > 0 {
+		frac /= float64(len(ss))
+	}
+	by := map[string]float64{}
+	for l := range sent {
+		if sent[l] > 0 {
+			by[criticality.Level(l).String()] = float64(ok[l]) / float64(sent[l])
+		}
+	}
+	return frac, by
+}
+
+func (res *Result) write(dir string) error {
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "result.json"), b, 0o644); err != nil {
+		return err
+	}
+	html, err := res.Report()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "report.html"), html, 0o644)
+}
+
+// Summary is the table comparing the runs.
+func (res *Result) Summary() string {
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "run\tgoodput/provisioned\tCRITICAL_PLUS\tCRITICAL\tSHEDDABLE_PLUS\tSHEDDABLE\ttask deaths\tDB attempts 0/1/2/3")
+	for _, r := range res.Runs {
+		g := r.GoodputByCriticality
+		fmt.Fprintf(w, "%s\t%.2f\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d/%d\n", r.Name, r.GoodputFrac,
+			pct(g, "CRITICAL_PLUS"), pct(g, "CRITICAL"), pct(g, "SHEDDABLE_PLUS"), pct(g, "SHEDDABLE"), r.TasksDied,
+			r.Attempts[0], r.Attempts[1], r.Attempts[2], r.Attempts[3])
+	}
+	w.Flush()
+	b.WriteString("\nby phase (goodput/provisioned; CRITICAL_PLUS and CRITICAL answered):\n")
+	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprint(w, "run")
+	if len(res.Runs) > 0 {
+		for _, p := range res.Runs[0].Phases {
+			fmt.Fprintf(w, "\t%s", p.Name)
+		}
+	}
+	fmt.Fprintln(w)
+	for _, r := range res.Runs {
+		fmt.Fprint(w, r.Name)
+		for _, p := range r.Phases {
+			fmt.Fprintf(w, "\t%.2f; %s %s", p.GoodputFrac, pct(p.GoodputByCriticality, "CRITICAL_PLUS"), pct(p.GoodputByCriticality, "CRITICAL"))
+		}
+		fmt.Fprintln(w)
+	}
+	w.Flush()
+	return b.String()
+}
+
+func pct(m map[string]float64, k string) string {
+	v, ok := m[k]
+	if !ok {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f%%", 100*v)
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

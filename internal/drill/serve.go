@@ -1,0 +1,578 @@
+package drill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagehttp"
+	"github.com/triagehq/triage/trust"
+)
+
+// The roles of the stack, Figure 21-2: an HTTP frontend, backends A and B,
+// and the DB frontend.
+const (
+	RoleFrontend = "frontend"
+	RoleA        = "a"
+	RoleB        = "b"
+	RoleDB       = "db"
+)
+
+// Task is one task's configuration, passed on the command line of
+// `triage serve ROLE`.
+type Task struct {
+	Role    string
+	ID      string        // unique in the stack, e.g. "db-1"
+	Index   int           // the task's index in its tier (its subsetting client id)
+	Listen  string        // gRPC (HTTP for the frontend) address
+	Stats   string        // address of the task's /stats endpoint
+	Next    []string      // the next tier's addresses
+	Slots   int           // worker slots: the machine's speed
+	Work    time.Duration // how long a request holds a slot
+	Protect bool          // triage on, or plain gRPC with naive retries
+	Quota   string        // the quota service (DB tasks, with Protect)
+	// MemLimit is the request memory the task may hold: each request in
+	// the task holds RequestMemory from its arrival in a handler; past the
+	// limit the task dies, as a container's OOM killer would kill it.
+	MemLimit int64
+}
+
+// RequestMemory is what each request holds while it is in a handler: its
+// payload and buffers.
+const RequestMemory = 256 << 10
+
+// ExitOOM is the exit status of a task that ran out of memory.
+const ExitOOM = 137
+
+// ParseTask reads a task's flags.
+func ParseTask(role string, args []string, stderr io.Writer) (Task, error) {
+	t := Task{Role: role}
+	fs := flag.NewFlagSet("triage serve "+role, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&t.ID, "id", role, "the task's name")
+	fs.IntVar(&t.Index, "index", 0, "the task's index in its tier")
+	fs.StringVar(&t.Listen, "listen", "127.0.0.1:0", "serving address")
+	fs.StringVar(&t.Stats, "stats", "", "address of the /stats endpoint (required)")
+	next := fs.String("next", "", "comma-separated addresses of the next tier")
+	fs.IntVar(&t.Slots, "slots", 4, "worker slots (1-64)")
+	fs.DurationVar(&t.Work, "work", 10*time.Millisecond, "time a request holds a slot (0-1s)")
+	fs.BoolVar(&t.Protect, "protect", true, "triage's protections on")
+	fs.StringVar(&t.Quota, "quota", "", "quota service address (DB tasks)")
+	fs.Int64Var(&t.MemLimit, "mem-limit", 128<<20, "request memory the task may hold, bytes")
+	if err := fs.Parse(args); err != nil {
+		return t, err
+	}
+	if *next != "" {
+		t.Next = strings.Split(*next, ",")
+	}
+	switch {
+	case fs.NArg() > 0:
+		return t, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	case role != RoleFrontend && role != RoleA && role != RoleB && role != RoleDB:
+		return t, fmt.Errorf("unknown role %q (want frontend, a, b or db)", role)
+	case t.Stats == "":
+		return t, errors.New("-stats is required")
+	case t.Slots < 1 || t.Slots > 64:
+		return t, fmt.Errorf("-slots %d out of [1, 64]", t.Slots)
+	case t.Work < 0 || t.Work > time.Second:
+		return t, fmt.Errorf("-work %v out of [0, 1s]", t.Work)
+	case role != RoleDB && len(t.Next) == 0:
+		return t, errors.New("-next is required for every tier but the DB")
+	case t.MemLimit < RequestMemory:
+		return t, errors.New("-mem-limit too small")
+	}
+	return t, nil
+}
+
+// Stats is what a task reports on /stats.
+type Stats struct {
+	ID       string           `json:"id"`
+	Role     string           `json:"role"`
+	Slots    int              `json:"slots"`
+	Busy     float64          `json:"busy"` // mean busy slots since the last read
+	Served   uint64           `json:"served"`
+	Degraded uint64           `json:"degraded"`
+	Rejected map[string]int64 `json:"rejected"` // by reason, cumulative
+	Attempts [4]uint64        `json:"attempts"` // requests received by attempt number
+	Memory   int64            `json:"memory"`   // request memory held now
+	// Usage and Limit per customer, CPU-seconds (slot-seconds) per second:
+	// the DB tier's quota view.
+	Usage map[string]float64 `json:"usage,omitempty"`
+	Limit map[string]float64 `json:"limit,omitempty"`
+}
+
+// machine emulates a task's machine: Slots workers, each request holding
+// one for Work. Busy time is integrated for utilization.
+type machine struct {
+	slots chan struct{}
+	work  time.Duration
+	n     int
+
+	mu       sync.Mutex
+	busy     int
+	busyArea float64 // slot-seconds since lastRead
+	lastAt   time.Time
+	lastRead time.Time
+}
+
+func newMachine(n int, work time.Duration) *machine {
+	now := time.Now()
+	return &machine{slots: make(chan struct{}, n), work: work, n: n, lastAt: now, lastRead: now}
+}
+
+func (m *machine) account(delta int) {
+	m.mu.Lock()
+	now := time.Now()
+	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.busy += delta
+	m.lastAt = now
+	m.mu.Unlock()
+}
+
+// run holds a slot for d (waiting for one first, until ctx ends).
+func (m *machine) run(ctx context.Context, d time.Duration) error {
+	select {
+	case m.slots <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	m.account(+1)
+	defer func() { m.account(-1); <-m.slots }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// utilization returns the mean busy share of the slots since the last call.
+func (m *machine) utilization() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.lastAt = now
+	span := now.Sub(m.lastRead).Seconds()
+	area := m.busyArea
+	m.busyArea, m.lastRead = 0, now
+	if span <= 0 {
+		return 0
+	}
+	return area / span / float64(m.n)
+}
+
+// current is the instantaneous busy share, for load reports.
+func (m *machine) current() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return float64(m.busy) / float64(m.n)
+}
+
+// task is a running task's state.
+type task struct {
+	cfg      Task
+	mach     *machine
+	memory   atomic.Int64
+	served   atomic.Uint64
+	degraded atomic.Uint64
+	attempts [4]atomic.Uint64
+	rejMu    sync.Mutex
+	rejected map[string]int64
+	ctl      *admission.Controller
+	enf      *quota.Enforcer
+	leased   *quota.Leased
+	died     chan struct{}
+	dieOnce  sync.Once
+}
+
+func (t *task) reject(reason string) {
+	t.rejMu.Lock()
+	if len(t.rejected) < 32 || t.rejected[reason] > 0 {
+		t.rejected[reason]++
+	}
+	t.rejMu.Unlock()
+}
+
+// hold takes a request's memory; past the limit the task dies.
+func (t *task) hold() func() {
+	if t.memory.Add(RequestMemory) > t.cfg.MemLimit {
+		t.dieOnce.Do(func() { close(t.died) })
+	}
+	buf := make([]byte, RequestMemory)
+	buf[0], buf[len(buf)-1] = 1, 1
+	return func() {
+		t.memory.Add(-RequestMemory)
+		_ = buf[0]
+	}
+}
+
+// Serve runs one task until ctx ends (SIGTERM: a clean shutdown, in lame
+// duck first when protected) or the task runs out of memory (it then
+// returns ErrOutOfMemory, and the process should exit with ExitOOM).
+func Serve(ctx context.Context, cfg Task, stderr io.Writer) error {
+	t := &task{cfg: cfg, mach: newMachine(cfg.Slots, cfg.Work), rejected: map[string]int64{}, died: make(chan struct{})}
+	statsLn, err := net.Listen("tcp", cfg.Stats)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		statsLn.Close()
+		return err
+	}
+	statsSrv := &http.Server{Handler: http.HandlerFunc(t.serveStats), ReadHeaderTimeout: time.Second}
+	go statsSrv.Serve(statsLn)
+	defer statsSrv.Close()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next *grpc.ClientConn
+	if len(cfg.Next) > 0 {
+		if next, err = t.dial(); err != nil {
+			return err
+		}
+		defer next.Close()
+	}
+	if cfg.Protect && cfg.Role != RoleFrontend {
+		if t.ctl, err = admission.New(); err != nil {
+			return err
+		}
+	}
+	if cfg.Role == RoleDB && cfg.Protect && cfg.Quota != "" {
+		if err := t.startQuota(ctx); err != nil {
+			return err
+		}
+	}
+	stop, err := t.serve(ln, next)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		stop()
+		return nil
+	case <-t.died:
+		fmt.Fprintf(stderr, "%s: out of memory: %d requests held\n", cfg.ID, t.memory.Load()/RequestMemory)
+		return ErrOutOfMemory
+	}
+}
+
+// ErrOutOfMemory is returned by Serve when the task held more request
+// memory than its limit.
+var ErrOutOfMemory = errors.New("drill: task out of memory")
+
+func (t *task) startQuota(ctx context.Context) error {
+	cc, err := grpc.NewClient("passthrough:///"+t.cfg.Quota, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+		triagegrpc.QuotaDialOptions(time.Second)...)...)
+	if err != nil {
+		return err
+	}
+	go func() { <-ctx.Done(); cc.Close() }()
+	u, err := quota.NewUsage()
+	if err != nil {
+		return err
+	}
+	t.leased = quota.NewLeased(nil, nil)
+	if t.enf, err = quota.NewEnforcer(t.leased, u, quota.WithOverload(t.ctl.Overloaded), quota.WithCapacity(0.9*float64(t.cfg.Slots))); err != nil {
+		return err
+	}
+	qc, err := triagegrpc.NewQuotaClient(cc, t.cfg.ID, u, t.leased, triagegrpc.WithQuotaRefresh(time.Second))
+	if err != nil {
+		return err
+	}
+	go qc.Run(ctx)
+	return nil
+}
+
+func (t *task) dial() (*grpc.ClientConn, error) {
+	r := manual.NewBuilderWithScheme("drill")
+	var eps []resolver.Endpoint
+	for _, a := range t.cfg.Next {
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+	}
+	r.InitialState(resolver.State{Endpoints: eps})
+	opts := []grpc.DialOption{grpc.WithResolvers(r), grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if t.cfg.Protect {
+		sc := fmt.Sprintf(`{"loadBalancingConfig": [{"triage": {"policy": "weighted_round_robin", "subsetSize": 2, "clientId": %d}}],
+			"healthCheckConfig": {"serviceName": ""}}`, t.cfg.Index)
+		opts = append(opts, grpc.WithDefaultServiceConfig(sc))
+		opts = append(opts, triagegrpc.NewClient().DialOptions()...)
+	} else {
+		opts = append(opts, grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
+			grpc.WithUnaryInterceptor(naiveRetry))
+	}
+	return grpc.NewClient(r.Scheme()+":///next", opts...)
+}
+
+// naiveRetry is what an unprotected client does: every failure is tried
+// again at once, up to three attempts, at every layer.
+func naiveRetry(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	var err error
+	for n := range 3 {
+		octx := ctx
+		if n > 0 {
+			octx = metadata.AppendToOutgoingContext(ctx, "triage-attempt", attempt.Format(n))
+		}
+		if err = invoker(octx, method, req, reply, cc, opts...); err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// serve starts the task's server and returns its stop function.
+func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
+	if t.cfg.Role == RoleFrontend {
+		return t.serveFrontend(ln, next)
+	}
+	handler := t.handler(next)
+	if !t.cfg.Protect {
+		s := grpc.NewServer()
+		relay.RegisterFunc(s, handler)
+		go s.Serve(ln)
+		return s.Stop, nil
+	}
+	meter, err := balance.NewMeter(balance.WithUtilization(t.mach.current))
+	if err != nil {
+		return nil, err
+	}
+	hs := health.NewServer()
+	lc, err := triagegrpc.NewLifecycle(hs, triagegrpc.WithDrain(time.Second))
+	if err != nil {
+		return nil, err
+	}
+	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})),
+		triagegrpc.WithAdmission(t.ctl), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc))
+	if err != nil {
+		return nil, err
+	}
+	s := grpc.NewServer(srv.ServerOptions()...)
+	healthpb.RegisterHealthServer(s, hs)
+	relay.RegisterFunc(s, handler)
+	go s.Serve(ln)
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		lc.Shutdown(sctx, s)
+	}, nil
+}
+
+// handler is a gRPC tier's work: hold the request's memory, take a slot
+// for the tier's work, call the next tier. The answer is "full", or
+// "partial" when the DB answered from part of the corpus (degraded).
+func (t *task) handler(next *grpc.ClientConn) relay.Func {
+	return func(ctx context.Context, body string) (string, error) {
+		defer t.hold()()
+		n := attempt.Incoming(ctx)
+		if !t.cfg.Protect { // no triage server: the counter is plain metadata
+			n = 0
+			if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("triage-attempt")) == 1 {
+				n, _ = attempt.Parse(md.Get("triage-attempt")[0])
+			}
+		}
+		t.attempts[min(max(n, 0), 3)].Add(1)
+		// Near its limit, the DB answers sheddable requests from part of
+		// the corpus, at half the work: a degraded answer.
+		work, out := t.cfg.Work, body
+		if t.cfg.Role == RoleDB && t.ctl != nil && criticality.Of(ctx) < criticality.Critical &&
+			(t.mach.current() >= 0.75 || t.ctl.Degrade(criticality.Of(ctx))) {
+			work, out = work/2, "partial"
+			t.degraded.Add(1)
+		}
+		var res quota.Reservation
+		customer := quota.CustomerOf(ctx)
+		if t.enf != nil {
+			var err error
+			if res, err = t.enf.Reserve(customer, criticality.Of(ctx)); err != nil {
+				t.reject("out-of-quota")
+				return "", err
+			}
+		}
+		began := time.Now()
+		err := t.mach.run(ctx, work)
+		if t.enf != nil {
+			t.enf.Done(customer, criticality.Of(ctx), res, time.Since(began))
+		}
+		if err != nil {
+			t.reject("deadline")
+			return "", err
+		}
+		if next != nil {
+			var err error
+			if out, err = relay.Invoke(ctx, next, body); err != nil {
+				t.reject("downstream")
+				return "", err
+			}
+		}
+		t.served.Add(1)
+		return out, nil
+	}
+}
+
+// The frontend's criticality rules: by path, as the CRE post suggests.
+var frontendRules = edge.Config{Default: "CRITICAL", Rules: []edge.RuleConfig{
+	{PathPrefix: "/checkout", Criticality: "CRITICAL_PLUS"},
+	{PathPrefix: "/search", Criticality: "CRITICAL"},
+	{PathPrefix: "/suggest", Criticality: "SHEDDABLE_PLUS"},
+	{PathPrefix: "/prefetch", Criticality: "SHEDDABLE"},
+}}
+
+// Customers are identified at the frontend from their API key.
+var apiKeys = map[string]string{"key-gmail": "gmail", "key-calendar": "calendar", "key-android": "android", "key-abuser": "abuser"}
+
+// serveFrontend is the HTTP frontend: criticality by rules, customer by
+// API key, one call to A per request.
+func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), error) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer t.hold()()
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if c := apiKeys[r.Header.Get("X-Api-Key")]; c != "" {
+			ctx = quota.NewContext(ctx, c)
+		}
+		out, err := relay.Invoke(ctx, next, "full")
+		if err != nil {
+			t.reject(reasonOf(err))
+			if !triagehttp.WriteError(w, err) {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			return
+		}
+		t.served.Add(1)
+		if out == "partial" {
+			t.degraded.Add(1)
+			w.Header().Set("X-Degraded", "1")
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	var handler http.Handler = h
+	if t.cfg.Protect {
+		ctl, err := admission.New()
+		if err != nil {
+			return nil, err
+		}
+		cl, err := edge.New(frontendRules)
+		if err != nil {
+			return nil, err
+		}
+		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithAdmission(ctl))
+		if err != nil {
+			return nil, err
+		}
+		handler = mw(h)
+	} else {
+		// Unprotected, criticality still travels (it is how the traffic is
+		// labelled), but nothing acts on it.
+		cl, _ := edge.New(frontendRules)
+		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl))
+		if err != nil {
+			return nil, err
+		}
+		handler = mw(h)
+	}
+	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	go s.Serve(ln)
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s.Shutdown(sctx)
+	}, nil
+}
+
+// reasonOf names an error for the rejection counts.
+func reasonOf(err error) string {
+	if oe, ok := outcome.As(err); ok {
+		return oe.Kind.Token()
+	}
+	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "DeadlineExceeded") {
+		return "deadline"
+	}
+	return "error"
+}
+
+func (t *task) serveStats(w http.ResponseWriter, _ *http.Request) {
+	s := Stats{ID: t.cfg.ID, Role: t.cfg.Role, Slots: t.cfg.Slots, Busy: t.mach.utilization() * float64(t.cfg.Slots),
+		Served: t.served.Load(), Degraded: t.degraded.Load(), Memory: t.memory.Load(), Rejected: map[string]int64{}}
+	for i := range s.Attempts {
+		s.Attempts[i] = t.attempts[i].Load()
+	}
+	t.rejMu.Lock()
+	for k, v := range t.rejected {
+		s.Rejected[k] = v
+	}
+	t.rejMu.Unlock()
+	if t.enf != nil {
+		s.Usage, s.Limit = map[string]float64{}, map[string]float64{}
+		for _, c := range t.enf.Usage().Snapshot() {
+			var used float64
+			for _, v := range c.Used {
+				used += v
+			}
+			s.Usage[c.Customer] = used
+		}
+		for c := range apiKeys {
+			name := apiKeys[c]
+			if lim, _ := t.leased.Limit(name, criticality.Sheddable); lim < 1e9 {
+				s.Limit[name] = lim
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(s)
+}
+
+// Main is `triage serve ROLE ARGS...`: it runs the task until SIGTERM or
+// ctx ends, and returns the process's exit status.
+func Main(ctx context.Context, args []string, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: triage serve frontend|a|b|db -stats ADDR [flags]")
+		return 2
+	}
+	cfg, err := ParseTask(args[0], args[1:], stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "triage serve: %v\n", err)
+		}
+		return 2
+	}
+	if cfg.Protect {
+		triagegrpc.RegisterBalancer()
+	}
+	switch err := Serve(ctx, cfg, stderr); {
+	case errors.Is(err, ErrOutOfMemory):
+		return ExitOOM
+	case err != nil:
+		fmt.Fprintf(stderr, "triage serve %s: %v\n", cfg.ID, err)
+		return 1
+	}
+	return 0
+}
