@@ -38,7 +38,7 @@ func TestRunArguments(t *testing.T) {
 	}{
 		{nil, 2, "Usage"},
 		{[]string{"frobnicate"}, 2, "unknown command"},
-{[]string{"demo", "-duration", "5s"}, 2, "between 20s and 1h"},
+		{[]string{"demo", "-duration", "5s"}, 2, "between 20s and 1h"},
 		{[]string{"demo", "-duration", "x"}, 2, "invalid value"},
 		{[]string{"demo", "-only", "both"}, 2, "-only must be"},
 		{[]string{"demo", "extra"}, 2, "unexpected argument"},

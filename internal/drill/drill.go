@@ -201,17 +201,48 @@ type stack struct {
 	o      Options
 	procs  []*proc
 	byName map[string]*proc
-	deaths chan string
+	deaths chan death
 	log    *os.File
 }
 
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// death is a task that exited without being asked to.
+type death struct {
+	name string
+	oom  bool // out of memory (ExitOOM), else it crashed
+}
+
+// ports hands out loopback ports for the stack: outside the kernel's
+// ephemeral range (32768-60999 by default), so that no outgoing connection
+// takes one while its task restarts, each checked free and never handed
+// out twice.
+type ports struct {
+	next int
+	used map[int]bool
+}
+
+func newPorts() *ports {
+	return &ports{next: 20000 + int(time.Now().UnixNano()%8000), used: map[int]bool{}}
+}
+
+func (p *ports) get() (string, error) {
+	for range 4000 {
+		port := p.next
+		p.next++
+		if p.next >= 32000 {
+			p.next = 20000
+		}
+		if p.used[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		p.used[port] = true
+		return l.Addr().String(), nil
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	return "", errors.New("drill: no free loopback port in 20000-32000")
 }
 
 func (s *stack) start(p *proc) error {
@@ -234,7 +265,7 @@ func (s *stack) start(p *proc) error {
 		close(done)
 		if !stopped {
 			select {
-			case s.deaths <- p.name:
+			case s.deaths <- death{name: p.name, oom: cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == ExitOOM}:
 			default:
 			}
 		}
@@ -308,9 +339,11 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 		return nil, err
 	}
 	defer logf.Close()
-	s := &stack{o: o, byName: map[string]*proc{}, deaths: make(chan string, 64), log: logf}
+	s := &stack{o: o, byName: map[string]*proc{}, deaths: make(chan death, 64), log: logf}
 	defer s.stopAll()
 
+	pp := newPorts()
+	freePort := pp.get
 	quotaAddr := ""
 	if protect {
 		policy := filepath.Join(o.Out, "quota.yaml")
@@ -453,10 +486,14 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 			s.stopAll()
 			<-loadDone
 			return run, ctx.Err()
-		case name := <-s.deaths:
-			run.died(name, time.Since(start))
-			v.printf("  %s died (out of memory); restarting it in 2 s\n", name)
-			restartDead(name)
+		case d := <-s.deaths:
+			how := "out of memory"
+			if !d.oom {
+				how = "crashed; see the tasks' log"
+			}
+			run.died(d.name+" ("+how+")", time.Since(start))
+			v.printf("  %s died (%s); restarting it in 2 s\n", d.name, how)
+			restartDead(d.name)
 		case name := <-restarts:
 			v.printf("  %s restarted\n", name)
 		case <-loadDone:
