@@ -15,6 +15,13 @@ import (
 // throttle for; the requests of further customers share one more.
 const MaxQuotaThrottles = 256
 
+// QuotaThrottleWindow is the history of a customer's out-of-quota
+// throttle: shorter than the book's two minutes, because a soft quota
+// refuses a customer only while the backend is overloaded (and says retry
+// after 1 s): with two minutes of memory, a customer would stay throttled
+// long after the overload ended, against work conservation.
+const QuotaThrottleWindow = 10 * time.Second
+
 // quotaThrottles is adaptive throttling per customer, for "customer out of
 // quota" answers: SRE book ch. 21 introduces client-side throttling for
 // exactly these ("when a client detects that a significant portion of its

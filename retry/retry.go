@@ -240,7 +240,8 @@ func New(opts ...Option) (*Policy, error) {
 	}
 	if p.throttle != nil {
 		p.quotas = &quotaThrottles{byCustomer: map[string]*throttle.Throttle{}, newThrottle: func() (*throttle.Throttle, error) {
-			return throttle.New(throttle.WithClock(p.clock), throttle.WithRandom(p.random))
+			return throttle.New(throttle.WithClock(p.clock), throttle.WithRandom(p.random),
+				throttle.WithWindow(QuotaThrottleWindow), throttle.WithBuckets(40))
 		}}
 	}
 	return p, nil

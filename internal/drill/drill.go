@@ -329,11 +329,11 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 	if !protect {
 		name = "without triage"
 	}
-	v.printf("\n== run %q: starting the stack (HTTP frontend, 3 A, 3 B, 3 DB tasks", name)
+	quotaSvc := ""
 	if protect {
-		v.printf(", quota service")
+		quotaSvc = ", quota service"
 	}
-	v.printf(")\n")
+	v.printf("\n== run %q: starting the stack (HTTP frontend, 3 A, 3 B, 3 DB tasks%s)\n", name, quotaSvc)
 	logf, err := os.Create(filepath.Join(o.Out, "tasks-"+strings.ReplaceAll(name, " ", "-")+".log"))
 	if err != nil {
 		return nil, err

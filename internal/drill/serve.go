@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -366,10 +367,22 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		return nil, err
 	}
 	hs := health.NewServer()
-	lc, err := triagegrpc.NewLifecycle(hs, triagegrpc.WithDrain(time.Second))
+	// A new task starts in lame duck: clients connect, but send nothing
+	// until it is ready (its own connections to the next tier are up).
+	lc, err := triagegrpc.NewLifecycle(hs, triagegrpc.WithDrain(time.Second), triagegrpc.WithWarmup())
 	if err != nil {
 		return nil, err
 	}
+	go func() {
+		if next != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			next.Connect()
+			for st := next.GetState(); st != connectivity.Ready && next.WaitForStateChange(ctx, st); st = next.GetState() {
+			}
+			cancel()
+		}
+		lc.Ready()
+	}()
 	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})),
 		triagegrpc.WithAdmission(t.ctl), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc))
 	if err != nil {

@@ -1,0 +1,84 @@
+package drill
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseTask(t *testing.T) {
+	good, err := ParseTask(RoleB, []string{"-stats", "127.0.0.1:1", "-next", "127.0.0.1:2,127.0.0.1:3", "-slots", "2", "-work", "4ms"}, io.Discard)
+	if err != nil || len(good.Next) != 2 || good.Slots != 2 || good.Work != 4*time.Millisecond || !good.Protect {
+		t.Fatalf("%+v, %v", good, err)
+	}
+	for _, args := range [][]string{
+		{"-next", "x"},  // no -stats
+		{"-stats", "s"}, // B needs -next
+		{"-stats", "s", "-next", "x", "-slots", "65"},
+		{"-stats", "s", "-next", "x", "-work", "2s"},
+		{"-stats", "s", "-next", "x", "-mem-limit", "1"},
+		{"-stats", "s", "-next", "x", "extra"},
+		{"-stats", "s", "-next", "x", "-slots", "many"},
+	} {
+		if _, err := ParseTask(RoleB, args, io.Discard); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+	if _, err := ParseTask("cache", []string{"-stats", "s"}, io.Discard); err == nil {
+		t.Error("an unknown role was accepted")
+	}
+}
+
+// Goodput is each second's successes as a share of the provisioned rate,
+// at most 1, averaged; by criticality, the share answered.
+func TestGoodput(t *testing.T) {
+	r := newRun("x", true, nil)
+	r.Seconds = []Second{
+		{Sent: [4]int{25, 25, 40, 10}, OK: [4]int{25, 25, 40, 10}},     // 100: 1
+		{Sent: [4]int{500, 450, 40, 10}, OK: [4]int{100, 100, 40, 10}}, // 250: capped at 1
+		{Sent: [4]int{25, 25, 40, 10}, OK: [4]int{0, 0, 20, 10}},       // 30: 0.3
+	}
+	r.phaseAt("normal", 0)
+	r.phaseAt("surge", 2*time.Second)
+	r.finish(3 * time.Second)
+	if d := r.GoodputFrac - (1+1+0.3)/3; d > 1e-9 || d < -1e-9 {
+		t.Errorf("goodput %v", r.GoodputFrac)
+	}
+	if g := r.GoodputByCriticality["CRITICAL"]; g != 100.0/120 {
+		t.Errorf("CRITICAL %v", g)
+	}
+	if len(r.Phases) != 2 || r.Phases[1].GoodputFrac != 0.3 || r.Phases[0].End != 2 {
+		t.Errorf("phases %+v", r.Phases)
+	}
+	if !strings.Contains((&Result{Runs: []*RunResult{r}}).Summary(), "83.33%") {
+		t.Error("the summary lacks CRITICAL's share")
+	}
+}
+
+// The report stands alone: every figure inline, nothing fetched.
+func TestReportIsSelfContained(t *testing.T) {
+	r := newRun("with triage", true, []string{"a-0", "db-0", "frontend-0"})
+	for i := range 5 {
+		s := Second{Sent: [4]int{1, 1, 1, 1}, OK: [4]int{1, 1, 1, 1}, lat: []float64{float64(i + 1)},
+			Rejected: map[string]int{"task-overloaded": i}, Util: map[string]float64{"a-0": 0.5, "db-0": 0.9},
+			Usage: map[string]float64{"gmail": 1}, Limit: map[string]float64{"gmail": 2}}
+		r.Seconds = append(r.Seconds, s)
+	}
+	r.phaseAt("normal", 0)
+	r.Attempts = [4]uint64{10, 2, 1, 0}
+	r.finish(5 * time.Second)
+	html, err := (&Result{ProvisionedRate: ProvisionedRate, Runs: []*RunResult{r}}).Report()
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(html)
+	if n := strings.Count(page, "<svg"); n != 6 {
+		t.Errorf("%d figures, want 6 (attempts, goodput, latency, failures, utilization, usage)", n)
+	}
+	for _, ext := range []string{"<script src", "<link", "<img", `href="http`, "url(http", "@import"} {
+		if strings.Contains(page, ext) {
+			t.Errorf("the report refers to %q", ext)
+		}
+	}
+}
