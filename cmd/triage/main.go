@@ -16,10 +16,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/triagehq/triage/internal/drill"
+	"github.com/triagehq/triage/triagegrpc"
 )
 
 const usage = `triage keeps RPC services standing under overload (SRE book ch. 20-21).
@@ -146,6 +148,53 @@ Flags:
 	return 0
 }
 
+// runServe is `triage serve ROLE [flags]`: one task of the drill's stack,
+// until SIGTERM (a clean shutdown, in lame duck first when protected) or
+// it runs out of memory (exit status drill.ExitOOM).
 func runServe(ctx context.Context, args []string, stderr io.Writer) int {
-	return drill.Main(ctx, args, stderr)
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprintln(stderr, "usage: triage serve frontend|a|b|db -stats ADDR [flags]")
+		return 2
+	}
+	t := drill.Task{Role: args[0]}
+	fs := flag.NewFlagSet("triage serve "+t.Role, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&t.ID, "id", t.Role, "the task's name")
+	fs.IntVar(&t.Index, "index", 0, "the task's index in its tier (its subsetting client id)")
+	fs.StringVar(&t.Listen, "listen", "127.0.0.1:0", "serving address")
+	fs.StringVar(&t.Stats, "stats", "", "address of the /stats endpoint (required)")
+	next := fs.String("next", "", "comma-separated addresses of the next tier")
+	fs.IntVar(&t.Slots, "slots", 4, "worker slots, the machine's speed (1-64)")
+	fs.DurationVar(&t.Work, "work", 10*time.Millisecond, "time a request holds a slot (0-1s)")
+	fs.BoolVar(&t.Protect, "protect", true, "triage's protections on (false: plain gRPC, naive retries)")
+	fs.StringVar(&t.Quota, "quota", "", "quota service address (DB tasks)")
+	fs.Int64Var(&t.MemLimit, "mem-limit", 128<<20, "request memory the task may hold, bytes")
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *next != "" {
+		t.Next = strings.Split(*next, ",")
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "triage serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if err := t.Validate(); err != nil {
+		fmt.Fprintf(stderr, "triage serve: %v\n", err)
+		return 2
+	}
+	if t.Protect {
+		triagegrpc.RegisterBalancer()
+	}
+	switch err := drill.Serve(ctx, t, stderr); {
+	case errors.Is(err, drill.ErrOutOfMemory):
+		return drill.ExitOOM
+	case err != nil:
+		fmt.Fprintf(stderr, "triage serve %s: %v\n", t.ID, err)
+		return 1
+	}
+	return 0
 }

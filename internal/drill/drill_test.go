@@ -1,32 +1,34 @@
 package drill
 
 import (
-	"io"
 	"strings"
 	"testing"
 	"time"
 )
 
-func TestParseTask(t *testing.T) {
-	good, err := ParseTask(RoleB, []string{"-stats", "127.0.0.1:1", "-next", "127.0.0.1:2,127.0.0.1:3", "-slots", "2", "-work", "4ms"}, io.Discard)
-	if err != nil || len(good.Next) != 2 || good.Slots != 2 || good.Work != 4*time.Millisecond || !good.Protect {
-		t.Fatalf("%+v, %v", good, err)
+func TestTaskValidate(t *testing.T) {
+	good := Task{Role: RoleB, Stats: "127.0.0.1:1", Next: []string{"127.0.0.1:2"}, Slots: 2, Work: 4 * time.Millisecond, MemLimit: 1 << 20}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"-next", "x"},  // no -stats
-		{"-stats", "s"}, // B needs -next
-		{"-stats", "s", "-next", "x", "-slots", "65"},
-		{"-stats", "s", "-next", "x", "-work", "2s"},
-		{"-stats", "s", "-next", "x", "-mem-limit", "1"},
-		{"-stats", "s", "-next", "x", "extra"},
-		{"-stats", "s", "-next", "x", "-slots", "many"},
+	for name, mod := range map[string]func(*Task){
+		"role":      func(x *Task) { x.Role = "cache" },
+		"stats":     func(x *Task) { x.Stats = "" },
+		"slots":     func(x *Task) { x.Slots = 65 },
+		"work":      func(x *Task) { x.Work = 2 * time.Second },
+		"next":      func(x *Task) { x.Next = nil },
+		"mem-limit": func(x *Task) { x.MemLimit = 1 },
 	} {
-		if _, err := ParseTask(RoleB, args, io.Discard); err == nil {
-			t.Errorf("%v accepted", args)
+		bad := good
+		mod(&bad)
+		if bad.Validate() == nil {
+			t.Errorf("a bad %s was accepted", name)
 		}
 	}
-	if _, err := ParseTask("cache", []string{"-stats", "s"}, io.Discard); err == nil {
-		t.Error("an unknown role was accepted")
+	db := good
+	db.Role, db.Next = RoleDB, nil
+	if err := db.Validate(); err != nil {
+		t.Errorf("a DB needs no next tier: %v", err)
 	}
 }
 

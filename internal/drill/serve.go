@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -71,44 +70,23 @@ const RequestMemory = 256 << 10
 // ExitOOM is the exit status of a task that ran out of memory.
 const ExitOOM = 137
 
-// ParseTask reads a task's flags.
-func ParseTask(role string, args []string, stderr io.Writer) (Task, error) {
-	t := Task{Role: role}
-	fs := flag.NewFlagSet("triage serve "+role, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.StringVar(&t.ID, "id", role, "the task's name")
-	fs.IntVar(&t.Index, "index", 0, "the task's index in its tier")
-	fs.StringVar(&t.Listen, "listen", "127.0.0.1:0", "serving address")
-	fs.StringVar(&t.Stats, "stats", "", "address of the /stats endpoint (required)")
-	next := fs.String("next", "", "comma-separated addresses of the next tier")
-	fs.IntVar(&t.Slots, "slots", 4, "worker slots (1-64)")
-	fs.DurationVar(&t.Work, "work", 10*time.Millisecond, "time a request holds a slot (0-1s)")
-	fs.BoolVar(&t.Protect, "protect", true, "triage's protections on")
-	fs.StringVar(&t.Quota, "quota", "", "quota service address (DB tasks)")
-	fs.Int64Var(&t.MemLimit, "mem-limit", 128<<20, "request memory the task may hold, bytes")
-	if err := fs.Parse(args); err != nil {
-		return t, err
-	}
-	if *next != "" {
-		t.Next = strings.Split(*next, ",")
-	}
+// Validate checks a task's configuration.
+func (t Task) Validate() error {
 	switch {
-	case fs.NArg() > 0:
-		return t, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	case role != RoleFrontend && role != RoleA && role != RoleB && role != RoleDB:
-		return t, fmt.Errorf("unknown role %q (want frontend, a, b or db)", role)
+	case t.Role != RoleFrontend && t.Role != RoleA && t.Role != RoleB && t.Role != RoleDB:
+		return fmt.Errorf("unknown role %q (want frontend, a, b or db)", t.Role)
 	case t.Stats == "":
-		return t, errors.New("-stats is required")
+		return errors.New("-stats is required")
 	case t.Slots < 1 || t.Slots > 64:
-		return t, fmt.Errorf("-slots %d out of [1, 64]", t.Slots)
+		return fmt.Errorf("-slots %d out of [1, 64]", t.Slots)
 	case t.Work < 0 || t.Work > time.Second:
-		return t, fmt.Errorf("-work %v out of [0, 1s]", t.Work)
-	case role != RoleDB && len(t.Next) == 0:
-		return t, errors.New("-next is required for every tier but the DB")
+		return fmt.Errorf("-work %v out of [0, 1s]", t.Work)
+	case t.Role != RoleDB && len(t.Next) == 0:
+		return errors.New("-next is required for every tier but the DB")
 	case t.MemLimit < RequestMemory:
-		return t, errors.New("-mem-limit too small")
+		return errors.New("-mem-limit too small")
 	}
-	return t, nil
+	return nil
 }
 
 // Stats is what a task reports on /stats.
@@ -561,31 +539,4 @@ func (t *task) serveStats(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(s)
-}
-
-// Main is `triage serve ROLE ARGS...`: it runs the task until SIGTERM or
-// ctx ends, and returns the process's exit status.
-func Main(ctx context.Context, args []string, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: triage serve frontend|a|b|db -stats ADDR [flags]")
-		return 2
-	}
-	cfg, err := ParseTask(args[0], args[1:], stderr)
-	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stderr, "triage serve: %v\n", err)
-		}
-		return 2
-	}
-	if cfg.Protect {
-		triagegrpc.RegisterBalancer()
-	}
-	switch err := Serve(ctx, cfg, stderr); {
-	case errors.Is(err, ErrOutOfMemory):
-		return ExitOOM
-	case err != nil:
-		fmt.Fprintf(stderr, "triage serve %s: %v\n", cfg.ID, err)
-		return 1
-	}
-	return 0
 }
