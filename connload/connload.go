@@ -119,6 +119,7 @@ type Listener struct {
 	tracked  atomic.Bool
 	accepted atomic.Int64
 	delayed  atomic.Int64
+	waiting  atomic.Int64 // Accept calls waiting for room at MaxOpen
 	health   atomic.Int64
 }
 
@@ -188,9 +189,12 @@ func (l *Listener) Accept() (net.Conn, error) {
 	waited := false
 	for l.cfg.maxOpen > 0 && l.open.Load() >= int64(l.cfg.maxOpen) {
 		waited = true
+		l.waiting.Add(1)
 		select {
 		case <-l.freed:
+			l.waiting.Add(-1)
 		case <-l.closed:
+			l.waiting.Add(-1)
 			return nil, ErrClosed
 		}
 	}
@@ -331,6 +335,9 @@ type Stats struct {
 	// Open is the connections open now; Accepted and Delayed count those
 	// accepted since the start, and those that waited for the bounds.
 	Open, Accepted, Delayed int64
+	// Waiting is how many Accept calls wait for a connection to close
+	// (MaxOpen reached).
+	Waiting int64
 	// Busy is the open connections carrying a call now; the others are
 	// idle. Only servers that report calls (see Track) count it.
 	Busy int64
@@ -349,7 +356,7 @@ func (l *Listener) Stats() Stats {
 	n, h := l.accepts.sum(sec), l.checks.sum(sec)
 	l.mu.Unlock()
 	span := min(float64(sec+1), float64(len(l.accepts.n)))
-	return Stats{Open: l.open.Load(), Accepted: l.accepted.Load(), Delayed: l.delayed.Load(), Busy: l.busy.Load(),
+	return Stats{Open: l.open.Load(), Accepted: l.accepted.Load(), Delayed: l.delayed.Load(), Waiting: l.waiting.Load(), Busy: l.busy.Load(),
 		Rate: float64(n) / span, HealthChecks: l.health.Load(), HealthCheckRate: float64(h) / span}
 }
 

@@ -3,6 +3,7 @@ package connload_test
 import (
 	"errors"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -112,6 +113,12 @@ func TestMaxOpen(t *testing.T) {
 		t.Fatalf("utilization %v at the maximum", u)
 	}
 	none(t, conns, "at the maximum")
+	// The third Accept must be waiting for room before one closes.
+	for deadline := time.Now().Add(5 * time.Second); l.Stats().Waiting != 1; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no Accept waits at the maximum: %+v", l.Stats())
+		}
+	}
 	a.Close()
 	a.Close() // twice: counted once
 	c := <-conns
