@@ -21,18 +21,18 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// A shortened drill, end to end, on real processes: both runs, and the
+// A shortened drill (a minute), end to end, on real processes: both runs, and the
 // headline figures of result.json. With triage, no task dies and
 // CRITICAL_PLUS and CRITICAL are answered; without, the same traffic kills
 // tasks and collapses goodput.
 func TestDrillShortened(t *testing.T) {
 	if testing.Short() || raceEnabled {
-		t.Skip("a 40 s drill on real processes; .ci/run runs it without the race detector")
+		t.Skip("a 60 s drill on real processes; .ci/run runs it without the race detector")
 	}
 	t.Setenv(asCLI, "1")
 	dir := t.TempDir()
 	var out bytes.Buffer
-	code := run(context.Background(), []string{"demo", "-duration", "40s", "-quiet", "-out", dir}, &out, &out)
+	code := run(context.Background(), []string{"demo", "-duration", "60s", "-quiet", "-out", dir}, &out, &out)
 	t.Log(out.String()[max(0, out.Len()-2500):])
 	if code != 0 {
 		t.Fatalf("triage demo exited %d", code)

@@ -459,6 +459,7 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 	}
 
 	curPhase := -1
+	restarted, killed := make(chan struct{}), make(chan struct{})
 	select {
 	case <-time.After(warmup): // the load generator warms the stack up meanwhile
 	case <-ctx.Done():
@@ -517,16 +518,39 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 				switch script[ph].name {
 				case "restart":
 					actions.Add(1)
-					go func() { defer actions.Done(); s.rollingRestart(runCtx, RoleB, v, run, start) }()
+					go func() {
+						defer actions.Done()
+						defer close(restarted)
+						s.rollingRestart(runCtx, RoleB, v, run, start)
+					}()
 				case "kill":
-					p := s.byName["db-0"]
-					s.stop(p, syscall.SIGKILL)
-					run.note(fmt.Sprintf("%.1fs db-0 killed (SIGKILL)", time.Since(start).Seconds()))
+					// After the rolling restart, as the script says: a short
+					// drill's restart can outlast its phase.
+					actions.Add(1)
+					go func() {
+						defer actions.Done()
+						defer close(killed)
+						select {
+						case <-restarted:
+						case <-runCtx.Done():
+							return
+						}
+						s.stop(s.byName["db-0"], syscall.SIGKILL)
+						run.note(fmt.Sprintf("%.1fs db-0 killed (SIGKILL)", time.Since(start).Seconds()))
+					}()
 				case "recovery":
-					p := s.byName["db-0"]
-					if err := s.start(p); err == nil {
-						run.note(fmt.Sprintf("%.1fs db-0 started again", time.Since(start).Seconds()))
-					}
+					actions.Add(1)
+					go func() {
+						defer actions.Done()
+						select {
+						case <-killed:
+						case <-runCtx.Done():
+							return
+						}
+						if err := s.start(s.byName["db-0"]); err == nil {
+							run.note(fmt.Sprintf("%.1fs db-0 started again", time.Since(start).Seconds()))
+						}
+					}()
 				}
 			}
 			s.poll(run, el)
