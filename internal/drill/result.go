@@ -60,16 +60,19 @@ type PhaseResult struct {
 // Second is what happened in one second of a run (requests by the second
 // they were sent in).
 type Second struct {
-	Sent     [4]int             `json:"sent"` // by criticality.Level
-	OK       [4]int             `json:"ok"`
-	Degraded int                `json:"degraded"`
-	P50      float64            `json:"p50_ms,omitempty"` // of successes
-	P99      float64            `json:"p99_ms,omitempty"`
-	Rejected map[string]int     `json:"rejected,omitempty"`
-	Util     map[string]float64 `json:"util,omitempty"`  // per task
-	Usage    map[string]float64 `json:"usage,omitempty"` // per customer, DB tier
-	Limit    map[string]float64 `json:"limit,omitempty"`
-	lat      []float64
+	Sent     [4]int         `json:"sent"` // by criticality.Level
+	OK       [4]int         `json:"ok"`
+	Degraded int            `json:"degraded"`
+	P50      float64        `json:"p50_ms,omitempty"` // of successes
+	P99      float64        `json:"p99_ms,omitempty"`
+	Rejected map[string]int `json:"rejected,omitempty"`
+	// CriticalRejected is the failures of CRITICAL_PLUS and CRITICAL
+	// requests, by reason (also counted in Rejected).
+	CriticalRejected map[string]int     `json:"critical_rejected,omitempty"`
+	Util             map[string]float64 `json:"util,omitempty"`  // per task
+	Usage            map[string]float64 `json:"usage,omitempty"` // per customer, DB tier
+	Limit            map[string]float64 `json:"limit,omitempty"`
+	lat              []float64
 }
 
 func newRun(name string, protect bool, tasks []string) *RunResult {
@@ -109,6 +112,14 @@ func (r *RunResult) answered(el time.Duration, l criticality.Level, ok, degraded
 	}
 	if len(s.Rejected) < 16 || s.Rejected[reason] > 0 {
 		s.Rejected[reason]++
+	}
+	if l >= criticality.Critical {
+		if s.CriticalRejected == nil {
+			s.CriticalRejected = map[string]int{}
+		}
+		if len(s.CriticalRejected) < 16 || s.CriticalRejected[reason] > 0 {
+			s.CriticalRejected[reason]++
+		}
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
@@ -30,6 +32,7 @@ import (
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -304,7 +307,16 @@ func (t *task) dial() (*grpc.ClientConn, error) {
 		sc := fmt.Sprintf(`{"loadBalancingConfig": [{"triage": {"policy": "weighted_round_robin", "subsetSize": 2, "clientId": %d}}],
 			"healthCheckConfig": {"serviceName": ""}}`, t.cfg.Index)
 		opts = append(opts, grpc.WithDefaultServiceConfig(sc))
-		opts = append(opts, triagegrpc.NewClient().DialOptions()...)
+		// Besides "task overloaded", retry a call whose connection failed
+		// (a task killed or restarting): within the budget, on another task.
+		pol, err := retry.New(retry.WithRetryable(func(err error) bool {
+			_, overload := outcome.As(err)
+			return !overload && status.Code(err) == codes.Unavailable
+		}))
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, triagegrpc.NewClient(triagegrpc.WithPolicy(pol)).DialOptions()...)
 	} else {
 		opts = append(opts, grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
 			grpc.WithUnaryInterceptor(naiveRetry))
