@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
-	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/window"
 )
 
@@ -17,11 +16,6 @@ import (
 // requests + 1 (the one spare retry lets a quiet client retry its first
 // overloaded request): in a total outage a busy client sends about 1.1
 // attempts per request instead of 3.
-//
-// Criticality: retries of SHEDDABLE and SHEDDABLE_PLUS requests may use
-// only SheddableShare of the budget, so that when sheddable traffic is
-// being rejected in bulk, CRITICAL and CRITICAL_PLUS requests still find
-// room to retry (the budget counts every retry alike).
 //
 // A Budget is safe for concurrent use and lock-free on the hot path; its
 // memory is fixed (one window.Counter). Concurrent callers may overshoot
@@ -71,25 +65,13 @@ func (b *Budget) Request() { b.request(b.now()) }
 
 func (b *Budget) request(ns int64) { b.c.Add(ns, 1, 0) }
 
-// SheddableShare is the part of the budget that retries of sheddable
-// requests may use.
-const SheddableShare = 0.5
+// TryRetry reports whether one more retry stays within the budget, and if
+// so counts it.
+func (b *Budget) TryRetry() bool { return b.tryRetry(b.now()) }
 
-// TryRetry reports whether one more retry of a critical request stays
-// within the budget, and if so counts it.
-func (b *Budget) TryRetry() bool { return b.tryRetry(b.now(), criticality.Critical) }
-
-// TryRetryFor is TryRetry for a request of level l: a sheddable one may
-// use only SheddableShare of the budget.
-func (b *Budget) TryRetryFor(l criticality.Level) bool { return b.tryRetry(b.now(), l) }
-
-func (b *Budget) tryRetry(ns int64, l criticality.Level) bool {
+func (b *Budget) tryRetry(ns int64) bool {
 	w, _ := b.c.Sums(ns)
-	ratio := b.ratio
-	if l < criticality.Critical {
-		ratio *= SheddableShare
-	}
-	if w.B >= ratio*w.A+1 {
+	if w.B >= b.ratio*w.A+1 {
 		return false
 	}
 	b.c.Add(ns, 0, 1)

@@ -51,29 +51,3 @@ func TestOutOfQuotaThrottlesOnlyThatCustomer(t *testing.T) {
 		t.Errorf("the out-of-quota customer was throttled only %d times of 2000", throttled["abuser"])
 	}
 }
-
-// Sheddable retries may use only half of the budget: once they have, a
-// critical request can still retry.
-func TestBudgetKeepsRoomForCriticalRetries(t *testing.T) {
-	f := clock.NewFake(time.Unix(0, 0))
-	b, err := retry.NewBudget(0.1, time.Minute, f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 1000 {
-		b.Request()
-	}
-	sheddable := 0
-	for b.TryRetryFor(criticality.Sheddable) {
-		sheddable++
-	}
-	critical := 0
-	for b.TryRetryFor(criticality.Critical) {
-		critical++
-	}
-	// 1000 requests: sheddable retries up to 0.05 x 1000 + 1, critical up
-	// to 0.1 x 1000 + 1 in all.
-	if sheddable != 51 || critical != 50 {
-		t.Fatalf("sheddable retries %d, then critical %d; want 51 and 50", sheddable, critical)
-	}
-}

@@ -365,7 +365,7 @@ func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, la
 	if d, ok := ctx.Deadline(); ok && !now.Add(wait).Before(d) {
 		return giveUp(last, "no time left to retry")
 	}
-	if p.budget != nil && !p.budget.tryRetry(now.UnixNano(), l) {
+	if p.budget != nil && !p.budget.tryRetry(now.UnixNano()) {
 		p.obs.BudgetRefused(l)
 		return giveUp(last, "retry budget exhausted")
 	}
