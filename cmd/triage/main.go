@@ -141,6 +141,10 @@ Flags:
 	}
 	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs,
 		Command: func(args ...string) *exec.Cmd { return exec.Command(self, args...) }}) // the environment is inherited
+	if err != nil && ctx.Err() != nil {
+		fmt.Fprintln(stderr, "triage demo: interrupted; every process it started is stopped")
+		return 130
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "triage demo: %v\n", err)
 		return 1
