@@ -32,20 +32,27 @@ const QuotaThrottleWindow = 10 * time.Second
 // requests of the same criticality, so each customer's out-of-quota
 // answers count against that customer's own throttle, and count as
 // accepted (the backend was not overloaded) for the criticality's.
+//
+// A known customer's throttle is found without a lock (sync.Map); a new
+// one takes the lock once.
 type quotaThrottles struct {
 	newThrottle func() (*throttle.Throttle, error)
+	byCustomer  sync.Map // customer -> *throttle.Throttle
 	mu          sync.Mutex
-	byCustomer  map[string]*throttle.Throttle
+	n           int
 	other       *throttle.Throttle
 }
 
 func (q *quotaThrottles) get(customer string) *throttle.Throttle {
+	if t, ok := q.byCustomer.Load(customer); ok {
+		return t.(*throttle.Throttle)
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if t := q.byCustomer[customer]; t != nil {
-		return t
+	if t, ok := q.byCustomer.Load(customer); ok {
+		return t.(*throttle.Throttle)
 	}
-	if len(q.byCustomer) >= MaxQuotaThrottles {
+	if q.n >= MaxQuotaThrottles {
 		if q.other == nil {
 			q.other, _ = q.newThrottle()
 		}
@@ -55,7 +62,8 @@ func (q *quotaThrottles) get(customer string) *throttle.Throttle {
 	if err != nil {
 		return nil
 	}
-	q.byCustomer[customer] = t
+	q.byCustomer.Store(customer, t)
+	q.n++
 	return t
 }
 

@@ -239,7 +239,7 @@ func New(opts ...Option) (*Policy, error) {
 		p.throttle = t
 	}
 	if p.throttle != nil {
-		p.quotas = &quotaThrottles{byCustomer: map[string]*throttle.Throttle{}, newThrottle: func() (*throttle.Throttle, error) {
+		p.quotas = &quotaThrottles{newThrottle: func() (*throttle.Throttle, error) {
 			return throttle.New(throttle.WithClock(p.clock), throttle.WithRandom(p.random),
 				throttle.WithWindow(QuotaThrottleWindow), throttle.WithBuckets(40))
 		}}

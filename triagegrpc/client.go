@@ -123,7 +123,9 @@ func WithClientClock(clk clock.Clock) ClientOption {
 // adaptive throttling estimates how much the backends it sends to accept,
 // and the sacrificial backends, which may be overloaded, must not throttle
 // the other client types' calls to the rest, nor spend their retry
-// budget. Without a Policy (WithoutPolicy) it changes nothing.
+// budget. Without a Policy (WithoutPolicy) it changes nothing. The Client
+// subscribes to t for the life of the process (isolate.Table.Subscribe):
+// make one per backend service, as usual, not one per call.
 func WithClientIsolation(t *isolate.Table, sacrificial *retry.Policy) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.iso, c.sacPol = t, sacrificial })
 }
@@ -369,20 +371,19 @@ func newHeaderTable() *headerTable {
 // outgoing metadata. ctx must have been through dropForwarded.
 func (c *Client) outgoing(ctx context.Context) context.Context {
 	level := criticality.Of(ctx)
+	decay := ""
 	if dc, ok := criticality.DecayOf(ctx); ok {
 		now := c.clock.Now()
 		if level, _ = criticality.Current(ctx, now); level > dc.To {
-			h := c.headers[level][attempt.Outgoing(ctx)]
-			ctx = metadata.AppendToOutgoingContext(ctx, wire.DecayKey, criticality.FormatDecay(dc, now))
-			if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
-				return metadata.AppendToOutgoingContext(ctx, append(h[:len(h):len(h)], wire.CustomerKey, cu)...)
-			}
-			return metadata.AppendToOutgoingContext(ctx, h...)
+			decay = criticality.FormatDecay(dc, now)
 		}
 	}
-	h := c.headers[level][attempt.Outgoing(ctx)]
-	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
-		return metadata.AppendToOutgoingContext(ctx, append(h[:len(h):len(h)], wire.CustomerKey, cu)...)
+	kv := c.headers[level][attempt.Outgoing(ctx)]
+	if decay != "" {
+		kv = append(kv[:len(kv):len(kv)], wire.DecayKey, decay)
 	}
-	return metadata.AppendToOutgoingContext(ctx, h...)
+	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
+		kv = append(kv[:len(kv):len(kv)], wire.CustomerKey, cu)
+	}
+	return metadata.AppendToOutgoingContext(ctx, kv...)
 }

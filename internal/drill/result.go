@@ -126,7 +126,9 @@ func (r *RunResult) answered(el time.Duration, l criticality.Level, ok, degraded
 func (r *RunResult) died(name string, el time.Duration) {
 	r.mu.Lock()
 	r.TasksDied++
-	r.Deaths = append(r.Deaths, fmt.Sprintf("%.1fs %s", el.Seconds(), name))
+	if len(r.Deaths) < 100 {
+		r.Deaths = append(r.Deaths, fmt.Sprintf("%.1fs %s", el.Seconds(), name))
+	}
 	r.mu.Unlock()
 }
 
