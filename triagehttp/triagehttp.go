@@ -155,21 +155,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 	if (c.quota == nil) != (c.meter == nil) {
 		return nil, errors.New("triagehttp: WithQuota needs both an Enforcer and a cost Meter")
 	}
-	if c.admission == nil && c.quota == nil {
-		return func(next http.Handler) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				r, _, cancel := c.classify(r)
-				if cancel != nil {
-					defer cancel()
-				}
-				if c.blackHoled(r) {
-					WriteError(w, errBlackHole)
-					return
-				}
-				next.ServeHTTP(w, r)
-			})
-		}, nil
-	}
+	plain := c.admission == nil && c.quota == nil
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			r, d, cancel := c.classify(r)
@@ -178,6 +164,10 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 			}
 			if c.blackHoled(r) {
 				WriteError(w, errBlackHole)
+				return
+			}
+			if plain {
+				next.ServeHTTP(w, r)
 				return
 			}
 			ctx := r.Context()
