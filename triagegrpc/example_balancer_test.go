@@ -15,6 +15,7 @@ import (
 
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -28,11 +29,11 @@ func ExampleRegisterBalancer() {
 
 	var eps []resolver.Endpoint
 	var servers []*grpc.Server
-	var lifecycles []*triagegrpc.Lifecycle
+	var lifecycles []*lifecycle.Lifecycle
 	for range 3 {
 		meter, _ := balance.NewMeter(balance.WithUtilization(func() float64 { return 0.5 }))
 		hs := health.NewServer()
-		lc, _ := triagegrpc.NewLifecycle(hs, triagegrpc.WithDrain(100*time.Millisecond))
+		lc, _ := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(100*time.Millisecond))
 		srv, _ := triagegrpc.NewServer(triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc))
 		s := grpc.NewServer(srv.ServerOptions()...)
 		healthpb.RegisterHealthServer(s, hs)
@@ -58,7 +59,7 @@ func ExampleRegisterBalancer() {
 	}
 	// SIGTERM handler of each backend: lame duck, drain, graceful stop.
 	for i, s := range servers {
-		lifecycles[i].Shutdown(context.Background(), s)
+		lifecycles[i].Shutdown(context.Background(), triagegrpc.GracefulStop(s))
 	}
 	fmt.Println("all backends stopped cleanly")
 	// Output: all backends stopped cleanly

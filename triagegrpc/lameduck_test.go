@@ -16,6 +16,7 @@ import (
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/wire"
 )
@@ -27,12 +28,12 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	if _, err := triagegrpc.NewLifecycle(nil); err == nil {
 		t.Fatal("a Lifecycle without a health server")
 	}
-	if _, err := triagegrpc.NewLifecycle(health.NewServer(), triagegrpc.WithDrain(-time.Second)); err == nil {
+	if _, err := triagegrpc.NewLifecycle(health.NewServer(), lifecycle.WithDrain(-time.Second)); err == nil {
 		t.Fatal("a negative drain interval")
 	}
 	clk := clock.NewFake(time.Unix(0, 0))
 	hs := health.NewServer()
-	lc, err := triagegrpc.NewLifecycle(hs, triagegrpc.WithWarmup(), triagegrpc.WithDrain(10*time.Second), triagegrpc.WithLifecycleClock(clk))
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithWarmup(), lifecycle.WithDrain(10*time.Second), lifecycle.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +64,7 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	lc.Ready()
 	check(healthpb.HealthCheckResponse_SERVING, false)
 	done := make(chan error, 1)
-	go func() { done <- lc.Shutdown(context.Background(), s) }()
+	go func() { done <- lc.Shutdown(context.Background(), triagegrpc.GracefulStop(s)) }()
 	clk.BlockUntil(1, nil) // Shutdown waits on its drain timer
 	check(healthpb.HealthCheckResponse_NOT_SERVING, true)
 	select {
@@ -88,7 +89,7 @@ func TestLifecycleOverLoopback(t *testing.T) {
 func TestLameDuckReachesIdleClient(t *testing.T) {
 	triagegrpc.RegisterBalancer()
 	var eps []resolver.Endpoint
-	lcs := map[string]*triagegrpc.Lifecycle{}
+	lcs := map[string]*lifecycle.Lifecycle{}
 	for _, name := range []string{"A", "B"} {
 		hs := health.NewServer()
 		lc, err := triagegrpc.NewLifecycle(hs)

@@ -33,20 +33,7 @@ func PeerOf(ctx context.Context) trust.Peer {
 		}
 	}
 	if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-		tp.Identities = tlsIdentities(info)
+		tp.Identities = trust.Identities(&info.State)
 	}
 	return tp
-}
-
-func tlsIdentities(info credentials.TLSInfo) []string {
-	chains := info.State.VerifiedChains
-	if len(chains) == 0 || len(chains[0]) == 0 {
-		return nil
-	}
-	leaf := chains[0][0]
-	ids := make([]string, 0, len(leaf.URIs)+len(leaf.DNSNames))
-	for _, u := range leaf.URIs {
-		ids = append(ids, u.String())
-	}
-	return append(ids, leaf.DNSNames...)
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -28,7 +29,7 @@ const reportEvery = 100 * time.Millisecond
 // (WithLoadReports) and the lame duck announcement (WithLifecycle).
 type trailers struct {
 	meter     *balance.Meter
-	lifecycle *Lifecycle
+	lifecycle *lifecycle.Lifecycle
 	since     func() time.Duration // the server's clock
 	cached    atomic.Pointer[cachedTrailer]
 }

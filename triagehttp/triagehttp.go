@@ -34,8 +34,9 @@ import (
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
-	"github.com/triagehq/triage/internal/reqctx"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/isolate"
+	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
@@ -51,6 +52,7 @@ const (
 	attemptHeader     = "Triage-Attempt"
 	customerHeader    = "Triage-Customer"
 	outcomeHeader     = "Triage-Outcome"
+	lameDuckHeader    = "Triage-Lame-Duck"
 	retryAfterHeader  = "Retry-After"
 )
 
@@ -58,29 +60,28 @@ const (
 type Option interface{ apply(*config) }
 
 type config struct {
-	trust      *trust.Policy
-	classifier *edge.Classifier
-	group      func(*http.Request) string
-	admission  *admission.Controller
-	customerID bool
-	quota      *quota.Enforcer
-	meter      *cost.Meter
-	clock      clock.Clock
-	iso        *isolate.Table
+	intake    []intake.Option
+	group     func(*http.Request) string
+	health    string
+	lifecycle *lifecycle.Lifecycle
 }
 
 type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-// WithTrust sets the peers whose triage headers are believed. Default: none.
-func WithTrust(p *trust.Policy) Option { return optionFunc(func(c *config) { c.trust = p }) }
-
-// WithClassifier sets the criticality rules. Default: edge.HeaderOnly()
-// (believe a trusted peer's header, else CRITICAL).
-func WithClassifier(cl *edge.Classifier) Option {
-	return optionFunc(func(c *config) { c.classifier = cl })
+func withIntake(o intake.Option) Option {
+	return optionFunc(func(c *config) { c.intake = append(c.intake, o) })
 }
+
+// WithTrust sets the peers whose triage headers are believed
+// (intake.WithTrust). Default: none.
+func WithTrust(p *trust.Policy) Option { return withIntake(intake.WithTrust(p)) }
+
+// WithClassifier sets the criticality rules (intake.WithClassifier).
+// Default: edge.HeaderOnly() (believe a trusted peer's header, else
+// CRITICAL).
+func WithClassifier(cl *edge.Classifier) Option { return withIntake(intake.WithClassifier(cl)) }
 
 // WithGroup supplies the user-group function for group rules, e.g. one that
 // reads the authenticated user's plan. It is called only when the
@@ -89,206 +90,86 @@ func WithGroup(f func(*http.Request) string) Option {
 	return optionFunc(func(c *config) { c.group = f })
 }
 
-// WithCustomerFromIdentity makes the peer's verified mTLS identity (its
-// first URI SAN, else DNS SAN) the customer of requests without a trusted
-// Triage-Customer header (quota.CustomerOf). Default: only a trusted
-// peer's header names a customer.
-func WithCustomerFromIdentity() Option {
-	return optionFunc(func(c *config) { c.customerID = true })
+// WithCustomerFromIdentity makes the peer's verified mTLS identity the
+// customer of requests without a trusted Triage-Customer header
+// (intake.WithCustomerFromIdentity). Default: off.
+func WithCustomerFromIdentity() Option { return withIntake(intake.WithCustomerFromIdentity()) }
+
+// WithIsolation names each request's client type from its Host and answers
+// a black-holed one at once, 503 "overloaded; don't retry"
+// (intake.WithIsolation). Default: none.
+func WithIsolation(t *isolate.Table) Option { return withIntake(intake.WithIsolation(t)) }
+
+// WithClock sets the clock that starts criticality decays
+// (intake.WithClock). Default clock.Real(); give the admission controller
+// the same one.
+func WithClock(clk clock.Clock) Option { return withIntake(intake.WithClock(clk)) }
+
+// WithAdmission installs admission control (intake.WithAdmission): before
+// the handler runs, the request must be admitted and get an execution
+// slot; a rejected request is answered 503 with Triage-Outcome and never
+// reaches the handler. Default: none.
+func WithAdmission(ctl *admission.Controller) Option { return withIntake(intake.WithAdmission(ctl)) }
+
+// WithQuota installs per-customer quotas (intake.WithQuota): a customer
+// over its quota is answered 429 with Triage-Outcome: out-of-quota and
+// Retry-After: 1; the handler's CPU, measured with m, is charged to its
+// customer. Calls the handler makes through a Transport, or through
+// triage's gRPC client, are marked as waits. Default: none.
+func WithQuota(e *quota.Enforcer, m *cost.Meter) Option { return withIntake(intake.WithQuota(e, m)) }
+
+// WithHealthCheck names the path of the server's health endpoint
+// (HealthHandler): requests to exactly that path are classified but
+// answered whatever the load, outside isolation, quotas and admission
+// (intake.Request.HealthCheck). Default: none.
+func WithHealthCheck(path string) Option { return optionFunc(func(c *config) { c.health = path }) }
+
+// WithLifecycle makes every response carry Triage-Lame-Duck: 1 while l is
+// in lame duck. Default: none.
+func WithLifecycle(l *lifecycle.Lifecycle) Option {
+	return optionFunc(func(c *config) { c.lifecycle = l })
 }
 
-// WithIsolation names each request's client type from its Host
-// (isolate.Table.ClientFor) and puts it in the request context
-// (isolate.ClientOf), where the "triage" gRPC balancer routes by it
-// (triagegrpc.WithBalancerIsolation); a client type the table black-holes
-// is answered at once, 503 "overloaded; don't retry", before any other
-// work. Default: none.
-func WithIsolation(t *isolate.Table) Option { return optionFunc(func(c *config) { c.iso = t }) }
-
-// errBlackHole answers a black-holed client type.
-var errBlackHole = &outcome.Error{Kind: outcome.DontRetry, Reason: "client type black-holed"}
-
-// WithClock sets the clock that starts criticality decays (edge rules
-// with a decay). Default clock.Real(); give the admission controller the
-// same one.
-func WithClock(clk clock.Clock) Option { return optionFunc(func(c *config) { c.clock = clk }) }
-
-// WithAdmission installs admission control: before the handler runs, the
-// request must be admitted (admission.Controller.Arrive, with the request
-// context's deadline) and get an execution slot (Start); a rejected
-// request is answered 503 with Triage-Outcome and never reaches the
-// handler. Default: none.
-func WithAdmission(ctl *admission.Controller) Option {
-	return optionFunc(func(c *config) { c.admission = ctl })
-}
-
-// WithQuota installs per-customer quotas: before admission control, the
-// request's customer (quota.CustomerOf) must be within its quota on this
-// task (quota.Enforcer.Admit), else it is answered 429 with
-// Triage-Outcome: out-of-quota and Retry-After: 1, and never reaches the
-// handler; the handler's CPU is measured with m (package cost) and charged
-// to the customer in e's Usage. Calls the handler makes through a
-// Transport, or through triage's gRPC client, are marked as waits
-// (cost.TrackerFrom). Default: none.
-func WithQuota(e *quota.Enforcer, m *cost.Meter) Option {
-	return optionFunc(func(c *config) { c.quota, c.meter = e, m })
-}
-
-// Middleware returns the edge middleware. For every request it decides
-// whether the peer is trusted, strips triage headers of untrusted peers,
-// assigns criticality by the classifier's rules, and puts the criticality
-// and the received attempt counter in the request's context
-// (criticality.Of, attempt.Incoming). The returned func is safe for
+// Middleware returns the edge middleware: for every request it builds an
+// intake.Request (peer, Host, path, header), runs it through the intake
+// (trust, stripping, classification, decay, customer, client type, quota,
+// admission), answers a refusal with its overload outcome, and otherwise
+// runs the handler with the request's context (criticality.Of,
+// attempt.Incoming, quota.CustomerOf). The returned func is safe for
 // concurrent use.
 func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 	var c config
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	if c.classifier == nil {
-		cl, err := edge.New(edge.HeaderOnly())
-		if err != nil {
-			return nil, fmt.Errorf("triagehttp: %w", err)
-		}
-		c.classifier = cl
+	in, err := intake.New(c.intake...)
+	if err != nil {
+		return nil, fmt.Errorf("triagehttp: %w", err)
 	}
-	if (c.quota == nil) != (c.meter == nil) {
-		return nil, errors.New("triagehttp: WithQuota needs both an Enforcer and a cost Meter")
-	}
-	plain := c.admission == nil && c.quota == nil
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			r, d, cancel := c.classify(r)
-			if cancel != nil {
-				defer cancel()
+			if c.lifecycle != nil && c.lifecycle.InLameDuck() {
+				w.Header()[lameDuckHeader] = lameDuckValue
 			}
-			if c.blackHoled(r) {
-				WriteError(w, errBlackHole)
+			ir := intake.Request{Peer: PeerOf(r), Host: r.Host, Path: r.URL.Path,
+				Header: r.Header, Case: intake.Canonical, HealthCheck: c.health != "" && r.URL.Path == c.health}
+			if c.group != nil && in.NeedsGroup() {
+				ir.Group = c.group(r)
+			}
+			h, err := in.Accept(r.Context(), &ir)
+			if err == nil {
+				err = h.Start()
+			}
+			if err != nil {
+				if !WriteError(w, err) {
+					w.WriteHeader(http.StatusServiceUnavailable) // the caller went away while waiting
+				}
 				return
 			}
-			if plain {
-				next.ServeHTTP(w, r)
-				return
-			}
-			ctx := r.Context()
-			customer := quota.CustomerOf(ctx)
-			var res quota.Reservation
-			if c.quota != nil {
-				var err error
-				if res, err = c.quota.Reserve(customer, d.Level); err != nil {
-					WriteError(w, err)
-					return
-				}
-			}
-			if c.admission != nil {
-				deadline, _ := ctx.Deadline()
-				var tk admission.Ticket
-				err := c.admission.Arrive(&tk, d.Level, attempt.Incoming(ctx), deadline)
-				if err == nil {
-					defer c.admission.Done(&tk)
-					err = c.admission.Start(ctx, &tk)
-				}
-				if err != nil {
-					if c.quota != nil {
-						c.quota.Cancel(customer, res)
-					}
-					if !WriteError(w, err) {
-						w.WriteHeader(http.StatusServiceUnavailable) // the caller went away while waiting
-					}
-					return
-				}
-			}
-			if c.quota != nil {
-				t := new(cost.Tracker)
-				t.Start(c.meter)
-				r = r.WithContext(cost.NewContext(ctx, t))
-				defer func() { c.quota.Done(customer, d.Level, res, t.Stop()) }()
-			}
-			next.ServeHTTP(w, r)
+			defer h.Finish()
+			next.ServeHTTP(w, r.WithContext(h))
 		})
 	}, nil
-}
-
-// classify strips, classifies and decodes r, and returns it with the
-// request context. A decay (the matching rule's, started now, or a trusted
-// upstream's from the Triage-Criticality-Decay header) goes into the
-// context, and the decision's level is the current one; a rule that
-// cancels at its decay sets the deadline instead, and cancel must be
-// called when the request ends.
-func (c *config) classify(r *http.Request) (*http.Request, edge.Decision, context.CancelFunc) {
-	p := PeerOf(r)
-	trusted := c.trust.Trusted(p)
-	req := edge.Request{Trusted: trusted, Host: r.Host, Path: r.URL.Path}
-	n, customer, decayWire := 0, "", ""
-	if trusted {
-		req.Header = single(r.Header, criticalityHeader)
-		if v := single(r.Header, attemptHeader); v != "" {
-			n, _ = attempt.Parse(v)
-		}
-		if v := single(r.Header, customerHeader); len(v) <= wire.CustomerMaxLen {
-			customer = quota.Customer(v)
-		}
-		decayWire = single(r.Header, decayHeader)
-	} else {
-		strip(r.Header, c.classifier.Observer())
-	}
-	if c.group != nil && c.classifier.NeedsGroup() {
-		req.Group = c.group(r)
-	}
-	if customer == "" && c.customerID && len(p.Identities) > 0 {
-		customer = quota.Customer(p.Identities[0])
-	}
-	d := c.classifier.Classify(&req)
-	ctx := reqctx.WithRequest(r.Context(), uint8(d.Level), uint8(n), customer)
-	if c.iso != nil {
-		if ct := c.iso.ClientFor(r.Host); ct != "" {
-			ctx = isolate.NewContext(ctx, ct)
-		}
-	}
-	var cancel context.CancelFunc
-	switch {
-	case d.Decay.Cancel:
-		ctx, cancel = context.WithDeadline(ctx, clock.OrReal(c.clock).Now().Add(d.Decay.After))
-	case d.Decay.After > 0:
-		ctx = criticality.WithDecay(ctx, criticality.Decay{At: clock.OrReal(c.clock).Now().Add(d.Decay.After), To: d.Decay.To})
-	case decayWire != "" && d.Rule == edge.Header:
-		now := clock.OrReal(c.clock).Now()
-		if dc, err := criticality.ParseDecay(decayWire, now); err == nil {
-			ctx = criticality.WithDecay(ctx, dc)
-			d.Level, _ = criticality.Current(ctx, now)
-		}
-	}
-	return r.WithContext(ctx), d, cancel
-}
-
-// blackHoled reports whether r's client type is black-holed.
-func (c *config) blackHoled(r *http.Request) bool {
-	return c.iso != nil && c.iso.RouteOf(isolate.ClientOf(r.Context())) == isolate.BlackHole
-}
-
-// single returns the only value of a header, by canonical name; absent or
-// repeated gives "".
-func single(h http.Header, canonical string) string {
-	v := h[canonical]
-	if len(v) != 1 {
-		return ""
-	}
-	return v[0]
-}
-
-// strip deletes every triage header, reporting each to obs.
-func strip(h http.Header, obs edge.Observer) {
-	for k := range h {
-		if !wire.IsTriage(k) {
-			continue
-		}
-		if key, ok := wire.Lookup(k); ok {
-			obs.Stripped(key.Name)
-		} else {
-			obs.Stripped("unregistered")
-		}
-		delete(h, k)
-	}
 }
 
 // PeerOf returns what the server knows about the caller: the IP address of
@@ -299,15 +180,11 @@ func PeerOf(r *http.Request) trust.Peer {
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
 		p.Addr = ap.Addr().Unmap()
 	}
-	if r.TLS != nil && len(r.TLS.VerifiedChains) > 0 && len(r.TLS.VerifiedChains[0]) > 0 {
-		leaf := r.TLS.VerifiedChains[0][0]
-		for _, u := range leaf.URIs {
-			p.Identities = append(p.Identities, u.String())
-		}
-		p.Identities = append(p.Identities, leaf.DNSNames...)
-	}
+	p.Identities = trust.Identities(r.TLS)
 	return p
 }
+
+var lameDuckValue = []string{"1"}
 
 // Transport is an http.RoundTripper that writes the request context's
 // criticality (criticality.Of) and outgoing attempt counter
@@ -473,4 +350,14 @@ func FromResponse(resp *http.Response) (*outcome.Error, bool) {
 		e.RetryAfter = d
 	}
 	return e, true
+}
+
+// single returns the only value of a header, by canonical name; absent or
+// repeated gives "".
+func single(h http.Header, canonical string) string {
+	v := h[canonical]
+	if len(v) != 1 {
+		return ""
+	}
+	return v[0]
 }

@@ -12,6 +12,7 @@
 package trust
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -96,4 +97,20 @@ func (pol *Policy) Trusted(p Peer) bool {
 		}
 	}
 	return false
+}
+
+// Identities returns the identities of a TLS connection's verified client
+// certificate: its URI SANs, then its DNS SANs. A connection without a
+// verified chain (no certificate, or one that was not verified) has none.
+// Adapters fill Peer.Identities with it.
+func Identities(cs *tls.ConnectionState) []string {
+	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	leaf := cs.VerifiedChains[0][0]
+	ids := make([]string, 0, len(leaf.URIs)+len(leaf.DNSNames))
+	for _, u := range leaf.URIs {
+		ids = append(ids, u.String())
+	}
+	return append(ids, leaf.DNSNames...)
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
@@ -359,7 +360,7 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 	hs := health.NewServer()
 	// A new task starts in lame duck: clients connect, but send nothing
 	// until it is ready (its own connections to the next tier are up).
-	lc, err := triagegrpc.NewLifecycle(hs, triagegrpc.WithDrain(time.Second), triagegrpc.WithWarmup())
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(time.Second), lifecycle.WithWarmup())
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +386,7 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		lc.Shutdown(sctx, s)
+		lc.Shutdown(sctx, triagegrpc.GracefulStop(s))
 	}, nil
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -54,7 +55,7 @@ func TestBackendProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs := health.NewServer()
-	lc, err := triagegrpc.NewLifecycle(hs, triagegrpc.WithDrain(time.Second))
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestBackendProcess(t *testing.T) {
 	<-ctx.Done()
 	lameAt.Store(time.Now().UnixNano())
 	inflightAtLame, servedAtLame := inflight.Load(), served.Load()
-	if err := lc.Shutdown(context.Background(), gs); err != nil {
+	if err := lc.Shutdown(context.Background(), triagegrpc.GracefulStop(gs)); err != nil {
 		t.Fatal(err)
 	}
 	<-done

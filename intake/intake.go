@@ -1,0 +1,323 @@
+// Package intake is the path every request takes into a triage server,
+// written once for every transport: trust, stripping of untrusted triage
+// keys, classification, decay, customer, client type, quota reservation
+// and admission.
+//
+// An Intake models a server's front door. A transport adapter (triagegrpc's
+// tap handle, triagehttp's middleware) fills a Request with what it knows
+// about one arriving request and calls Accept, which either refuses the
+// request with an overload outcome to answer with, or returns a Handle: the
+// request's context, carrying its criticality, attempt and customer. The
+// adapter calls Start before the handler runs (it takes an execution slot,
+// and may wait for one) and Finish after it.
+//
+// The zero value is not usable; call New. An Intake is safe for
+// concurrent use and keeps no per-request state: each Handle is one
+// allocation, and a refusal allocates nothing in the intake. Its bounds are
+// those of the mechanisms it is given (admission, quota, isolation).
+package intake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/isolate"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/trust"
+	"github.com/triagehq/triage/wire"
+)
+
+// ErrBlackHoled is the outcome of a request whose client type the
+// isolation table black-holes: overloaded; don't retry. It is shared; do
+// not modify it.
+var ErrBlackHoled = &outcome.Error{Kind: outcome.DontRetry, Reason: "client type black-holed"}
+
+// Intake runs requests through the policy pipeline. Create one with New.
+type Intake struct {
+	trust      *trust.Policy
+	classifier *edge.Classifier
+	admission  *admission.Controller
+	quota      *quota.Enforcer
+	meter      *cost.Meter
+	iso        *isolate.Table
+	customerID bool
+	clock      clock.Clock
+}
+
+// Option configures an Intake.
+type Option interface{ apply(*Intake) }
+
+type optionFunc func(*Intake)
+
+func (f optionFunc) apply(in *Intake) { f(in) }
+
+// WithTrust sets the peers whose triage keys are believed. Default: none
+// (every peer is untrusted: its triage keys are stripped, and criticality
+// comes from the classifier's other rules or its default).
+func WithTrust(p *trust.Policy) Option { return optionFunc(func(in *Intake) { in.trust = p }) }
+
+// WithClassifier sets the rules that assign criticality. Default:
+// edge.HeaderOnly() (a trusted peer's header, else CRITICAL).
+func WithClassifier(c *edge.Classifier) Option {
+	return optionFunc(func(in *Intake) { in.classifier = c })
+}
+
+// WithAdmission installs admission control: Accept asks the Controller
+// whether the request may enter (admission.Controller.Arrive), and Start
+// takes an execution slot. Default: none.
+func WithAdmission(c *admission.Controller) Option {
+	return optionFunc(func(in *Intake) { in.admission = c })
+}
+
+// WithQuota installs per-customer quotas: Accept asks e whether the
+// request's customer is within its quota (quota.Enforcer.Reserve) before
+// admission control; the handler's CPU, measured with m from Start to
+// Finish less the waits marked on its cost.Tracker, is charged to the
+// customer. Default: none.
+func WithQuota(e *quota.Enforcer, m *cost.Meter) Option {
+	return optionFunc(func(in *Intake) { in.quota, in.meter = e, m })
+}
+
+// WithIsolation names each request's client type from its host
+// (isolate.Table.ClientFor) and puts it in the request's context
+// (isolate.ClientOf); a black-holed client type is refused with
+// ErrBlackHoled. Default: none.
+func WithIsolation(t *isolate.Table) Option { return optionFunc(func(in *Intake) { in.iso = t }) }
+
+// WithCustomerFromIdentity makes the peer's verified mTLS identity (its
+// first identity, see trust.Peer) the customer of requests without a
+// trusted triage-customer. Default: only a trusted peer's triage-customer
+// names a customer; others have none.
+func WithCustomerFromIdentity() Option {
+	return optionFunc(func(in *Intake) { in.customerID = true })
+}
+
+// WithClock sets the clock that starts decays and reads them. Default
+// clock.Real(); give the admission controller the same one.
+func WithClock(c clock.Clock) Option { return optionFunc(func(in *Intake) { in.clock = c }) }
+
+// New returns an Intake, or an error for an inconsistent configuration.
+func New(opts ...Option) (*Intake, error) {
+	in := &Intake{}
+	for _, o := range opts {
+		o.apply(in)
+	}
+	if in.classifier == nil {
+		cl, err := edge.New(edge.HeaderOnly())
+		if err != nil {
+			return nil, fmt.Errorf("intake: %w", err)
+		}
+		in.classifier = cl
+	}
+	if (in.quota == nil) != (in.meter == nil) {
+		return nil, errors.New("intake: WithQuota needs both an Enforcer and a cost Meter")
+	}
+	in.clock = clock.OrReal(in.clock)
+	return in, nil
+}
+
+// NeedsGroup reports whether a classifier rule matches on the user group,
+// so that an adapter computes Request.Group only when it is used.
+func (in *Intake) NeedsGroup() bool { return in.classifier.NeedsGroup() }
+
+// Observer returns the classifier's observer, to which stripped keys are
+// reported.
+func (in *Intake) Observer() edge.Observer { return in.classifier.Observer() }
+
+// Admission returns the admission controller, or nil.
+func (in *Intake) Admission() *admission.Controller { return in.admission }
+
+// Quota returns the quota enforcer, or nil.
+func (in *Intake) Quota() *quota.Enforcer { return in.quota }
+
+// HeaderCase says how a transport spells header keys.
+type HeaderCase uint8
+
+const (
+	// LowerCase is gRPC metadata's spelling: triage-criticality.
+	LowerCase HeaderCase = iota
+	// Canonical is net/http's canonical spelling: Triage-Criticality.
+	Canonical
+)
+
+// Request is what a transport knows about an arriving request.
+type Request struct {
+	// Peer is the caller: its address and verified identities.
+	Peer trust.Peer
+	// Host is the HTTP Host or the gRPC :authority, port allowed.
+	Host string
+	// Path is the URL path, or the gRPC full method ("/pkg.Svc/Method").
+	Path string
+	// Header is the request's header (gRPC metadata or an http.Header),
+	// spelled as Case says. Accept edits it in place: an untrusted peer's
+	// triage keys are deleted.
+	Header map[string][]string
+	// Case is Header's spelling.
+	Case HeaderCase
+	// Group is the user group for group rules; fill it only when
+	// NeedsGroup.
+	Group string
+	// HealthCheck marks a health check (the transport knows its methods):
+	// it is classified but answered whatever the load, outside isolation,
+	// quotas and admission, because it is how clients learn that a task is
+	// in lame duck, and a watch lasts as long as its connection.
+	HealthCheck bool
+}
+
+// the triage keys Accept reads, in both spellings.
+type keySpelling struct{ lower, canonical string }
+
+var (
+	keyCriticality = keySpelling{wire.CriticalityKey, "Triage-Criticality"}
+	keyDecay       = keySpelling{wire.DecayKey, "Triage-Criticality-Decay"}
+	keyAttempt     = keySpelling{wire.AttemptKey, "Triage-Attempt"}
+	keyCustomer    = keySpelling{wire.CustomerKey, "Triage-Customer"}
+)
+
+// single returns the only value of key in r's header; absent or repeated
+// gives "" (a repeated triage key is malformed and ignored).
+func (r *Request) single(k keySpelling) string {
+	name := k.lower
+	if r.Case == Canonical {
+		name = k.canonical
+	}
+	v := r.Header[name]
+	if len(v) != 1 {
+		return ""
+	}
+	return v[0]
+}
+
+// facts is what a trusted peer's keys say.
+type facts struct {
+	attempt  int
+	customer string
+	decay    string
+}
+
+func (r *Request) trustedFacts(er *edge.Request) facts {
+	var f facts
+	er.Header = r.single(keyCriticality)
+	f.decay = r.single(keyDecay)
+	if v := r.single(keyAttempt); v != "" {
+		f.attempt, _ = attempt.Parse(v)
+	}
+	if v := r.single(keyCustomer); len(v) <= wire.CustomerMaxLen {
+		f.customer = quota.Customer(v)
+	}
+	return f
+}
+
+// strip deletes every triage key from h, reporting each to obs.
+func strip(h map[string][]string, obs edge.Observer) {
+	for k := range h {
+		if !wire.IsTriage(k) {
+			continue
+		}
+		if key, ok := wire.Lookup(k); ok {
+			obs.Stripped(key.Name)
+		} else {
+			obs.Stripped("unregistered")
+		}
+		delete(h, k)
+	}
+}
+
+// Accept runs r through the pipeline: trust, stripping, classification,
+// decay, customer, client type, quota reservation and admission. It
+// returns the accepted request's Handle, whose context is ctx plus what
+// was decided, or the outcome to answer with: ErrBlackHoled, the quota's
+// out-of-quota error, or an admission rejection (admission.RejectionOf).
+// A refused request needs nothing more.
+func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
+	trusted := in.trust.Trusted(r.Peer)
+	er := edge.Request{Trusted: trusted, Host: r.Host, Path: r.Path, Group: r.Group}
+	var f facts
+	if trusted {
+		f = r.trustedFacts(&er)
+	} else {
+		strip(r.Header, in.classifier.Observer())
+	}
+	if f.customer == "" && in.customerID && len(r.Peer.Identities) > 0 {
+		f.customer = quota.Customer(r.Peer.Identities[0])
+	}
+	d := in.classifier.Classify(&er)
+	if r.HealthCheck {
+		return newHandle(ctx, d.Level, f), nil
+	}
+	if in.iso != nil {
+		if ct := in.iso.ClientFor(r.Host); ct != "" {
+			if in.iso.RouteOf(ct) == isolate.BlackHole {
+				return nil, ErrBlackHoled
+			}
+			ctx = isolate.NewContext(ctx, ct)
+		}
+	}
+	ctx, cancel, level := in.decay(ctx, d, f.decay)
+	h, err := in.admit(ctx, level, f)
+	if err != nil {
+		if cancel != nil {
+			cancel()
+		}
+		return nil, err
+	}
+	h.cancel = cancel
+	return h, nil
+}
+
+// decay starts the matching rule's decay, or believes a trusted upstream's
+// (only when the header rule decided), and returns the context, the cancel
+// func of a rule that cancels at its decay (it sets a deadline), and the
+// request's current level.
+func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) (context.Context, context.CancelFunc, criticality.Level) {
+	switch {
+	case d.Decay.Cancel:
+		ctx, cancel := context.WithDeadline(ctx, in.clock.Now().Add(d.Decay.After))
+		return ctx, cancel, d.Level
+	case d.Decay.After > 0:
+		return criticality.WithDecay(ctx, criticality.Decay{At: in.clock.Now().Add(d.Decay.After), To: d.Decay.To}), nil, d.Level
+	case wireDecay != "" && d.Rule == edge.Header:
+		now := in.clock.Now()
+		if dc, err := criticality.ParseDecay(wireDecay, now); err == nil {
+			ctx = criticality.WithDecay(ctx, dc)
+			if dc.To < d.Level && !now.Before(dc.At) {
+				return ctx, nil, dc.To
+			}
+		}
+	}
+	return ctx, nil, d.Level
+}
+
+// admit reserves quota and asks admission control; a refusal allocates
+// nothing (the ticket lives on the stack until the request is admitted).
+func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts) (*Handle, error) {
+	var res quota.Reservation
+	if in.quota != nil {
+		var err error
+		if res, err = in.quota.Reserve(f.customer, l); err != nil {
+			return nil, err
+		}
+	}
+	var t admission.Ticket
+	if in.admission != nil {
+		deadline, _ := ctx.Deadline()
+		if err := in.admission.Arrive(&t, l, f.attempt, deadline); err != nil {
+			if in.quota != nil {
+				in.quota.Cancel(f.customer, res)
+			}
+			return nil, err
+		}
+	}
+	h := newHandle(ctx, l, f)
+	h.ctl, h.ticket = in.admission, t
+	h.quota, h.meter, h.reserved = in.quota, in.meter, res
+	return h, nil
+}
