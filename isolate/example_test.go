@@ -22,7 +22,7 @@ func Example() {
 		panic(err)
 	}
 	// triagehttp.WithIsolation(t) names the client type from the Host;
-	// triagegrpc.WithBalancerIsolation(t) routes by it.
+	// lb.WithIsolation(t) routes by it.
 	photos := t.ClientFor("Photos.api.example.com:443")
 	fmt.Println(photos, t.RouteOf(photos))
 

@@ -15,7 +15,7 @@
 // middleware (triagehttp.WithIsolation) and the gRPC tap
 // (triagegrpc.WithServerIsolation) name the client type from the request's host
 // and black-hole at the edge; the "triage" balancer
-// (triagegrpc.WithBalancerIsolation) sends a sacrificial client type only
+// (lb.WithIsolation) sends a sacrificial client type only
 // to the sacrificial backends and every other client type only to the
 // rest. Criticality can key on the same hostnames (package edge's host
 // rules).

@@ -118,7 +118,7 @@ func WithClientClock(clk clock.Clock) ClientOption {
 }
 
 // WithClientIsolation gives the calls of client types that t routes to the
-// sacrificial backends (triagegrpc.WithBalancerIsolation) a policy of
+// sacrificial backends (lb.WithIsolation) a policy of
 // their own, sacrificial (nil: retry.New() with the book's defaults):
 // adaptive throttling estimates how much the backends it sends to accept,
 // and the sacrificial backends, which may be overloaded, must not throttle

@@ -18,6 +18,7 @@ import (
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/lb"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -87,7 +88,7 @@ func TestLifecycleOverLoopback(t *testing.T) {
 // its calls lands on the backend that entered lame duck while it slept,
 // and none fails.
 func TestLameDuckReachesIdleClient(t *testing.T) {
-	triagegrpc.RegisterBalancer()
+	lb.Register()
 	var eps []resolver.Endpoint
 	lcs := map[string]*lifecycle.Lifecycle{}
 	for _, name := range []string{"A", "B"} {

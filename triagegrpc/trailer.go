@@ -12,6 +12,7 @@ import (
 
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/lifecycle"
+	"github.com/triagehq/triage/triagegrpc/internal/backenderr"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -70,7 +71,7 @@ func (t *trailers) get() metadata.MD {
 // finish records the call's outcome in the meter and sets the trailer.
 func (t *trailers) finish(ctx context.Context, err error) {
 	if t.meter != nil {
-		t.meter.Record(backendFailed(err))
+		t.meter.Record(backenderr.Failed(err))
 	}
 	if md := t.get(); len(md) > 0 {
 		_ = grpc.SetTrailer(ctx, md)
@@ -79,7 +80,7 @@ func (t *trailers) finish(ctx context.Context, err error) {
 
 func (t *trailers) finishStream(ss grpc.ServerStream, err error) {
 	if t.meter != nil {
-		t.meter.Record(backendFailed(err))
+		t.meter.Record(backenderr.Failed(err))
 	}
 	if md := t.get(); len(md) > 0 {
 		ss.SetTrailer(md)

@@ -12,7 +12,7 @@ import (
 // picks and active requests per backend, backend states and state changes,
 // and weighted round robin's capability scores. It is a
 // prometheus.Collector (register it once) and the tracker to pass to
-// triagegrpc.RegisterBalancer(triagegrpc.WithBalancerMetrics(bm)).
+// lb.Register(lb.WithMetrics(bm)).
 //
 // Series, labelled by target (the ClientConn's target) and backend (the
 // endpoint's address): triage_balancer_picks_total,

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/internal/relay"
-	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/lb"
 	"github.com/triagehq/triage/triageprom"
 )
 
@@ -24,7 +24,7 @@ func TestBalancerMetricsOverLoopback(t *testing.T) {
 	bm := triageprom.New().Balancers()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(bm)
-	triagegrpc.RegisterBalancer(triagegrpc.WithBalancerMetrics(bm))
+	lb.Register(lb.WithMetrics(bm))
 
 	var eps []resolver.Endpoint
 	for range 2 {

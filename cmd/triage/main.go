@@ -20,8 +20,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/triagehq/triage/internal/drill"
-	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/cmd/triage/internal/drill"
+	"github.com/triagehq/triage/triagegrpc/lb"
 )
 
 const usage = `triage keeps RPC services standing under overload (SRE book ch. 20-21).
@@ -191,7 +191,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	if t.Protect {
-		triagegrpc.RegisterBalancer()
+		lb.Register()
 	}
 	switch err := drill.Serve(ctx, t, stderr); {
 	case errors.Is(err, drill.ErrOutOfMemory):

@@ -19,6 +19,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/lb"
 	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/trust"
 )
@@ -92,13 +93,13 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if *subsetSize > 0 {
 		lbConfig = fmt.Sprintf(`{"policy":%q,"subsetSize":%d,"clientId":%d}`, *policy, *subsetSize, *clientID)
 	}
-	if _, err := triagegrpc.ParseBalancerConfig([]byte(lbConfig)); err != nil {
+	if _, err := lb.ParseConfig([]byte(lbConfig)); err != nil {
 		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
 		return 2
 	}
 
 	m := triageprom.New()
-	triagegrpc.RegisterBalancer(triagegrpc.WithBalancerMetrics(m.Balancers()))
+	lb.Register(lb.WithMetrics(m.Balancers()))
 	r := manual.NewBuilderWithScheme("triage-proxy")
 	var eps []resolver.Endpoint
 	for _, a := range addrs {

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/triagegrpc/quotapb"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/triageyaml"
 )
@@ -90,7 +90,7 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 1
 	}
 	gs := grpc.NewServer(quotapb.ServerOption())
-	quotapb.RegisterQuotaServer(gs, triagegrpc.NewQuotaService(alloc))
+	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(alloc))
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(triageprom.New().QuotaService(alloc))

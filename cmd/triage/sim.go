@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/triagehq/triage/internal/report"
+	"github.com/triagehq/triage/cmd/triage/internal/report"
 	"github.com/triagehq/triage/sim"
 	"github.com/triagehq/triage/subset"
 )

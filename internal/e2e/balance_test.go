@@ -30,12 +30,13 @@ import (
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/lb"
 )
 
 var registerOnce sync.Once
 
 func registerBalancer() {
-	registerOnce.Do(func() { triagegrpc.RegisterBalancer(triagegrpc.WithBalancerIsolation(e2eIsolation)) })
+	registerOnce.Do(func() { lb.Register(lb.WithIsolation(e2eIsolation)) })
 }
 
 // slotBackend emulates a machine of some speed with worker slots: each

@@ -37,6 +37,7 @@ import (
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/trust"
 )
 
@@ -119,11 +120,11 @@ func TestQuotaBackendProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qcc, err := grpc.NewClient(service, append(triagegrpc.QuotaDialOptions(quotaRefresh), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	qcc, err := grpc.NewClient(service, append(quotaservice.DialOptions(quotaRefresh), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	qc, err := triagegrpc.NewQuotaClient(qcc, task, u, leased, triagegrpc.WithQuotaRefresh(quotaRefresh))
+	qc, err := quotaservice.NewClient(qcc, task, u, leased, quotaservice.WithRefresh(quotaRefresh))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,14 +388,14 @@ func TestQuotasOverLoopback(t *testing.T) {
 	// quota service, to see whether they come back in a herd).
 	fleetCtx, stopFleet := context.WithCancel(context.Background())
 	defer stopFleet()
-	fcc, err := grpc.NewClient(qaddr, append(triagegrpc.QuotaDialOptions(quotaRefresh), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	fcc, err := grpc.NewClient(qaddr, append(quotaservice.DialOptions(quotaRefresh), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fcc.Close()
 	for i := range 60 {
 		u, _ := quota.NewUsage()
-		qc, err := triagegrpc.NewQuotaClient(fcc, fmt.Sprintf("fleet-%d", i), u, quota.NewLeased(nil, nil), triagegrpc.WithQuotaRefresh(quotaRefresh))
+		qc, err := quotaservice.NewClient(fcc, fmt.Sprintf("fleet-%d", i), u, quota.NewLeased(nil, nil), quotaservice.WithRefresh(quotaRefresh))
 		if err != nil {
 			t.Fatal(err)
 		}

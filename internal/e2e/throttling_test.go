@@ -3,7 +3,7 @@ package e2e
 // Issue 10, part 3, over loopback sockets: optimistic and pessimistic
 // throttling with the quota service on gRPC. Three tasks lease their share
 // of one customer's hard limit from an Allocator served by
-// triagegrpc.QuotaService, and enforce it on real gRPC calls. Each request
+// quotaservice.Service, and enforce it on real gRPC calls. Each request
 // declares its CPU (10 ms), so that the global usage in each 1 s window is
 // exact: the sum of the costs the tasks admitted. The customer's demand
 // surges to 3x its limit on two tasks, then moves to the third.
@@ -22,8 +22,8 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/triagegrpc/quotapb"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 )
 
 const (
@@ -49,10 +49,10 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 		t.Fatal(err)
 	}
 	qs := grpc.NewServer(quotapb.ServerOption())
-	quotapb.RegisterQuotaServer(qs, triagegrpc.NewQuotaService(alloc))
+	quotapb.RegisterQuotaServer(qs, quotaservice.NewService(alloc))
 	qaddr := listenAndServe(t, qs)
 	qcc, err := grpc.NewClient("passthrough:///"+qaddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		triagegrpc.QuotaDialOptions(500*time.Millisecond)...)...)
+		quotaservice.DialOptions(500*time.Millisecond)...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 		if err != nil {
 			t.Fatal(err)
 		}
-		qc, err := triagegrpc.NewQuotaClient(qcc, fmt.Sprintf("task-%d", i), u, leased, triagegrpc.WithQuotaRefresh(500*time.Millisecond))
+		qc, err := quotaservice.NewClient(qcc, fmt.Sprintf("task-%d", i), u, leased, quotaservice.WithRefresh(500*time.Millisecond))
 		if err != nil {
 			t.Fatal(err)
 		}

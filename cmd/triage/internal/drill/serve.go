@@ -35,6 +35,7 @@ import (
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -275,7 +276,7 @@ var ErrOutOfMemory = errors.New("drill: task out of memory")
 
 func (t *task) startQuota(ctx context.Context) error {
 	cc, err := grpc.NewClient("passthrough:///"+t.cfg.Quota, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		triagegrpc.QuotaDialOptions(time.Second)...)...)
+		quotaservice.DialOptions(time.Second)...)...)
 	if err != nil {
 		return err
 	}
@@ -288,7 +289,7 @@ func (t *task) startQuota(ctx context.Context) error {
 	if t.enf, err = quota.NewEnforcer(t.leased, u, quota.WithOverload(t.ctl.Overloaded), quota.WithCapacity(0.9*float64(t.cfg.Slots))); err != nil {
 		return err
 	}
-	qc, err := triagegrpc.NewQuotaClient(cc, t.cfg.ID, u, t.leased, triagegrpc.WithQuotaRefresh(time.Second))
+	qc, err := quotaservice.NewClient(cc, t.cfg.ID, u, t.leased, quotaservice.WithRefresh(time.Second))
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,9 @@
-package triagegrpc
+// Package quotaservice is triage's quota service over gRPC (SRE book ch.
+// 21, "Per-Customer Limits"; Doorman): Service serves a quota.Allocator,
+// to which each task reports its customers' usage and from which it
+// leases its limits; Client is the task's side, which keeps a
+// quota.Leased fresh. The wire messages are in quotapb.
+package quotaservice
 
 import (
 	"context"
@@ -16,25 +21,25 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/triagegrpc/quotapb"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 )
 
-// QuotaService serves the quota service's protocol (quotapb.Quota) over a
+// Service serves the quota service's protocol (quotapb.Quota) over a
 // quota.Allocator: `triage quota-server` is this plus a listener and a
 // policy file. A malformed report is refused with INVALID_ARGUMENT naming
 // the problem; a task beyond the Allocator's bound with
 // RESOURCE_EXHAUSTED.
-type QuotaService struct {
+type Service struct {
 	quotapb.UnimplementedQuotaServer
 	alloc *quota.Allocator
 }
 
-// NewQuotaService returns the service; register it with
+// NewService returns the service; register it with
 // quotapb.RegisterQuotaServer.
-func NewQuotaService(a *quota.Allocator) *QuotaService { return &QuotaService{alloc: a} }
+func NewService(a *quota.Allocator) *Service { return &Service{alloc: a} }
 
 // Refresh implements quotapb.QuotaServer.
-func (s *QuotaService) Refresh(_ context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
+func (s *Service) Refresh(_ context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
 	r, err := reportFromProto(req)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -133,7 +138,7 @@ func leaseFromProto(resp *quotapb.RefreshResponse) (quota.Lease, error) {
 	return ls, ls.Validate()
 }
 
-// QuotaClient keeps one task's lease from the quota service fresh: every
+// Client keeps one task's lease from the quota service fresh: every
 // refresh interval (the service's, ±25% jitter) it reports the task's
 // Usage and installs the lease it gets into a quota.Leased. When the
 // service cannot be reached it retries with jittered exponential backoff,
@@ -143,7 +148,7 @@ func leaseFromProto(resp *quotapb.RefreshResponse) (quota.Lease, error) {
 // report goes out after a random delay of up to a quarter of the interval.
 //
 // Run is the only goroutine, and it stops when its context is done.
-type QuotaClient struct {
+type Client struct {
 	client  quotapb.QuotaClient
 	task    string
 	usage   *quota.Usage
@@ -155,50 +160,56 @@ type QuotaClient struct {
 	ok, failed atomic.Uint64
 }
 
-// QuotaClientOption configures a QuotaClient.
-type QuotaClientOption func(*QuotaClient)
+// ClientOption configures a Client.
+type ClientOption interface{ apply(*Client) }
 
-// WithQuotaRefresh sets the refresh interval used until the first lease
+type clientOptionFunc func(*Client)
+
+func (f clientOptionFunc) apply(c *Client) { f(c) }
+
+// WithRefresh sets the refresh interval used until the first lease
 // names one. Default 5 s.
-func WithQuotaRefresh(d time.Duration) QuotaClientOption {
-	return func(c *QuotaClient) { c.refresh = d }
+func WithRefresh(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *Client) { c.refresh = d })
 }
 
-// WithQuotaClock sets the clock of the client's timers. Default
+// WithClock sets the clock of the client's timers. Default
 // clock.Real().
-func WithQuotaClock(clk clock.Clock) QuotaClientOption { return func(c *QuotaClient) { c.clock = clk } }
-
-// WithQuotaRandom sets the jitter source, uniform in [0, 1). Default
-// math/rand/v2.
-func WithQuotaRandom(f func() float64) QuotaClientOption {
-	return func(c *QuotaClient) { c.random = f }
+func WithClock(clk clock.Clock) ClientOption {
+	return clientOptionFunc(func(c *Client) { c.clock = clk })
 }
 
-// NewQuotaClient returns a client for task (its id among the service's
+// WithRandom sets the jitter source, uniform in [0, 1). Default
+// math/rand/v2.
+func WithRandom(f func() float64) ClientOption {
+	return clientOptionFunc(func(c *Client) { c.random = f })
+}
+
+// NewClient returns a client for task (its id among the service's
 // tasks, a valid customer-style name) that reports u and fills l, over cc
-// (see QuotaDialOptions).
-func NewQuotaClient(cc grpc.ClientConnInterface, task string, u *quota.Usage, l *quota.Leased, opts ...QuotaClientOption) (*QuotaClient, error) {
+// (see DialOptions).
+func NewClient(cc grpc.ClientConnInterface, task string, u *quota.Usage, l *quota.Leased, opts ...ClientOption) (*Client, error) {
 	if err := quota.ValidName(task); err != nil {
-		return nil, fmt.Errorf("triagegrpc: quota task id: %v", err)
+		return nil, fmt.Errorf("quotaservice: quota task id: %v", err)
 	}
 	if cc == nil || u == nil || l == nil {
-		return nil, errors.New("triagegrpc: a QuotaClient needs a connection, a Usage and a Leased")
+		return nil, errors.New("quotaservice: a Client needs a connection, a Usage and a Leased")
 	}
-	c := &QuotaClient{client: quotapb.NewQuotaClient(cc), task: task, usage: u, leased: l, random: rand.Float64, refresh: 5 * time.Second}
+	c := &Client{client: quotapb.NewQuotaClient(cc), task: task, usage: u, leased: l, random: rand.Float64, refresh: 5 * time.Second}
 	for _, o := range opts {
-		o(c)
+		o.apply(c)
 	}
 	if c.refresh <= 0 {
-		return nil, errors.New("triagegrpc: quota refresh must be positive")
+		return nil, errors.New("quotaservice: quota refresh must be positive")
 	}
 	c.clock = clock.OrReal(c.clock)
 	return c, nil
 }
 
-// QuotaDialOptions returns dial options suited to the quota service: the
+// DialOptions returns dial options suited to the quota service: the
 // channel reconnects at least every refresh/2 (grpc's default backoff
 // grows to two minutes, far longer than a lease).
-func QuotaDialOptions(refresh time.Duration) []grpc.DialOption {
+func DialOptions(refresh time.Duration) []grpc.DialOption {
 	bc := backoff.DefaultConfig
 	bc.BaseDelay = min(bc.BaseDelay, refresh/10)
 	bc.MaxDelay = max(refresh/2, time.Millisecond)
@@ -206,10 +217,10 @@ func QuotaDialOptions(refresh time.Duration) []grpc.DialOption {
 }
 
 // Refreshes returns how many refreshes succeeded and failed.
-func (c *QuotaClient) Refreshes() (ok, failed uint64) { return c.ok.Load(), c.failed.Load() }
+func (c *Client) Refreshes() (ok, failed uint64) { return c.ok.Load(), c.failed.Load() }
 
 // RefreshOnce reports the usage and installs the lease received.
-func (c *QuotaClient) RefreshOnce(ctx context.Context) error {
+func (c *Client) RefreshOnce(ctx context.Context) error {
 	snap := c.usage.Snapshot()
 	for i := range snap {
 		snap[i].Share = c.leased.Share(snap[i].Customer)
@@ -226,14 +237,14 @@ func (c *QuotaClient) RefreshOnce(ctx context.Context) error {
 	}
 	if err != nil {
 		c.failed.Add(1)
-		return fmt.Errorf("triagegrpc: lease refused: %w", err)
+		return fmt.Errorf("quotaservice: lease refused: %w", err)
 	}
 	c.ok.Add(1)
 	return nil
 }
 
 // Run refreshes the lease until ctx is done, and returns ctx's error.
-func (c *QuotaClient) Run(ctx context.Context) error {
+func (c *Client) Run(ctx context.Context) error {
 	t := c.clock.NewTimer(time.Duration(c.random() * float64(min(c.refresh/4, time.Second))))
 	defer t.Stop()
 	failures := 0

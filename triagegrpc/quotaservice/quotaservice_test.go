@@ -1,4 +1,4 @@
-package triagegrpc_test
+package quotaservice_test
 
 import (
 	"context"
@@ -13,8 +13,8 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/triagegrpc/quotapb"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 )
 
 func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (addr string, a *quota.Allocator) {
@@ -27,7 +27,7 @@ func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (a
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer(quotapb.ServerOption())
-	quotapb.RegisterQuotaServer(gs, triagegrpc.NewQuotaService(a))
+	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(a))
 	return serveLoopback(t, gs), a
 }
 
@@ -39,11 +39,11 @@ func TestQuotaServiceOverLoopback(t *testing.T) {
 	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2},
 		quota.WithLease(10*time.Second), quota.WithRefresh(time.Second), quota.WithAllocatorClock(clk))
 	clk.Advance(10 * time.Second) // past learning mode
-	cc := dialLoopback(t, addr, triagegrpc.QuotaDialOptions(time.Second)...)
+	cc := dialLoopback(t, addr, quotaservice.DialOptions(time.Second)...)
 	type task struct {
 		u *quota.Usage
 		l *quota.Leased
-		c *triagegrpc.QuotaClient
+		c *quotaservice.Client
 	}
 	var tasks []task
 	for i, name := range []string{"task-a", "task-b"} {
@@ -52,7 +52,7 @@ func TestQuotaServiceOverLoopback(t *testing.T) {
 			u.Add("ads", criticality.Critical, time.Millisecond)
 		}
 		l := quota.NewLeased(nil, nil)
-		c, err := triagegrpc.NewQuotaClient(cc, name, u, l)
+		c, err := quotaservice.NewClient(cc, name, u, l)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +80,7 @@ func TestQuotaServiceOverLoopback(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("NaN demand: %v", err)
 	}
-	if _, err := triagegrpc.NewQuotaClient(cc, "bad task", tasks[0].u, tasks[0].l); err == nil {
+	if _, err := quotaservice.NewClient(cc, "bad task", tasks[0].u, tasks[0].l); err == nil {
 		t.Error("bad task id accepted")
 	}
 }
@@ -88,7 +88,7 @@ func TestQuotaServiceOverLoopback(t *testing.T) {
 // FuzzQuotaRefresh feeds arbitrary bytes to the quota service as a
 // RefreshRequest: it answers a lease or INVALID_ARGUMENT, never panics,
 // and a lease it answers is well formed.
-func FuzzQuotaRefresh(f *testing.F) {
+func FuzzRefresh(f *testing.F) {
 	for _, r := range []*quotapb.RefreshRequest{
 		{Task: "t1", Customers: []*quotapb.CustomerUsage{{Customer: "ads", Used: []float64{0, 0, 1, 0}, Demand: 2}}},
 		{Task: "t2", Customers: []*quotapb.CustomerUsage{{Customer: "(other)", Used: []float64{1}, Demand: 1}, {Customer: "b", Demand: 0}}},
@@ -101,7 +101,7 @@ func FuzzQuotaRefresh(f *testing.F) {
 	f.Add([]byte("\x0a\x02t1\x12\x0b\x0a\x01a\x11\x00\x00\x00\x00\x00\x00\xf8\x7f"))
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4, ByCriticality: map[string]float64{"SHEDDABLE": 1}}}})
 	a, _ := quota.NewAllocator(p, quota.WithMaxTasks(1000))
-	svc := triagegrpc.NewQuotaService(a)
+	svc := quotaservice.NewService(a)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var req quotapb.RefreshRequest
 		if req.Unmarshal(b) != nil {

@@ -1,4 +1,4 @@
-package triagegrpc_test
+package lb_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/lb"
 )
 
 // Backends report their load in every response (ORCA's trailer) and
@@ -24,8 +25,8 @@ import (
 // "triage" balancer in its service config: weighted round robin over a
 // deterministic subset, with client-side health checking so that lame duck
 // reaches idle clients too.
-func ExampleRegisterBalancer() {
-	triagegrpc.RegisterBalancer() // once, in main
+func ExampleRegister() {
+	lb.Register() // once, in main
 
 	var eps []resolver.Endpoint
 	var servers []*grpc.Server

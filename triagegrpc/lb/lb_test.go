@@ -1,4 +1,4 @@
-package triagegrpc_test
+package lb_test
 
 import (
 	"context"
@@ -13,14 +13,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/internal/relay"
-	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/lb"
 )
 
 // With every backend at the client's flow-control cap, a call fails at
 // once with UNAVAILABLE instead of waiting in the client until its
 // deadline; when a request finishes, calls go through again.
 func TestBalancerFlowControlFailsFast(t *testing.T) {
-	triagegrpc.RegisterBalancer()
+	lb.Register()
 	entered, release := make(chan struct{}, 1), make(chan struct{})
 	s := grpc.NewServer()
 	relay.Register(s, &relay.Tier{Name: "B", Fail: func(ctx context.Context, body string) error {
@@ -63,11 +63,11 @@ func TestParseBalancerConfigErrors(t *testing.T) {
 		`{"subsetSize":3,"clientId":-1}`, `{"subsetAlgorithm":"consistent"}`, `{"errorWindow":"soon"}`,
 		`{"weightPeriod":"0s"}`, `{"blackout":"-1s"}`, `{"errorPenalty":-1}`, `{"errorWeight":-1}`, `{"unknown":1}`, `[]`,
 	} {
-		if _, err := triagegrpc.ParseBalancerConfig([]byte(js)); err == nil {
+		if _, err := lb.ParseConfig([]byte(js)); err == nil {
 			t.Errorf("%s accepted", js)
 		}
 	}
-	if _, err := triagegrpc.ParseBalancerConfig([]byte(`{"policy":"least_loaded","subsetSize":20,"clientId":3,"blackout":"0s","maxActive":-1}`)); err != nil {
+	if _, err := lb.ParseConfig([]byte(`{"policy":"least_loaded","subsetSize":20,"clientId":3,"blackout":"0s","maxActive":-1}`)); err != nil {
 		t.Errorf("a good config refused: %v", err)
 	}
 }
@@ -75,12 +75,12 @@ func TestParseBalancerConfigErrors(t *testing.T) {
 // FuzzParseBalancerConfig: service configs come from resolvers (DNS TXT
 // records, xDS); whatever the bytes, parsing returns a config New accepts
 // or an error, never a panic.
-func FuzzParseBalancerConfig(f *testing.F) {
+func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"policy":"weighted_round_robin","subsetSize":20,"clientId":7,"weightPeriod":"250ms"}`))
 	f.Add([]byte(`{"policy":"least_loaded","errorWeight":0,"maxActive":-1}`))
 	f.Add([]byte(`{"errorPenalty":1e308,"expiry":"9999999h"}`))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = triagegrpc.ParseBalancerConfig(b)
+		_, _ = lb.ParseConfig(b)
 	})
 }

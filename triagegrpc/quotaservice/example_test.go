@@ -1,4 +1,4 @@
-package triagegrpc_test
+package quotaservice_test
 
 import (
 	"context"
@@ -11,29 +11,29 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/triagegrpc/quotapb"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 )
 
 // A quota service and one task leasing from it over loopback (what
 // `triage quota-server` serves); in a task, run QuotaClient.Run in a
 // goroutine instead of one RefreshOnce, and give the Leased to
 // quota.NewEnforcer.
-func ExampleQuotaClient() {
+func ExampleClient() {
 	policy, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2})
 	alloc, _ := quota.NewAllocator(policy)
 	gs := grpc.NewServer(quotapb.ServerOption())
-	quotapb.RegisterQuotaServer(gs, triagegrpc.NewQuotaService(alloc))
+	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(alloc))
 	lis, _ := net.Listen("tcp", "127.0.0.1:0")
 	go gs.Serve(lis)
 	defer gs.Stop()
 
-	cc, _ := grpc.NewClient(lis.Addr().String(), append(triagegrpc.QuotaDialOptions(5*time.Second),
+	cc, _ := grpc.NewClient(lis.Addr().String(), append(quotaservice.DialOptions(5*time.Second),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	defer cc.Close()
 	usage, _ := quota.NewUsage()
 	leased := quota.NewLeased(nil, nil)
-	qc, _ := triagegrpc.NewQuotaClient(cc, "task-1", usage, leased)
+	qc, _ := quotaservice.NewClient(cc, "task-1", usage, leased)
 	if err := qc.RefreshOnce(context.Background()); err != nil {
 		fmt.Println(err)
 		return

@@ -1,4 +1,16 @@
-package triagegrpc
+// Package lb is triage's gRPC load balancer, "triage": subsetting over the
+// resolved endpoints (package subset), grpc-go's endpointsharding with a
+// pick_first child and health checking per endpoint, and a picker over a
+// balance.Balancer: flow control, lame duck (from health checks and from
+// the triage-lame-duck trailer), round robin, least loaded or weighted
+// round robin from the backends' ORCA load reports, and isolation of
+// sacrificial client types.
+//
+// Register it once, from main, before dialing; a service config selects it
+// by Name. Its configuration (Config) comes from the service config and is
+// parsed strictly (ParseConfig). Each ClientConn gets its own
+// balance.Balancer, bounded by the endpoints of its subset.
+package lb
 
 import (
 	"bytes"
@@ -23,23 +35,25 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/isolate"
-	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/subset"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagegrpc/internal/backenderr"
 	"github.com/triagehq/triage/wire"
 )
 
-// BalancerName is the name under which RegisterBalancer registers triage's
+// Name is the name under which Register registers triage's
 // load balancer, for the service config's loadBalancingConfig:
 //
 //	{"loadBalancingConfig": [{"triage": {
 //	    "policy": "weighted_round_robin",
 //	    "subsetSize": 20, "clientId": 7}}]}
-const BalancerName = "triage"
+const Name = "triage"
 
-// BalancerConfig is the JSON configuration of the "triage" balancer. Zero
+// Config is the JSON configuration of the "triage" balancer. Zero
 // fields take the defaults of package balance and subset.
-type BalancerConfig struct {
+type Config struct {
 	serviceconfig.LoadBalancingConfig `json:"-"`
 
 	// Policy: round_robin (default), least_loaded or weighted_round_robin.
@@ -71,63 +85,67 @@ type BalancerConfig struct {
 	alg  subset.Algorithm
 }
 
-// RegisterBalancer registers the "triage" load balancer with grpc-go, so
+// Register registers the "triage" load balancer with grpc-go, so
 // that a service config can select it. grpc-go's registry is global: call
 // it once, from main, before dialing (a second call replaces the first).
 // Triage registers nothing by itself.
-func RegisterBalancer(opts ...BalancerOption) {
+func Register(opts ...Option) {
 	var b balancerBuilder
 	for _, o := range opts {
-		o(&b)
+		o.apply(&b)
 	}
 	balancer.Register(b)
 }
 
-// BalancerOption configures RegisterBalancer.
-type BalancerOption func(*balancerBuilder)
+// Option configures Register.
+type Option interface{ apply(*balancerBuilder) }
 
-// BalancerTracker follows the balancers the "triage" policy creates, one
+type optionFunc func(*balancerBuilder)
+
+func (f optionFunc) apply(b *balancerBuilder) { f(b) }
+
+// Tracker follows the balancers the "triage" policy creates, one
 // per ClientConn (and per configuration change), for metrics;
 // triageprom.BalancerMetrics is one.
-type BalancerTracker interface {
+type Tracker interface {
 	Observer(target string) balance.Observer
 	Add(target string, b *balance.Balancer)
 	Remove(b *balance.Balancer)
 }
 
-// WithBalancerMetrics reports every balancer to t. Default: none.
-func WithBalancerMetrics(t BalancerTracker) BalancerOption {
-	return func(b *balancerBuilder) { b.tracker = t }
+// WithMetrics reports every balancer to t. Default: none.
+func WithMetrics(t Tracker) Option {
+	return optionFunc(func(b *balancerBuilder) { b.tracker = t })
 }
 
-// WithBalancerIsolation routes each call by its client type
+// WithIsolation routes each call by its client type
 // (isolate.ClientOf, set by triagehttp.WithIsolation or
 // triagegrpc.WithServerIsolation at the edge): a client type routed Sacrificial
 // goes only to the backends t names sacrificial, every other one only to
 // the rest, and a black-holed one fails at once with "overloaded; don't
 // retry". A change to t takes effect at the next pick, on connections
 // already open. Default: none (every backend serves every client type).
-func WithBalancerIsolation(t *isolate.Table) BalancerOption {
-	return func(b *balancerBuilder) { b.isolation = t }
+func WithIsolation(t *isolate.Table) Option {
+	return optionFunc(func(b *balancerBuilder) { b.isolation = t })
 }
 
 type balancerBuilder struct {
-	tracker   BalancerTracker
+	tracker   Tracker
 	isolation *isolate.Table
 }
 
-func (balancerBuilder) Name() string { return BalancerName }
+func (balancerBuilder) Name() string { return Name }
 
 // ParseConfig parses the balancer's JSON configuration strictly: unknown
 // fields, bad names and bad durations are errors.
 func (balancerBuilder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
-	return ParseBalancerConfig(js)
+	return ParseConfig(js)
 }
 
-// ParseBalancerConfig parses and validates a "triage" balancer
+// ParseConfig parses and validates a "triage" balancer
 // configuration.
-func ParseBalancerConfig(js []byte) (*BalancerConfig, error) {
-	var c BalancerConfig
+func ParseConfig(js []byte) (*Config, error) {
+	var c Config
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
@@ -202,11 +220,11 @@ type triageBalancer struct {
 	balancer.ClientConn
 	child balancer.Balancer
 
-	tracker BalancerTracker
+	tracker Tracker
 	iso     *isolate.Table
 
 	mu   sync.Mutex
-	cfg  *BalancerConfig
+	cfg  *Config
 	core *balance.Balancer
 	// With isolation: sac picks among the sacrificial backends, core among
 	// the rest; children is the last state of every endpoint, from which
@@ -217,9 +235,9 @@ type triageBalancer struct {
 }
 
 func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error {
-	cfg, ok := s.BalancerConfig.(*BalancerConfig)
+	cfg, ok := s.BalancerConfig.(*Config)
 	if !ok || cfg == nil {
-		cfg, _ = ParseBalancerConfig([]byte("{}"))
+		cfg, _ = ParseConfig([]byte("{}"))
 	}
 	b.mu.Lock()
 	if b.core == nil || b.cfg == nil || !sameConfig(b.cfg, cfg) {
@@ -265,7 +283,7 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 	return b.child.UpdateClientConnState(balancer.ClientConnState{ResolverState: pickfirst.EnableHealthListener(rs)})
 }
 
-func sameConfig(a, b *BalancerConfig) bool {
+func sameConfig(a, b *Config) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return bytes.Equal(x, y)
@@ -388,7 +406,7 @@ type picker struct {
 var errFlowControl = status.Error(codes.Unavailable, "triage: every backend in the subset is at the client's flow-control cap")
 
 var (
-	errBlackHole    = compactStatus(&outcome.Error{Kind: outcome.DontRetry, Reason: "client type black-holed"}).Err()
+	errBlackHole    = triagegrpc.Status(intake.ErrBlackHoled).Err()
 	errNoSacrifical = status.Error(codes.Unavailable, "triage: no backend on this client type's route")
 )
 
@@ -456,7 +474,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 // announcement from the trailer.
 func doneFunc(e *balance.Endpoint) func(balancer.DoneInfo) {
 	return func(di balancer.DoneInfo) {
-		e.Done(backendFailed(di.Err))
+		e.Done(backenderr.Failed(di.Err))
 		if l, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && l != nil {
 			u := l.GetApplicationUtilization()
 			if u <= 0 {
@@ -468,18 +486,4 @@ func doneFunc(e *balance.Endpoint) func(balancer.DoneInfo) {
 			e.SetState(balance.LameDuck)
 		}
 	}
-}
-
-// backendFailed says whether an error counts against the backend: errors a
-// failing or overloaded task returns, not the caller's cancellation or an
-// application's answer.
-func backendFailed(err error) bool {
-	if err == nil {
-		return false
-	}
-	switch status.Code(err) {
-	case codes.Unavailable, codes.Internal, codes.Unknown, codes.DataLoss, codes.ResourceExhausted:
-		return true
-	}
-	return false
 }

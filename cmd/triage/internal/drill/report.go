@@ -8,8 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/triagehq/triage/cmd/triage/internal/report"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/internal/report"
 	"github.com/triagehq/triage/sim"
 )
 
