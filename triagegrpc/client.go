@@ -331,20 +331,24 @@ func toWire(err error) error {
 	return &RemoteError{Outcome: oe, st: Status(oe)}
 }
 
-// dropForwarded removes triage keys from the outgoing metadata, if any are
-// there; the header table supplies the real ones. The check does not
-// allocate when there are none.
+// dropForwarded removes every triage key (wire.IsTriage) from the
+// outgoing metadata, if any is there; the header table supplies the real
+// ones. A call without outgoing metadata costs nothing; one with it pays
+// for a copy, the only way grpc-go lists outgoing keys.
 func dropForwarded(ctx context.Context) context.Context {
-	if metadata.ValueFromOutgoingContext(ctx, wire.CriticalityKey) == nil &&
-		metadata.ValueFromOutgoingContext(ctx, wire.AttemptKey) == nil &&
-		metadata.ValueFromOutgoingContext(ctx, wire.CustomerKey) == nil {
+	md, ok := metadata.FromOutgoingContext(ctx)
+	if !ok {
 		return ctx
 	}
-	md, _ := metadata.FromOutgoingContext(ctx)
+	found := false
 	for k := range md {
 		if wire.IsTriage(k) {
 			delete(md, k)
+			found = true
 		}
+	}
+	if !found {
+		return ctx
 	}
 	return metadata.NewOutgoingContext(ctx, md)
 }

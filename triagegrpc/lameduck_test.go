@@ -2,6 +2,7 @@ package triagegrpc_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -154,6 +155,38 @@ func TestLameDuckReachesIdleClient(t *testing.T) {
 	for by := served(20); by["A"] == 0; by = served(20) { // A's SERVING arrives by its watch
 		if ctx.Err() != nil {
 			t.Fatal("A never served again after Ready")
+		}
+	}
+}
+
+// A health Watch that its client never closes held GracefulStop, and so
+// SIGTERM, forever: Shutdown now stops hard when its context ends.
+func TestShutdownBoundedWithWatchOpen(t *testing.T) {
+	hs := health.NewServer()
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	healthpb.RegisterHealthServer(s, hs)
+	cc := dialLoopback(t, serveLoopback(t, s))
+	w, err := healthpb.NewHealthClient(cc).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- lc.Shutdown(ctx, triagegrpc.GracefulStop(s)) }()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Shutdown = %v, want context.Canceled", err)
+	}
+	for {
+		if _, err := w.Recv(); err != nil {
+			break // the server stopped: the watch ended
 		}
 	}
 }

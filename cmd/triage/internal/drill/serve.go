@@ -505,11 +505,17 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		handler = mw(h)
 	}
 	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	lc, err := lifecycle.New(lifecycle.WithDrain(time.Second))
+	if err != nil {
+		return nil, err
+	}
+	unsubscribe := triagehttp.Announce(lc, s)
 	go s.Serve(ln)
 	return func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer unsubscribe()
+		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		s.Shutdown(sctx)
+		lc.Shutdown(sctx, triagehttp.Shutdown(s))
 	}, nil
 }
 

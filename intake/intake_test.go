@@ -1,0 +1,121 @@
+package intake_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/trust"
+)
+
+type fixedSignal float64
+
+func (fixedSignal) Name() string            { return "fixed" }
+func (s fixedSignal) Utilization() float64 { return float64(s) }
+
+var trusted = trust.Peer{Addr: netip.MustParseAddr("127.0.0.1")}
+
+func trustAll(t *testing.T) intake.Option {
+	t.Helper()
+	return intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"0.0.0.0/0", "::/0"}}))
+}
+
+// A refusal allocates nothing in the intake: under heavy overload most
+// requests are refused, and the refusal path must stay cheap.
+func TestRefusalAllocatesNothing(t *testing.T) {
+	ctl, err := admission.New(admission.WithSignal(fixedSignal(2), admission.DefaultThresholds()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.New(intake.WithAdmission(ctl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := map[string][]string{"triage-criticality": {"CRITICAL_PLUS"}}
+	ctx := context.Background()
+	var refused error
+	allocs := testing.AllocsPerRun(1000, func() {
+		r := intake.Request{Path: "/svc/M", Header: header}
+		_, refused = in.Accept(ctx, &r)
+	})
+	if refused == nil {
+		t.Fatal("admitted at twice the signal's target")
+	}
+	if _, _, ok := admission.RejectionOf(refused); !ok {
+		t.Fatalf("refused with %v, want an admission rejection", refused)
+	}
+	if allocs != 0 {
+		t.Errorf("a refusal allocates %v times, want 0", allocs)
+	}
+}
+
+// A request whose Start fails (its caller went away while it waited for
+// a slot) gives back what it reserved from its customer's pessimistic
+// budget: otherwise requests that never ran would use the customer's
+// quota up.
+func TestStartFailureGivesBackTheQuotaReservation(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
+	p, err := quota.New(quota.Config{Customers: map[string]quota.Limit{"a": {CPU: 1, Hard: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := quota.NewUsage(quota.WithUsageClock(clk))
+	e, err := quota.NewEnforcer(p, u, quota.WithEnforcerClock(clk), quota.WithMode(quota.ModePessimistic), quota.WithHeadroom(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r0, err := e.Reserve("a", criticality.Critical) // a new budget starts empty
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Cancel("a", r0)
+	clk.Advance(time.Second) // it fills for a second: tens of 1 ms reservations
+	ctl, err := admission.New(admission.WithClock(clk), admission.WithLimits(1, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := cost.New(cost.WithClock(clk))
+	in, err := intake.New(trustAll(t), intake.WithAdmission(ctl), intake.WithQuota(e, m), intake.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func() *intake.Request {
+		return &intake.Request{Peer: trusted, Path: "/svc/M", Header: map[string][]string{"triage-customer": {"a"}}}
+	}
+	holder, err := in.Accept(context.Background(), req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil { // holds the only execution slot
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 500 {
+		h, err := in.Accept(gone, req())
+		if err != nil {
+			t.Fatalf("request %d refused: %v (reservations of requests that never ran were not given back)", i, err)
+		}
+		if err := h.Start(); err == nil {
+			t.Fatalf("request %d started with the only slot held", i)
+		}
+	}
+	holder.Finish()
+}
+
+// Accept's answers are the errors adapters map to the wire.
+func TestBlackHoleOutcome(t *testing.T) {
+	var oe *outcome.Error
+	if !errors.As(intake.ErrBlackHoled, &oe) || oe.Kind != outcome.DontRetry {
+		t.Fatalf("ErrBlackHoled = %v, want overloaded; don't retry", intake.ErrBlackHoled)
+	}
+}
