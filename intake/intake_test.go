@@ -19,7 +19,7 @@ import (
 
 type fixedSignal float64
 
-func (fixedSignal) Name() string            { return "fixed" }
+func (fixedSignal) Name() string           { return "fixed" }
 func (s fixedSignal) Utilization() float64 { return float64(s) }
 
 var trusted = trust.Peer{Addr: netip.MustParseAddr("127.0.0.1")}
