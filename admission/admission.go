@@ -143,6 +143,19 @@ const (
 	// dontRetryMinRequests is the number of recent requests the histogram
 	// needs before it is believed.
 	dontRetryMinRequests = 20
+	// DefaultQueueFactor is the waiting queue's length as a multiple of
+	// the execution limit, plus queueSlack.
+	DefaultQueueFactor = 4
+	// queueSlack is room in the waiting queue beyond QueueFactor x limit,
+	// so that a task at a limit of one still queues a few.
+	queueSlack = 8
+	// pendingPerLimit bounds the pending cap: at most this many admitted
+	// requests per execution slot at the largest limit.
+	pendingPerLimit = 8
+	// sampleAbove is the number of measured requests per interval above
+	// which only one request in sampleMaskHeavy+1 is measured.
+	sampleAbove     = 256
+	sampleMaskHeavy = 7
 )
 
 // Option configures a Controller.
@@ -258,13 +271,12 @@ type Controller struct {
 	queueFactor    int64
 	dontRetryRatio float64
 	attempts       *window.Counter // A: requests, B: retries
-	adjust         sync.Mutex      // held while revisiting the limit
-	best           int64           // mean service time at the minimum limit, measured by the last probe
-	probing        bool            // this interval runs at the minimum limit
-	probingNow     atomic.Bool     // probing, for wait (read without c.adjust)
-	probeResume    atomic.Int64    // the limit before the probe, for wait
-	resume         int64           // the limit to return to after the probe
-	intervals      int64
+	adjust         sync.Mutex      // held while revisiting the limit and the pending cap
+	limits         limitRule
+	ls             limitState // guarded by adjust
+	pending        pendingRule
+	probingNow     atomic.Bool                     // ls.probing, for wait (read without c.adjust)
+	probeResume    atomic.Int64                    // ls.resume, for wait
 	mu             sync.Mutex                      // guards the queues
 	queues         [2 * criticality.NumLevels]fifo // by rank
 
@@ -317,6 +329,35 @@ type Controller struct {
 	errs       [NumReasons][2]*outcome.Error
 }
 
+// validate refuses a configuration the Controller cannot run with.
+func (c *config) validate() error {
+	switch {
+	case c.interval < time.Millisecond:
+		return fmt.Errorf("%w: interval must be at least 1ms, got %v", ErrConfig, c.interval)
+	case !(c.tolerance > 1) || math.IsInf(c.tolerance, 0):
+		return fmt.Errorf("%w: tolerance must be > 1, got %v", ErrConfig, c.tolerance)
+	case c.minLimit < 1 || c.initialLimit < c.minLimit || c.maxLimit < c.initialLimit || c.maxLimit > 1<<20:
+		return fmt.Errorf("%w: limits need 1 <= min <= initial <= max <= 2^20, got %d, %d, %d", ErrConfig, c.minLimit, c.initialLimit, c.maxLimit)
+	case c.maxWait <= 0:
+		return fmt.Errorf("%w: max wait must be positive, got %v", ErrConfig, c.maxWait)
+	case c.targetDelay <= 0:
+		return fmt.Errorf("%w: target delay must be positive, got %v", ErrConfig, c.targetDelay)
+	case c.queueFactor < 0 || c.queueFactor > 64:
+		return fmt.Errorf("%w: queue factor must be in [0, 64], got %d", ErrConfig, c.queueFactor)
+	case !(c.dontRetryRatio > 0 && c.dontRetryRatio <= 1):
+		return fmt.Errorf("%w: don't-retry ratio must be in (0, 1], got %v", ErrConfig, c.dontRetryRatio)
+	}
+	for _, g := range c.gates {
+		if g.sig == nil {
+			return fmt.Errorf("%w: nil signal", ErrConfig)
+		}
+		if err := g.th.validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // New returns a Controller.
 func New(opts ...Option) (*Controller, error) {
 	procs := runtime.GOMAXPROCS(0)
@@ -328,36 +369,15 @@ func New(opts ...Option) (*Controller, error) {
 		maxLimit:       DefaultMaxLimit,
 		maxWait:        DefaultMaxWait,
 		targetDelay:    DefaultTargetDelay,
-		queueFactor:    4,
+		queueFactor:    DefaultQueueFactor,
 		dontRetryRatio: DefaultDontRetryRatio,
 		historyWindow:  DefaultHistoryWindow,
 	}
 	for _, o := range opts {
 		o.apply(&c)
 	}
-	switch {
-	case c.interval < time.Millisecond:
-		return nil, fmt.Errorf("%w: interval must be at least 1ms, got %v", ErrConfig, c.interval)
-	case !(c.tolerance > 1) || math.IsInf(c.tolerance, 0):
-		return nil, fmt.Errorf("%w: tolerance must be > 1, got %v", ErrConfig, c.tolerance)
-	case c.minLimit < 1 || c.initialLimit < c.minLimit || c.maxLimit < c.initialLimit || c.maxLimit > 1<<20:
-		return nil, fmt.Errorf("%w: limits need 1 <= min <= initial <= max <= 2^20, got %d, %d, %d", ErrConfig, c.minLimit, c.initialLimit, c.maxLimit)
-	case c.maxWait <= 0:
-		return nil, fmt.Errorf("%w: max wait must be positive, got %v", ErrConfig, c.maxWait)
-	case c.targetDelay <= 0:
-		return nil, fmt.Errorf("%w: target delay must be positive, got %v", ErrConfig, c.targetDelay)
-	case c.queueFactor < 0 || c.queueFactor > 64:
-		return nil, fmt.Errorf("%w: queue factor must be in [0, 64], got %d", ErrConfig, c.queueFactor)
-	case !(c.dontRetryRatio > 0 && c.dontRetryRatio <= 1):
-		return nil, fmt.Errorf("%w: don't-retry ratio must be in (0, 1], got %v", ErrConfig, c.dontRetryRatio)
-	}
-	for _, g := range c.gates {
-		if g.sig == nil {
-			return nil, fmt.Errorf("%w: nil signal", ErrConfig)
-		}
-		if err := g.th.validate(); err != nil {
-			return nil, err
-		}
+	if err := c.validate(); err != nil {
+		return nil, err
 	}
 	clk := clock.OrReal(c.clock)
 	ctl := &Controller{
@@ -392,7 +412,9 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.pendingCap.Store(milli * (2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit))))
 	ctl.nextAdjust.Store(int64(c.interval))
 	ctl.lastShed.Store(math.MinInt64 / 2)
-	ctl.best = math.MaxInt64
+	ctl.limits = limitRule{min: ctl.minLimit, max: ctl.maxLimit, tolerance: c.tolerance, probeEvery: probeEvery}
+	ctl.ls = limitState{limit: int64(c.initialLimit), best: math.MaxInt64}
+	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli}
 	for r := Reason(0); r < NumReasons; r++ {
 		ctl.errs[r][0] = &outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}
 		ctl.errs[r][1] = &outcome.Error{Kind: outcome.DontRetry, Reason: r.String()}
@@ -587,7 +609,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	return nil
 }
 
-func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + 8 }
+func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + queueSlack }
 
 // headroom is how far past the pending cap each criticality may still be
 // admitted, in percent: when the task is full, SHEDDABLE is refused first,
@@ -813,8 +835,8 @@ func (c *Controller) Stats() Stats {
 	return s
 }
 
-// maybeAdjust revisits the execution limit once per interval, on whichever
-// request comes first.
+// maybeAdjust revisits the execution limit and the pending cap once per
+// interval, on whichever request comes first.
 func (c *Controller) maybeAdjust(now int64) {
 	if now < c.nextAdjust.Load() || !c.adjust.TryLock() {
 		return
@@ -832,37 +854,16 @@ func (c *Controller) maybeAdjust(now int64) {
 	}
 	mean := sum / n
 	c.expectedSvc.Store(mean)
-	if n >= 256 {
-		c.sampleMask.Store(7)
+	if n >= sampleAbove {
+		c.sampleMask.Store(sampleMaskHeavy)
 	} else {
 		c.sampleMask.Store(0)
 	}
-	limit := c.limit.Load()
-	next := limit
-	c.intervals++
-	switch {
-	case c.probing:
-		// The probe interval ran at the minimum limit: its mean service
-		// time is the baseline until the next probe.
-		c.best, c.probing, next = mean, false, c.resume
-		c.probingNow.Store(false)
-	case c.best == math.MaxInt64 || c.intervals%probeEvery == 0:
-		// Measure the baseline: one interval at the minimum limit (as
-		// BBR's ProbeRTT does), since a baseline taken at the current
-		// limit would let the limit ratchet up.
-		if limit > c.minLimit {
-			c.probing, c.resume, next = true, limit, c.minLimit
-			c.probeResume.Store(limit)
-			c.probingNow.Store(true)
-		} else {
-			c.best = mean
-		}
-	case float64(mean) > c.tolerance*float64(c.best):
-		next = max(c.minLimit, min(limit-1, limit*9/10))
-	case waited:
-		next = min(c.maxLimit, limit+max(1, limit/10))
-	}
-	if next != limit {
+	limit := c.ls.limit
+	c.ls = c.limits.step(c.ls, mean, waited)
+	c.probeResume.Store(c.ls.resume)
+	c.probingNow.Store(c.ls.probing)
+	if next := c.ls.limit; next != limit {
 		c.limit.Store(next)
 		c.obs.LimitChanged(int(next))
 		if next > limit {
@@ -873,20 +874,11 @@ func (c *Controller) maybeAdjust(now int64) {
 	}
 }
 
-// adjustPending revisits the pending cap: fewer admitted while the mean
-// wait before handlers start exceeds the target, more while the cap
-// turned requests away and the wait is under half the target. c.adjust is
-// held.
+// adjustPending revisits each criticality's usual occupancy and the
+// pending cap. c.adjust is held.
 func (c *Controller) adjustPending() {
-	// The usual occupancy of each criticality: its current occupancy at
-	// once when higher, else decaying by a fifth per interval.
 	for l := range c.lv {
-		now := c.levelOccupancy(criticality.Level(l)) * 1000
-		if u := c.lv[l].usual.Load(); now >= u {
-			c.lv[l].usual.Store(now)
-		} else {
-			c.lv[l].usual.Store(u - (u-now)/5)
-		}
+		c.lv[l].usual.Store(usualStep(c.lv[l].usual.Load(), c.levelOccupancy(criticality.Level(l))*1000))
 	}
 	n, sum := c.delayCount.Swap(0), c.delaySum.Swap(0)
 	hit := c.capHit.Swap(false)
@@ -894,17 +886,7 @@ func (c *Controller) adjustPending() {
 		return
 	}
 	c.lastDelay.Store(sum / n)
-	p := c.pendingCap.Load()
-	next := p
-	switch {
-	case sum/n > c.targetDelay:
-		next = max(minPendingCap, min(p-milli/10, p*9/10))
-	case hit && sum/n < c.targetDelay/2:
-		// Grow only well within the target, so that a cap one step from
-		// the target does not oscillate across it.
-		next = min(c.maxLimit*8*milli, p+max(milli/10, p/10))
-	}
-	c.pendingCap.Store(next)
+	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), sum/n, hit))
 }
 
 // RejectionOf reports whether err is a rejection made by a Controller, and

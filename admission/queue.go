@@ -87,23 +87,19 @@ func (c *Controller) popHighest() *waiter {
 // evictBelow makes room for a request of level l by displacing a less
 // critical one, and reports whether it did. It first displaces the oldest
 // waiter of the lowest rank in the slot queue (decayed requests first, see
-// rank); failing that, it
-// marks one not-yet-started request of the lowest criticality that has
-// some as displaced: that request is refused when it reaches Start (on a
-// busy CPU, admitted requests wait as runnable goroutines that no queue of
-// ours holds, so they cannot be taken out before they run).
+// rank); failing that, it marks one not-yet-started request of the lowest
+// criticality that has some as displaced: that request is refused when it
+// reaches Start (on a busy CPU, admitted requests wait as runnable
+// goroutines that no queue of ours holds, so they cannot be taken out
+// before they run).
 func (c *Controller) evictBelow(l criticality.Level) bool {
 	if c.queued.Load() > 0 {
 		c.mu.Lock()
-		for low := 0; low < rank(l, false); low++ {
-			if w := c.queues[low].pop(); w != nil {
-				c.queued.Add(-1)
-				w.ch <- c.reject(w.level, Concurrency, c.now())
-				c.mu.Unlock()
-				return true
-			}
-		}
+		ok := c.displaceBelow(rank(l, false))
 		c.mu.Unlock()
+		if ok {
+			return true
+		}
 	}
 	for low := criticality.Level(0); low < l; low++ {
 		for {
@@ -114,6 +110,19 @@ func (c *Controller) evictBelow(l criticality.Level) bool {
 			if c.lv[low].owed.CompareAndSwap(owed, owed+1) {
 				return true
 			}
+		}
+	}
+	return false
+}
+
+// displaceBelow refuses the oldest waiter of the lowest rank below r, and
+// reports whether there was one. c.mu is held.
+func (c *Controller) displaceBelow(r int) bool {
+	for low := 0; low < r; low++ {
+		if w := c.queues[low].pop(); w != nil {
+			c.queued.Add(-1)
+			w.ch <- c.reject(w.level, Concurrency, c.now())
+			return true
 		}
 	}
 	return false
@@ -133,124 +142,172 @@ func (c *Controller) displaced(l criticality.Level) bool {
 	}
 }
 
-// wait queues the request for an execution slot. A request whose
-// criticality decays (criticality.WithDecay in ctx) moves, once it could
-// no longer finish before the decay (the decay less the expected service
-// time) while it waits, to the decayed queue of the level it fell to.
-func (c *Controller) wait(ctx context.Context, t *Ticket) error {
-	c.waited.Store(true)
-	now := c.clock.Now()
-	// A request decays once it could no longer finish before its decay:
-	// the decay, less the expected service time, as with deadlines.
+// placement is where a waiting request queues, and when it moves.
+type placement struct {
+	rank int
+	// decayIn > 0: the request's criticality falls to decayTo that long
+	// from now (its decay, less the expected service time: after it, the
+	// request could no longer finish before the decay), and it then moves
+	// behind every fresh request of that level.
+	decayIn time.Duration
+	decayTo criticality.Level
+}
+
+// place ranks a request of level l arriving in the queue at now. A request
+// whose decay has come (criticality.WithDecay in ctx) ranks with the
+// decayed requests of the level it fell to.
+func (c *Controller) place(ctx context.Context, l criticality.Level, now time.Time) placement {
 	dc, decays := criticality.DecayOf(ctx)
-	if decays {
-		dc.At = dc.At.Add(-c.expectedService())
+	if !decays {
+		return placement{rank: rank(l, false)}
 	}
-	stale := decays && !now.Before(dc.At)
-	r := rank(t.level, stale && dc.To <= t.level)
-	if stale && dc.To < t.level {
-		r = rank(dc.To, true)
+	at := dc.At.Add(-c.expectedService())
+	switch {
+	case now.Before(at) && dc.To < l:
+		return placement{rank: rank(l, false), decayIn: at.Sub(now), decayTo: dc.To}
+	case now.Before(at) || dc.To > l:
+		return placement{rank: rank(l, false)}
 	}
-	w := &waiter{ch: make(chan error, 1), level: t.level}
+	return placement{rank: rank(min(dc.To, l), true)}
+}
+
+// enqueue puts w in the queue of rank r; a full queue makes room by
+// refusing a lower ranked waiter, or refuses w.
+func (c *Controller) enqueue(w *waiter, r int) error {
 	capLimit := c.limit.Load()
 	if c.probingNow.Load() {
 		capLimit = max(capLimit, c.probeResume.Load()) // the queue a probe delays keeps its room
 	}
 	c.mu.Lock()
-	if c.queued.Load() >= c.queueCap(capLimit) {
-		// Full: take the place of a lower ranked waiter, or give up.
-		displaced := false
-		for low := 0; low < r; low++ {
-			if v := c.queues[low].pop(); v != nil {
-				c.queued.Add(-1)
-				v.ch <- c.reject(v.level, Concurrency, c.now())
-				displaced = true
-				break
-			}
-		}
-		if !displaced {
-			c.mu.Unlock()
-			return c.reject(t.level, Concurrency, c.now())
-		}
+	defer c.mu.Unlock()
+	if c.queued.Load() >= c.queueCap(capLimit) && !c.displaceBelow(r) {
+		return c.reject(w.level, Concurrency, c.now())
 	}
 	c.queues[r].push(w)
 	c.queued.Add(1)
 	c.dispatch()
-	c.mu.Unlock()
+	return nil
+}
 
-	wait := c.maxWait
+// waitBudget is how long a request may wait for a slot: the max wait (an
+// interval more while the baseline probe holds the limit at its minimum:
+// a probe delays requests, as BBR's ProbeRTT does, and sheds none for it),
+// or less when its deadline leaves less time, less the expected service
+// time; byDeadline says the deadline set it.
+func (c *Controller) waitBudget(ctx context.Context, now time.Time) (budget time.Duration, byDeadline bool) {
+	budget = c.maxWait
 	if c.probingNow.Load() {
-		// The probe holds the limit at its minimum for one interval: it
-		// delays requests, as BBR's ProbeRTT does, and sheds none for it.
-		wait = max(wait, time.Duration(c.interval)+c.maxWait)
+		budget = max(budget, time.Duration(c.interval)+c.maxWait)
 	}
-	deadlineReason := false
 	if d, ok := ctx.Deadline(); ok {
-		if left := d.Sub(now) - c.expectedService(); left < wait {
-			wait, deadlineReason = max(left, 0), true
+		if left := d.Sub(now) - c.expectedService(); left < budget {
+			return max(left, 0), true
 		}
 	}
-	// Until the decay falls due, then the rest of the wait.
-	first, rest := wait, time.Duration(0)
-	if decays && !stale && dc.To < t.level {
-		if until := dc.At.Sub(now); until < wait {
-			first, rest = until, wait-until
-		}
+	return budget, false
+}
+
+// wait queues the request for an execution slot, within its wait budget.
+// A request whose criticality decays moves, once it could no longer
+// finish before the decay, behind every fresh request of the level it
+// fell to.
+func (c *Controller) wait(ctx context.Context, t *Ticket) error {
+	c.waited.Store(true)
+	now := c.clock.Now()
+	p := c.place(ctx, t.level, now)
+	w := &waiter{ch: make(chan error, 1), level: t.level}
+	if err := c.enqueue(w, p.rank); err != nil {
+		return err
+	}
+	budget, byDeadline := c.waitBudget(ctx, now)
+	first, rest := budget, time.Duration(0)
+	if p.decayIn > 0 && p.decayIn < budget {
+		first, rest = p.decayIn, budget-p.decayIn
 	}
 	timer := c.clock.NewTimer(first)
-	var err error
-	for waiting := true; waiting; {
+	for {
 		select {
-		case err = <-w.ch:
+		case err := <-w.ch:
 			timer.Stop()
-			if err == nil {
-				return c.started(t, true)
-			}
-			return err
+			return c.answered(t, err)
 		case <-timer.C():
-			if rest == 0 {
-				waiting = false
-				break
-			}
-			c.mu.Lock()
-			select {
-			case err = <-w.ch: // given a slot or displaced just now
-				c.mu.Unlock()
-				if err == nil {
-					return c.started(t, true)
+			if rest > 0 {
+				var (
+					err  error
+					done bool
+				)
+				if w, err, done = c.demote(w, p.decayTo); done {
+					return c.answered(t, err)
 				}
-				return err
-			default:
+				timer, rest = c.clock.NewTimer(rest), 0
+				continue
 			}
-			w.gone = true // move it behind every fresh request of its new level
-			w = &waiter{ch: w.ch, level: t.level}
-			c.queues[rank(dc.To, true)].push(w)
-			c.mu.Unlock()
-			timer, rest = c.clock.NewTimer(rest), 0
 		case <-ctx.Done():
 			timer.Stop()
-			waiting = false
 		}
+		return c.giveUp(ctx, w, t.level, byDeadline)
 	}
-	c.mu.Lock()
+}
+
+// answered ends a wait that got its answer: a slot (nil) or a
+// displacement.
+func (c *Controller) answered(t *Ticket, err error) error {
+	if err != nil {
+		return err
+	}
+	return c.started(t, true)
+}
+
+// received returns the answer w got, if it got one. c.mu is held: once
+// it is, no answer can arrive.
+func received(w *waiter) (error, bool) {
 	select {
-	case err = <-w.ch: // given a slot or displaced just now
-		c.mu.Unlock()
-		if err == nil {
-			c.release() // we give up the slot we were just given
-		}
+	case err := <-w.ch:
+		return err, true
 	default:
+		return nil, false
+	}
+}
+
+// demote moves w behind every fresh request of level to, unless it was
+// answered meanwhile (done).
+func (c *Controller) demote(w *waiter, to criticality.Level) (_ *waiter, err error, done bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err, ok := received(w); ok {
+		return w, err, true
+	}
+	w.gone = true
+	moved := &waiter{ch: w.ch, level: w.level}
+	c.queues[rank(to, true)].push(moved)
+	return moved, nil, false
+}
+
+// giveUp takes w out of the queue when its wait ends (budget or context):
+// a slot given to it just now goes back, a displacement just now is its
+// answer, and otherwise the request is refused for its context, its
+// deadline, or the lack of a slot.
+func (c *Controller) giveUp(ctx context.Context, w *waiter, l criticality.Level, byDeadline bool) error {
+	c.mu.Lock()
+	err, answered := received(w)
+	if !answered {
 		w.gone = true
 		c.queued.Add(-1)
-		c.mu.Unlock()
+	}
+	c.mu.Unlock()
+	switch {
+	case answered && err == nil:
+		c.release() // we give up the slot we were just given
+	case answered:
+		return err // displaced just now; its rejection is counted
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if deadlineReason {
-		return c.reject(t.level, Deadline, c.now())
+	if byDeadline {
+		return c.reject(l, Deadline, c.now())
 	}
-	return c.reject(t.level, Concurrency, c.now())
+	return c.reject(l, Concurrency, c.now())
 }
 
 func (c *Controller) expectedService() time.Duration { return time.Duration(c.expectedSvc.Load()) }

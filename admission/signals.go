@@ -2,12 +2,9 @@ package admission
 
 import (
 	"math"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -173,26 +170,10 @@ func (c CPU) Signal() (Signal, error) {
 // cpu.max quota divided by its period when a quota is set, else
 // GOMAXPROCS.
 func ReservedCPUs() float64 {
-	if b, err := os.ReadFile("/sys/fs/cgroup/cpu.max"); err == nil {
-		if q, ok := parseCPUMax(string(b)); ok {
-			return q
-		}
+	if q, ok := proc.CgroupCPUs(); ok {
+		return q
 	}
 	return float64(runtime.GOMAXPROCS(0))
-}
-
-// parseCPUMax reads cgroup v2 cpu.max ("max 100000" or "150000 100000").
-func parseCPUMax(s string) (float64, bool) {
-	f := strings.Fields(s)
-	if len(f) != 2 || f[0] == "max" {
-		return 0, false
-	}
-	q, err1 := strconv.ParseFloat(f[0], 64)
-	p, err2 := strconv.ParseFloat(f[1], 64)
-	if err1 != nil || err2 != nil || !(q > 0) || !(p > 0) || math.IsInf(q, 0) || math.IsInf(p, 0) {
-		return 0, false
-	}
-	return q / p, true
 }
 
 // Memory is memory pressure: the memory the Go runtime holds from the
@@ -240,10 +221,8 @@ func MemoryLimit() uint64 {
 	if l := debug.SetMemoryLimit(-1); l > 0 && l != math.MaxInt64 {
 		limit = uint64(l)
 	}
-	if b, err := os.ReadFile("/sys/fs/cgroup/memory.max"); err == nil {
-		if v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && v > 0 && (limit == 0 || v < limit) {
-			limit = v
-		}
+	if v, ok := proc.CgroupMemory(); ok && (limit == 0 || v < limit) {
+		limit = v
 	}
 	return limit
 }

@@ -1,0 +1,95 @@
+package admission
+
+import "math"
+
+// The controller's two feedback rules are pure steps: each interval, from
+// the rule's state and the interval's measurements, the next state. The
+// Controller measures, calls the step under its adjust lock, and applies
+// the result (stores the limit, tells the Observer, wakes waiters); the
+// steps themselves touch nothing, so they are tested with step tables.
+
+// stepDivisor is how far a limit or cap moves in one interval: by a
+// tenth of itself, and at least one unit.
+const stepDivisor = 10
+
+// limitRule finds the execution limit from service time: it grows while
+// the service time stays within tolerance of its baseline and requests
+// had to wait, shrinks when the service time inflates, and every
+// probeEvery intervals measures the baseline for one interval at the
+// minimum limit (as BBR's ProbeRTT does, since a baseline taken at the
+// current limit would let the limit ratchet up).
+type limitRule struct {
+	min, max   int64
+	tolerance  float64
+	probeEvery int64
+}
+
+// limitState is what limitRule remembers between intervals.
+type limitState struct {
+	limit int64
+	// best is the mean service time measured by the last probe;
+	// math.MaxInt64 before the first.
+	best      int64
+	probing   bool  // this interval runs at the minimum limit
+	resume    int64 // the limit to return to after the probe
+	intervals int64
+}
+
+// step is one interval: mean is its sampled requests' mean service time
+// (ns), waited says whether a request had to wait for a slot.
+func (r limitRule) step(s limitState, mean int64, waited bool) limitState {
+	s.intervals++
+	switch {
+	case s.probing:
+		// The probe interval ran at the minimum limit: its mean service
+		// time is the baseline until the next probe.
+		s.best, s.probing, s.limit = mean, false, s.resume
+	case s.best == math.MaxInt64 || s.intervals%r.probeEvery == 0:
+		if s.limit > r.min {
+			s.probing, s.resume, s.limit = true, s.limit, r.min
+		} else {
+			s.best = mean
+		}
+	case float64(mean) > r.tolerance*float64(s.best):
+		s.limit = max(r.min, min(s.limit-1, s.limit*(stepDivisor-1)/stepDivisor))
+	case waited:
+		s.limit = min(r.max, s.limit+max(1, s.limit/stepDivisor))
+	}
+	return s
+}
+
+// pendingRule bounds the requests admitted at arrival and not done (the
+// pending cap, in thousandths of a request) from the mean time admitted
+// requests wait before their handler starts: down while it exceeds the
+// target, up while the cap turned requests away and the wait is under
+// half the target (so that a cap one step from the target does not
+// oscillate across it).
+type pendingRule struct {
+	target         int64 // ns
+	floor, ceiling int64 // thousandths
+}
+
+// step is one interval: delay is its sampled requests' mean wait before
+// Start (ns), hit says whether the cap turned a request away.
+func (r pendingRule) step(pendingCap, delay int64, hit bool) int64 {
+	switch {
+	case delay > r.target:
+		return max(r.floor, min(pendingCap-milli/stepDivisor, pendingCap*(stepDivisor-1)/stepDivisor))
+	case hit && delay < r.target/2:
+		return min(r.ceiling, pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor))
+	}
+	return pendingCap
+}
+
+// usualDecay is how fast a criticality's usual occupancy falls towards
+// its current one: by a fifth of the gap per interval.
+const usualDecay = 5
+
+// usualStep is one interval of a criticality's usual occupancy (x1000):
+// its current occupancy at once when higher, else decaying towards it.
+func usualStep(usual, now int64) int64 {
+	if now >= usual {
+		return now
+	}
+	return usual - (usual-now)/usualDecay
+}

@@ -1,0 +1,93 @@
+package admission
+
+import (
+	"math"
+	"testing"
+)
+
+func TestLimitRuleSteps(t *testing.T) {
+	r := limitRule{min: 2, max: 100, tolerance: 2, probeEvery: 50}
+	const fresh = math.MaxInt64
+	for _, tc := range []struct {
+		name   string
+		s      limitState
+		mean   int64
+		waited bool
+		want   limitState
+	}{
+		{"the first interval probes the baseline at the minimum",
+			limitState{limit: 8, best: fresh}, 1000, false,
+			limitState{limit: 2, best: fresh, probing: true, resume: 8, intervals: 1}},
+		{"at the minimum already, the first interval is the baseline",
+			limitState{limit: 2, best: fresh}, 1000, true,
+			limitState{limit: 2, best: 1000, intervals: 1}},
+		{"the probe's mean becomes the baseline, the limit comes back",
+			limitState{limit: 2, best: fresh, probing: true, resume: 8, intervals: 1}, 900, true,
+			limitState{limit: 8, best: 900, resume: 8, intervals: 2}},
+		{"within tolerance with waiting: grow by a tenth, at least one",
+			limitState{limit: 8, best: 1000, intervals: 2}, 1999, true,
+			limitState{limit: 9, best: 1000, intervals: 3}},
+		{"grow by a tenth",
+			limitState{limit: 50, best: 1000, intervals: 2}, 1500, true,
+			limitState{limit: 55, best: 1000, intervals: 3}},
+		{"grow no further than the maximum",
+			limitState{limit: 99, best: 1000, intervals: 2}, 1500, true,
+			limitState{limit: 100, best: 1000, intervals: 3}},
+		{"within tolerance without waiting: hold",
+			limitState{limit: 8, best: 1000, intervals: 2}, 1500, false,
+			limitState{limit: 8, best: 1000, intervals: 3}},
+		{"service time inflated past tolerance: shrink by a tenth, at least one",
+			limitState{limit: 8, best: 1000, intervals: 2}, 2001, true,
+			limitState{limit: 7, best: 1000, intervals: 3}},
+		{"shrink by a tenth",
+			limitState{limit: 50, best: 1000, intervals: 2}, 5000, false,
+			limitState{limit: 45, best: 1000, intervals: 3}},
+		{"shrink no further than the minimum",
+			limitState{limit: 2, best: 1000, intervals: 2}, 5000, false,
+			limitState{limit: 2, best: 1000, intervals: 3}},
+		{"every probeEvery intervals, probe again",
+			limitState{limit: 30, best: 1000, intervals: 49}, 1200, true,
+			limitState{limit: 2, best: 1000, probing: true, resume: 30, intervals: 50}},
+	} {
+		if got := r.step(tc.s, tc.mean, tc.waited); got != tc.want {
+			t.Errorf("%s:\n got  %+v\n want %+v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestPendingRuleSteps(t *testing.T) {
+	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli}
+	for _, tc := range []struct {
+		name       string
+		cap, delay int64
+		hit        bool
+		want       int64
+	}{
+		{"over target: down by a tenth", 20 * milli, 5001, false, 18 * milli},
+		{"over target, small cap: down by a tenth of a request", 500, 9000, true, 400},
+		{"never below the floor", 150, 9000, false, milli / 10},
+		{"cap hit well under target: up by a tenth", 20 * milli, 2499, true, 22 * milli},
+		{"cap hit, small cap: up by a tenth of a request", 500, 0, true, 600},
+		{"never above the ceiling", 79 * milli, 0, true, 80 * milli},
+		{"cap hit between half the target and the target: hold", 20 * milli, 2500, true, 20 * milli},
+		{"under target without a hit: hold", 20 * milli, 0, false, 20 * milli},
+	} {
+		if got := r.step(tc.cap, tc.delay, tc.hit); got != tc.want {
+			t.Errorf("%s: step(%d, %d, %v) = %d, want %d", tc.name, tc.cap, tc.delay, tc.hit, got, tc.want)
+		}
+	}
+}
+
+func TestUsualSteps(t *testing.T) {
+	for _, tc := range []struct{ usual, now, want int64 }{
+		{0, 3000, 3000},    // up at once
+		{3000, 3000, 3000}, // hold
+		{5000, 0, 4000},    // down by a fifth of the gap
+		{5000, 4000, 4800},
+		{4, 0, 4}, // a gap under five thousandths stays
+	} {
+		if got := usualStep(tc.usual, tc.now); got != tc.want {
+			t.Errorf("usualStep(%d, %d) = %d, want %d", tc.usual, tc.now, got, tc.want)
+		}
+	}
+}
