@@ -202,13 +202,24 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 	now := int64(a.since())
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	t, err := a.record(r, now)
+	if err != nil {
+		return Lease{}, err
+	}
+	ls := a.leaseFor(p, r, a.shareFunc(p, t, r, now))
+	a.served.Add(1)
+	return ls, nil
+}
+
+// record takes r as its task's current report. a.mu is held.
+func (a *Allocator) record(r Report, now int64) (*taskState, error) {
 	if now-a.swept >= int64(time.Second) || len(a.tasks) >= a.maxTasks {
 		a.sweep(now)
 	}
 	t := a.tasks[r.Task]
 	if t == nil {
 		if len(a.tasks) >= a.maxTasks {
-			return Lease{}, ErrTooManyTasks
+			return nil, ErrTooManyTasks
 		}
 		t = &taskState{}
 		a.tasks[r.Task] = t
@@ -220,7 +231,15 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 	t.customer = append(t.customer[:0], r.Customers...)
 	t.last = now
 	a.account(t.customer, +1)
+	return t, nil
+}
 
+// shareFunc returns the share of each customer's limit task t gets:
+// where the customer's demand lands, with a floor for every task; in
+// learning mode (the first lease after a start) what the task holds, else
+// the safe share; in pessimistic mode never more than the room the other
+// tasks leave (recorded as held). a.mu is held.
+func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func(customer string) float64 {
 	n := float64(len(a.tasks))
 	mine := make(map[string]float64, len(r.Customers))
 	held := make(map[string]float64, len(r.Customers))
@@ -246,19 +265,24 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 		}
 		return min(1, (mine[customer]+f)/(d+float64(a.demanding[customer])*f))
 	}
-	if a.mode == ModePessimistic {
-		inner := share
-		share = func(customer string) float64 {
-			room := max(0, 1-a.holding[customer])
-			s := min(inner(customer), room)
-			h := max(s, held[customer])
-			t.hold[customer] = h
-			a.holding[customer] += h
-			return s
-		}
+	if a.mode != ModePessimistic {
+		return share
 	}
+	return func(customer string) float64 {
+		room := max(0, 1-a.holding[customer])
+		s := min(share(customer), room)
+		h := max(s, held[customer])
+		t.hold[customer] = h
+		a.holding[customer] += h
+		return s
+	}
+}
+
+// leaseFor builds the lease of a task that reported r: a grant for every
+// customer of the policy and every other customer it reported.
+func (a *Allocator) leaseFor(p *Policy, r Report, share func(string) float64) Lease {
 	ls := Lease{Duration: a.lease, Refresh: a.refresh, Fallback: p.fallback, Tasks: p.tasks,
-		Default: grantOf("", p.def, 1/n)}
+		Default: grantOf("", p.def, 1/float64(len(a.tasks)))}
 	names := p.Customers()
 	for _, c := range r.Customers {
 		if !p.Known(c.Customer) {
@@ -274,8 +298,7 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 		}
 		ls.Grants = append(ls.Grants, grantOf(name, lim, share(name)))
 	}
-	a.served.Add(1)
-	return ls, nil
+	return ls
 }
 
 // release takes a task's holds out of the running sums (ModePessimistic).

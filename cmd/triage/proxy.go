@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -18,135 +19,133 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
 	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/trust"
 )
 
-// runProxy serves the batch proxy (SRE book ch. 21, "Load from
-// Connections": batch client -> batch proxy -> backend) until ctx is done:
-// any gRPC method is forwarded to the backends over one connection each,
-// with triage's balancer, criticality and attempt counter, behind the
-// proxy's own admission control.
-func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// proxyFlags are triage proxy's flags, parsed and checked.
+type proxyFlags struct {
+	listen, policy, metrics string
+	addrs                   []string
+	subsetSize, clientID    int
+	trust                   *trust.Policy
+	noAdmission             bool
+	maxWait, drain          time.Duration
+	queueFactor             int
+	tolerance               float64
+	lbConfig                string
+}
+
+// parseProxyFlags parses args, writing usage and errors to stderr; the
+// int is the exit status when it fails (0 for -help).
+func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 	fs := flag.NewFlagSet("triage proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	listen := fs.String("listen", "127.0.0.1:7080", "gRPC listen address for batch clients")
+	f := &proxyFlags{}
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:7080", "gRPC listen address for batch clients")
 	backends := fs.String("backends", "", "comma-separated backend addresses (host:port), required")
-	subsetSize := fs.Int("subset", 0, "backends the proxy connects to (deterministic subsetting); 0: all of them")
-	clientID := fs.Int("client-id", 0, "this proxy's client id for subsetting (proxies of one job use 0, 1, 2, ...)")
-	policy := fs.String("policy", "weighted_round_robin", "load balancing policy: round_robin, least_loaded or weighted_round_robin")
+	fs.IntVar(&f.subsetSize, "subset", 0, "backends the proxy connects to (deterministic subsetting); 0: all of them")
+	fs.IntVar(&f.clientID, "client-id", 0, "this proxy's client id for subsetting (proxies of one job use 0, 1, 2, ...)")
+	fs.StringVar(&f.policy, "policy", "weighted_round_robin", "load balancing policy: round_robin, least_loaded or weighted_round_robin")
 	trusted := fs.String("trust", "", "comma-separated networks (CIDR) whose criticality, attempt and customer claims are believed; default: nobody's")
-	noAdmission := fs.Bool("no-admission", false, "forward everything, without the proxy's own admission control (not recommended: the proxy is the fuse)")
-	maxWait := fs.Duration("max-wait", triagegrpc.DefaultProxyMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
-	queueFactor := fs.Int("queue-factor", triagegrpc.DefaultProxyQueueFactor, "the proxy's waiting queue, as a multiple of its execution limit (0-64)")
-	tolerance := fs.Float64("tolerance", triagegrpc.DefaultProxyTolerance, "how far the backends' latency may rise above its recent best before the proxy forwards fewer calls at once (> 1)")
-	metrics := fs.String("metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9091); default none")
+	fs.BoolVar(&f.noAdmission, "no-admission", false, "forward everything, without the proxy's own admission control (not recommended: the proxy is the fuse)")
+	fs.DurationVar(&f.maxWait, "max-wait", triagegrpc.DefaultProxyMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
+	fs.IntVar(&f.queueFactor, "queue-factor", triagegrpc.DefaultProxyQueueFactor, "the proxy's waiting queue, as a multiple of its execution limit (0-64)")
+	fs.Float64Var(&f.tolerance, "tolerance", triagegrpc.DefaultProxyTolerance, "how far the backends' latency may rise above its recent best before the proxy forwards fewer calls at once (> 1)")
+	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the proxy serves in lame duck (health NOT_SERVING) before it stops; calls still running 10 s later are cut")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9091); default none")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return 0
+			return nil, 0, false
 		}
-		return 2
+		return nil, 2, false
 	}
-	var addrs []string
-	for _, a := range strings.Split(*backends, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			addrs = append(addrs, a)
-		}
+	f.addrs = splitList(*backends)
+	if msg := f.check(fs); msg != "" {
+		fmt.Fprintln(stderr, "triage proxy: "+msg)
+		return nil, 2, false
 	}
-	switch {
-	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "triage proxy: unexpected argument %q\n", fs.Arg(0))
-		return 2
-	case len(addrs) == 0:
-		fmt.Fprintln(stderr, "triage proxy: -backends is required")
-		return 2
-	case len(addrs) > 10000:
-		fmt.Fprintln(stderr, "triage proxy: at most 10000 backends")
-		return 2
-	case *maxWait <= 0 || *queueFactor < 0 || *queueFactor > 64 || !(*tolerance > 1) || *tolerance > 100:
-		fmt.Fprintln(stderr, "triage proxy: -max-wait must be positive, -queue-factor between 0 and 64, -tolerance in (1, 100]")
-		return 2
-	case *subsetSize < 0 || *subsetSize > len(addrs) || *clientID < 0:
-		fmt.Fprintf(stderr, "triage proxy: -subset must be between 0 and the %d backends, -client-id >= 0\n", len(addrs))
-		return 2
-	}
-	for _, a := range addrs {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			fmt.Fprintf(stderr, "triage proxy: backend %q: %v\n", a, err)
-			return 2
-		}
-	}
-	var networks []string
-	for _, n := range strings.Split(*trusted, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			networks = append(networks, n)
-		}
-	}
-	pol, err := trust.New(trust.Config{Networks: networks})
+	pol, err := trust.New(trust.Config{Networks: splitList(*trusted)})
 	if err != nil {
 		fmt.Fprintf(stderr, "triage proxy: -trust: %v\n", err)
-		return 2
+		return nil, 2, false
 	}
-	lbConfig := fmt.Sprintf(`{"policy":%q}`, *policy)
-	if *subsetSize > 0 {
-		lbConfig = fmt.Sprintf(`{"policy":%q,"subsetSize":%d,"clientId":%d}`, *policy, *subsetSize, *clientID)
+	f.trust = pol
+	f.lbConfig = fmt.Sprintf(`{"policy":%q}`, f.policy)
+	if f.subsetSize > 0 {
+		f.lbConfig = fmt.Sprintf(`{"policy":%q,"subsetSize":%d,"clientId":%d}`, f.policy, f.subsetSize, f.clientID)
 	}
-	if _, err := lb.ParseConfig([]byte(lbConfig)); err != nil {
+	if _, err := lb.ParseConfig([]byte(f.lbConfig)); err != nil {
 		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
-		return 2
+		return nil, 2, false
 	}
+	return f, 0, true
+}
 
-	m := triageprom.New()
-	lb.Register(lb.WithMetrics(m.Balancers()))
-	r := manual.NewBuilderWithScheme("triage-proxy")
-	var eps []resolver.Endpoint
-	for _, a := range addrs {
-		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+// check returns what is wrong with the flags, or "".
+func (f *proxyFlags) check(fs *flag.FlagSet) string {
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+	case len(f.addrs) == 0:
+		return "-backends is required"
+	case len(f.addrs) > 10000:
+		return "at most 10000 backends"
+	case f.maxWait <= 0 || f.queueFactor < 0 || f.queueFactor > 64 || !(f.tolerance > 1) || f.tolerance > 100:
+		return "-max-wait must be positive, -queue-factor between 0 and 64, -tolerance in (1, 100]"
+	case f.drain < 0 || f.drain > time.Hour:
+		return "-drain must be between 0 and 1h"
+	case f.subsetSize < 0 || f.subsetSize > len(f.addrs) || f.clientID < 0:
+		return fmt.Sprintf("-subset must be between 0 and the %d backends, -client-id >= 0", len(f.addrs))
 	}
-	r.InitialState(resolver.State{Endpoints: eps})
-	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy()) // the proxy does not retry: it is a fuse, not a retrying layer
-	cc, err := grpc.NewClient(r.Scheme()+":///backends", append(client.DialOptions(), grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":`+lbConfig+`}]}`))...)
+	for _, a := range f.addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Sprintf("backend %q: %v", a, err)
+		}
+	}
+	return ""
+}
+
+// splitList splits a comma-separated flag, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// runProxy serves the batch proxy (SRE book ch. 21, "Load from
+// Connections": batch client -> batch proxy -> backend) until ctx is done,
+// then drains in lame duck and stops: any gRPC method is forwarded to the
+// backends over one connection each, with triage's balancer, criticality
+// and attempt counter, behind the proxy's own admission control.
+func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f, code, ok := parseProxyFlags(args, stderr)
+	if !ok {
+		return code
+	}
+	m := triageprom.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	cc, gs, lc, err := f.build(m, reg)
 	if err != nil {
 		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
 		return 1
 	}
 	defer cc.Close()
-	px, err := triagegrpc.NewProxy(cc)
+	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
 		return 1
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(m)
-	srvOpts := []triagegrpc.ServerOption{triagegrpc.WithTrust(pol)}
-	if !*noAdmission {
-		ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(*maxWait),
-			admission.WithQueueFactor(*queueFactor), admission.WithTolerance(*tolerance))
-		if err != nil {
-			fmt.Fprintf(stderr, "triage proxy: %v\n", err)
-			return 1
-		}
-		srvOpts = append(srvOpts, triagegrpc.WithAdmission(ctl))
-		reg.MustRegister(triageprom.AdmissionState(ctl))
-	}
-	ts, err := triagegrpc.NewServer(srvOpts...)
-	if err != nil {
-		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
-		return 1
-	}
-	gs := grpc.NewServer(append(ts.ServerOptions(), px.ServerOptions()...)...)
-	healthpb.RegisterHealthServer(gs, health.NewServer())
-	lis, err := net.Listen("tcp", *listen)
-	if err != nil {
-		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
-		return 1
-	}
-	if *metrics != "" {
-		stopMetrics, err := serveMetrics(*metrics, reg)
+	if f.metrics != "" {
+		stopMetrics, err := serveMetrics(f.metrics, reg)
 		if err != nil {
 			lis.Close()
 			fmt.Fprintf(stderr, "triage proxy: %v\n", err)
@@ -158,13 +157,70 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	go func() {
 		defer close(stopped)
 		<-ctx.Done()
-		gs.GracefulStop()
+		sctx, cancel := context.WithTimeout(context.Background(), f.drain+10*time.Second)
+		defer cancel()
+		lc.Shutdown(sctx, triagegrpc.GracefulStop(gs))
 	}()
-	fmt.Fprintf(stdout, "batch proxy listening on %s: %d backends, %s\n", lis.Addr(), len(addrs), lbConfig)
+	fmt.Fprintf(stdout, "batch proxy listening on %s: %d backends, %s\n", lis.Addr(), len(f.addrs), f.lbConfig)
 	if err := gs.Serve(lis); err != nil {
 		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
 		return 1
 	}
 	<-stopped
 	return 0
+}
+
+// build dials the backends through triage's balancer and builds the
+// proxy's server, with its admission control and its lifecycle.
+func (f *proxyFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.ClientConn, *grpc.Server, *lifecycle.Lifecycle, error) {
+	lb.Register(lb.WithMetrics(m.Balancers()))
+	r := manual.NewBuilderWithScheme("triage-proxy")
+	var eps []resolver.Endpoint
+	for _, a := range f.addrs {
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+	}
+	r.InitialState(resolver.State{Endpoints: eps})
+	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy()) // the proxy does not retry: it is a fuse, not a retrying layer
+	cc, err := grpc.NewClient(r.Scheme()+":///backends", append(client.DialOptions(), grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":`+f.lbConfig+`}]}`))...)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	gs, lc, err := f.server(cc, m, reg)
+	if err != nil {
+		cc.Close()
+		return nil, nil, nil, err
+	}
+	return cc, gs, lc, nil
+}
+
+// server builds the proxy's gRPC server in front of cc.
+func (f *proxyFlags) server(cc *grpc.ClientConn, m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
+	px, err := triagegrpc.NewProxy(cc)
+	if err != nil {
+		return nil, nil, err
+	}
+	hs := health.NewServer()
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(f.drain))
+	if err != nil {
+		return nil, nil, err
+	}
+	srvOpts := []triagegrpc.ServerOption{triagegrpc.WithTrust(f.trust), triagegrpc.WithLifecycle(lc)}
+	if !f.noAdmission {
+		ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(f.maxWait),
+			admission.WithQueueFactor(f.queueFactor), admission.WithTolerance(f.tolerance))
+		if err != nil {
+			return nil, nil, err
+		}
+		srvOpts = append(srvOpts, triagegrpc.WithAdmission(ctl))
+		reg.MustRegister(triageprom.AdmissionState(ctl))
+	}
+	ts, err := triagegrpc.NewServer(srvOpts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	gs := grpc.NewServer(append(ts.ServerOptions(), px.ServerOptions()...)...)
+	healthpb.RegisterHealthServer(gs, hs)
+	return gs, lc, nil
 }

@@ -61,91 +61,7 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 1, "random seed (runs are reproducible)")
 	asJSON := fs.Bool("json", false, "print one JSON object: scenario, headlines (name, value, book), table")
 	out := fs.String("out", "", "also write result.json, the figures (SVG) and index.html, a self-contained page, to this directory")
-	var run func() (*sim.Result, error)
-	switch name {
-	case "throttle":
-		uncapped := fs.Bool("uncapped", false, "the book's formula without triage's 95% cap on local rejection")
-		run = func() (*sim.Result, error) { return sim.Throttle(sim.ThrottleConfig{Seed: *seed, Uncapped: *uncapped}) }
-	case "retry":
-		clients := fs.Int("clients", 100, "clients (1-10000)")
-		requests := fs.Int("requests", 1000, "requests per client (1-100000)")
-		backends := fs.Int("backends", 100, "backend tasks (1-10000)")
-		run = func() (*sim.Result, error) {
-			if *clients < 1 || *requests < 1 || *backends < 1 { // 0 would mean the default
-				return nil, errors.New("clients and backends in [1, 10000], requests in [1, 100000]")
-			}
-			return sim.Retry(sim.RetryConfig{Clients: *clients, Requests: *requests, Backends: *backends, Seed: *seed})
-		}
-	case "lb":
-		clients := fs.Int("clients", 1000, "client tasks (1-10000)")
-		backends := fs.Int("backends", 1000, "backend tasks (2-10000)")
-		size := fs.Int("subset", 20, "backends per client (deterministic subsetting)")
-		requests := fs.Int("requests", 10000000, "requests simulated per policy (1000-100000000)")
-		policies := fs.String("policies", "round_robin,least_loaded,weighted_round_robin", "policies compared, comma-separated")
-		load := fs.Float64("load", 0.7, "offered load, share of the backends' capacity (0.05-0.95)")
-		uniformCosts := fs.Bool("uniform-costs", false, "every request costs the same (default: costs vary up to 1000x)")
-		uniformMachines := fs.Bool("uniform-machines", false, "every machine alike (default: half of them twice as fast)")
-		noAntagonists := fs.Bool("no-antagonists", false, "no antagonistic neighbours (default: each backend +-20%, redrawn every 10 s)")
-		noRestarts := fs.Bool("no-restarts", false, "no task restarts (default: one backend every 2 s, out for 5 s)")
-		unequal := fs.Bool("unequal-clients", false, "a tenth of the clients send ten times as much")
-		run = func() (*sim.Result, error) {
-			ps, err := sim.ParsePolicies(*policies)
-			if err != nil {
-				return nil, err
-			}
-			if *clients < 1 || *backends < 1 || *size < 1 || *requests < 1 || *load <= 0 { // 0 would mean the default
-				return nil, errors.New("clients, backends, subset, requests and load must be positive")
-			}
-			return sim.LB(sim.LBConfig{Clients: *clients, Backends: *backends, Subset: *size, Requests: *requests,
-				Policies: ps, Load: *load, UniformCosts: *uniformCosts, UniformMachines: *uniformMachines,
-				NoAntagonists: *noAntagonists, NoRestarts: *noRestarts, UnequalClients: *unequal, Seed: *seed})
-		}
-	case "shed":
-		cores := fs.Int("cores", 4, "the backend's CPUs (1-256)")
-		cost := fs.Duration("cost", time.Millisecond, "CPU per request (10us-1s)")
-		deadline := fs.Duration("deadline", time.Second, "every request's deadline (1ms-1m)")
-		duration := fs.Duration("duration", 30*time.Second, "virtual length of each run (3s-10m)")
-		run = func() (*sim.Result, error) {
-			if *cores < 1 || *cost <= 0 || *deadline <= 0 || *duration <= 0 { // 0 would mean the default
-				return nil, errors.New("cores, cost, deadline and duration must be positive")
-			}
-			return sim.Shed(sim.ShedConfig{Cores: *cores, Cost: *cost, Deadline: *deadline, Duration: *duration, Seed: *seed})
-		}
-	case "cascade":
-		tasks := fs.Int("tasks", 10, "backend tasks (2-100)")
-		lost := fs.Int("lost", 3, "tasks lost for good at --lose-at")
-		loseAt := fs.Duration("lose-at", 20*time.Second, "when the tasks are lost (virtual time)")
-		load := fs.Float64("load", 0.8, "demand, share of all tasks' capacity (0-2]")
-		duration := fs.Duration("duration", time.Minute, "virtual length of each run (10s-10m)")
-		run = func() (*sim.Result, error) {
-			if *tasks < 1 || *lost < 1 || *loseAt <= 0 || *load <= 0 || *duration <= 0 { // 0 would mean the default
-				return nil, errors.New("tasks, lost, lose-at, load and duration must be positive")
-			}
-			return sim.Cascade(sim.CascadeConfig{Tasks: *tasks, Lost: *lost, LoseAt: *loseAt, Load: *load, Duration: *duration, Seed: *seed})
-		}
-	case "throttling":
-		tasks := fs.Int("tasks", 4, "tasks serving the customer (2-64)")
-		limit := fs.Float64("limit", 2, "the customer's global hard limit, CPU-seconds per second (0.01-1000)")
-		surge := fs.Float64("surge", 3, "demand during the surge, times the limit (1-100)")
-		cost := fs.Duration("cost", 2*time.Millisecond, "mean CPU per request (10us-100ms)")
-		refresh := fs.Duration("refresh", time.Second, "how often each task renews its lease (100ms-30s)")
-		duration := fs.Duration("duration", time.Minute, "virtual length of each run (20s-10m)")
-		run = func() (*sim.Result, error) {
-			if *tasks < 1 || *limit <= 0 || *surge <= 0 || *cost <= 0 || *refresh <= 0 || *duration <= 0 { // 0 would mean the default
-				return nil, errors.New("tasks, limit, surge, cost, refresh and duration must be positive")
-			}
-			return sim.Throttling(sim.ThrottlingConfig{Tasks: *tasks, Limit: *limit, Surge: *surge, Cost: *cost,
-				Refresh: *refresh, Duration: *duration, Seed: *seed})
-		}
-	case "stack":
-		requests := fs.Int("requests", 10000, "user requests (1-1000000)")
-		run = func() (*sim.Result, error) {
-			if *requests < 1 {
-				return nil, errors.New("requests in [1, 1000000]")
-			}
-			return sim.Stack(sim.StackConfig{Requests: *requests, Seed: *seed})
-		}
-	}
+	run := simScenarios[name](fs, seed)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -176,6 +92,114 @@ func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// simScenarios declare each scenario's flags on a FlagSet and return
+// the run that reads them once parsed.
+var simScenarios = map[string]func(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error){
+	"throttle":   simThrottleFlags,
+	"retry":      simRetryFlags,
+	"lb":         simLBFlags,
+	"shed":       simShedFlags,
+	"cascade":    simCascadeFlags,
+	"throttling": simThrottlingFlags,
+	"stack":      simStackFlags,
+}
+
+func simThrottleFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
+	uncapped := fs.Bool("uncapped", false, "the book's formula without triage's 95% cap on local rejection")
+	return func() (*sim.Result, error) { return sim.Throttle(sim.ThrottleConfig{Seed: *seed, Uncapped: *uncapped}) }
+}
+
+func simRetryFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
+	clients := fs.Int("clients", 100, "clients (1-10000)")
+	requests := fs.Int("requests", 1000, "requests per client (1-100000)")
+	backends := fs.Int("backends", 100, "backend tasks (1-10000)")
+	return func() (*sim.Result, error) {
+		if *clients < 1 || *requests < 1 || *backends < 1 { // 0 would mean the default
+			return nil, errors.New("clients and backends in [1, 10000], requests in [1, 100000]")
+		}
+		return sim.Retry(sim.RetryConfig{Clients: *clients, Requests: *requests, Backends: *backends, Seed: *seed})
+	}
+}
+
+func simLBFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
+	clients := fs.Int("clients", 1000, "client tasks (1-10000)")
+	backends := fs.Int("backends", 1000, "backend tasks (2-10000)")
+	size := fs.Int("subset", 20, "backends per client (deterministic subsetting)")
+	requests := fs.Int("requests", 10000000, "requests simulated per policy (1000-100000000)")
+	policies := fs.String("policies", "round_robin,least_loaded,weighted_round_robin", "policies compared, comma-separated")
+	load := fs.Float64("load", 0.7, "offered load, share of the backends' capacity (0.05-0.95)")
+	uniformCosts := fs.Bool("uniform-costs", false, "every request costs the same (default: costs vary up to 1000x)")
+	uniformMachines := fs.Bool("uniform-machines", false, "every machine alike (default: half of them twice as fast)")
+	noAntagonists := fs.Bool("no-antagonists", false, "no antagonistic neighbours (default: each backend +-20%, redrawn every 10 s)")
+	noRestarts := fs.Bool("no-restarts", false, "no task restarts (default: one backend every 2 s, out for 5 s)")
+	unequal := fs.Bool("unequal-clients", false, "a tenth of the clients send ten times as much")
+	return func() (*sim.Result, error) {
+		ps, err := sim.ParsePolicies(*policies)
+		if err != nil {
+			return nil, err
+		}
+		if *clients < 1 || *backends < 1 || *size < 1 || *requests < 1 || *load <= 0 { // 0 would mean the default
+			return nil, errors.New("clients, backends, subset, requests and load must be positive")
+		}
+		return sim.LB(sim.LBConfig{Clients: *clients, Backends: *backends, Subset: *size, Requests: *requests,
+			Policies: ps, Load: *load, UniformCosts: *uniformCosts, UniformMachines: *uniformMachines,
+			NoAntagonists: *noAntagonists, NoRestarts: *noRestarts, UnequalClients: *unequal, Seed: *seed})
+	}
+}
+
+func simShedFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
+	cores := fs.Int("cores", 4, "the backend's CPUs (1-256)")
+	cost := fs.Duration("cost", time.Millisecond, "CPU per request (10us-1s)")
+	deadline := fs.Duration("deadline", time.Second, "every request's deadline (1ms-1m)")
+	duration := fs.Duration("duration", 30*time.Second, "virtual length of each run (3s-10m)")
+	return func() (*sim.Result, error) {
+		if *cores < 1 || *cost <= 0 || *deadline <= 0 || *duration <= 0 { // 0 would mean the default
+			return nil, errors.New("cores, cost, deadline and duration must be positive")
+		}
+		return sim.Shed(sim.ShedConfig{Cores: *cores, Cost: *cost, Deadline: *deadline, Duration: *duration, Seed: *seed})
+	}
+}
+
+func simCascadeFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
+	tasks := fs.Int("tasks", 10, "backend tasks (2-100)")
+	lost := fs.Int("lost", 3, "tasks lost for good at --lose-at")
+	loseAt := fs.Duration("lose-at", 20*time.Second, "when the tasks are lost (virtual time)")
+	load := fs.Float64("load", 0.8, "demand, share of all tasks' capacity (0-2]")
+	duration := fs.Duration("duration", time.Minute, "virtual length of each run (10s-10m)")
+	return func() (*sim.Result, error) {
+		if *tasks < 1 || *lost < 1 || *loseAt <= 0 || *load <= 0 || *duration <= 0 { // 0 would mean the default
+			return nil, errors.New("tasks, lost, lose-at, load and duration must be positive")
+		}
+		return sim.Cascade(sim.CascadeConfig{Tasks: *tasks, Lost: *lost, LoseAt: *loseAt, Load: *load, Duration: *duration, Seed: *seed})
+	}
+}
+
+func simThrottlingFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
+	tasks := fs.Int("tasks", 4, "tasks serving the customer (2-64)")
+	limit := fs.Float64("limit", 2, "the customer's global hard limit, CPU-seconds per second (0.01-1000)")
+	surge := fs.Float64("surge", 3, "demand during the surge, times the limit (1-100)")
+	cost := fs.Duration("cost", 2*time.Millisecond, "mean CPU per request (10us-100ms)")
+	refresh := fs.Duration("refresh", time.Second, "how often each task renews its lease (100ms-30s)")
+	duration := fs.Duration("duration", time.Minute, "virtual length of each run (20s-10m)")
+	return func() (*sim.Result, error) {
+		if *tasks < 1 || *limit <= 0 || *surge <= 0 || *cost <= 0 || *refresh <= 0 || *duration <= 0 { // 0 would mean the default
+			return nil, errors.New("tasks, limit, surge, cost, refresh and duration must be positive")
+		}
+		return sim.Throttling(sim.ThrottlingConfig{Tasks: *tasks, Limit: *limit, Surge: *surge, Cost: *cost,
+			Refresh: *refresh, Duration: *duration, Seed: *seed})
+	}
+}
+
+func simStackFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
+	requests := fs.Int("requests", 10000, "user requests (1-1000000)")
+	return func() (*sim.Result, error) {
+		if *requests < 1 {
+			return nil, errors.New("requests in [1, 1000000]")
+		}
+		return sim.Stack(sim.StackConfig{Requests: *requests, Seed: *seed})
+	}
 }
 
 // writeOut writes r's report to dir when one was asked for.

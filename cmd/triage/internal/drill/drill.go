@@ -197,6 +197,21 @@ type proc struct {
 	err     error
 }
 
+// alive reports whether p's process is running.
+func (p *proc) alive() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
 type stack struct {
 	o      Options
 	procs  []*proc
@@ -325,13 +340,9 @@ func (s *stack) stopAll() {
 }
 
 func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *view) (*RunResult, error) {
-	name := "with triage"
+	name, quotaSvc := "with triage", ", quota service"
 	if !protect {
-		name = "without triage"
-	}
-	quotaSvc := ""
-	if protect {
-		quotaSvc = ", quota service"
+		name, quotaSvc = "without triage", ""
 	}
 	v.printf("\n== run %q: starting the stack (HTTP frontend, 3 A, 3 B, 3 DB tasks%s)\n", name, quotaSvc)
 	logf, err := os.Create(filepath.Join(o.Out, "tasks-"+strings.ReplaceAll(name, " ", "-")+".log"))
@@ -341,58 +352,54 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 	defer logf.Close()
 	s := &stack{o: o, byName: map[string]*proc{}, deaths: make(chan death, 64), log: logf}
 	defer s.stopAll()
+	frontAddr, err := s.build(ctx, protect)
+	if err != nil {
+		return nil, err
+	}
+	run := newRun(name, protect, s.taskNames())
+	lg := newLoad("http://"+frontAddr, run)
+	defer lg.close()
+	// The stack serves normal load for a while before the drill starts.
+	v.printf("  warming up: %v of normal load\n", warmup)
+	runCtx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	dr := &driver{s: s, run: run, v: v, d: d, runCtx: runCtx, start: time.Now().Add(warmup),
+		restarts: make(chan string, 16), restarted: make(chan struct{}), killed: make(chan struct{})}
+	acc := time.Duration(0)
+	for _, ph := range script {
+		acc += time.Duration(ph.share * float64(d))
+		dr.phaseEnds = append(dr.phaseEnds, acc)
+	}
+	return dr.drive(ctx, lg)
+}
 
+// build starts the stack's processes: the quota service (with triage),
+// the tiers from the DB up, then the frontend, and waits for each to be
+// ready. It returns the frontend's address.
+func (s *stack) build(ctx context.Context, protect bool) (string, error) {
 	pp := newPorts()
-	freePort := pp.get
 	quotaAddr := ""
 	if protect {
-		policy := filepath.Join(o.Out, "quota.yaml")
-		if err := os.WriteFile(policy, []byte(quotaPolicy), 0o644); err != nil {
-			return nil, err
+		var err error
+		if quotaAddr, err = s.startQuota(pp); err != nil {
+			return "", err
 		}
-		if quotaAddr, err = freePort(); err != nil {
-			return nil, err
-		}
-		q := &proc{name: "quota", args: []string{"quota-server", "-config", policy, "-listen", quotaAddr, "-lease", "5s", "-refresh", "1s"}}
-		if err := s.start(q); err != nil {
-			return nil, err
-		}
-		s.procs = append(s.procs, q)
 	}
 	next := []string{}
 	for _, t := range tiers {
-		var addrs []string
-		for i, slots := range t.slots {
-			listen, err := freePort()
-			if err != nil {
-				return nil, err
-			}
-			stats, err := freePort()
-			if err != nil {
-				return nil, err
-			}
-			id := fmt.Sprintf("%s-%d", t.role, i)
-			args := []string{"serve", t.role, "-id", id, "-index", strconv.Itoa(i), "-listen", listen, "-stats", stats,
-				"-slots", strconv.Itoa(slots), "-work", t.work.String(), "-protect=" + strconv.FormatBool(protect)}
-			if len(next) > 0 {
-				args = append(args, "-next", strings.Join(next, ","))
-			}
-			if t.role == RoleDB && protect {
-				args = append(args, "-quota", quotaAddr)
-			}
-			p := &proc{name: id, args: args, stats: stats}
-			s.procs, s.byName[id] = append(s.procs, p), p
-			addrs = append(addrs, listen)
+		addrs, err := s.addTier(pp, t, next, protect, quotaAddr)
+		if err != nil {
+			return "", err
 		}
 		next = addrs
 	}
-	frontAddr, err := freePort()
+	frontAddr, err := pp.get()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	fstats, err := freePort()
+	fstats, err := pp.get()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	fp := &proc{name: "frontend-0", stats: fstats, args: []string{"serve", RoleFrontend, "-id", "frontend-0", "-listen", frontAddr, "-stats", fstats,
 		"-slots", "64", "-work", "0s", "-protect=" + strconv.FormatBool(protect), "-next", strings.Join(next, ",")}}
@@ -402,64 +409,90 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 			continue
 		}
 		if err := s.start(p); err != nil {
-			return nil, err
+			return "", err
 		}
 		if err := s.ready(ctx, p); err != nil {
-			return nil, err
+			return "", err
 		}
 	}
+	return frontAddr, nil
+}
 
-	run := newRun(name, protect, s.taskNames())
-	lg := newLoad("http://"+frontAddr, run)
-	defer lg.close()
-	// The stack serves normal load for a while before the drill starts.
-	v.printf("  warming up: %v of normal load\n", warmup)
-	start := time.Now().Add(warmup)
-	var phaseEnds []time.Duration
-	acc := time.Duration(0)
-	for _, ph := range script {
-		acc += time.Duration(ph.share * float64(d))
-		phaseEnds = append(phaseEnds, acc)
+// startQuota writes the quota policy and starts the quota service.
+func (s *stack) startQuota(pp *ports) (string, error) {
+	policy := filepath.Join(s.o.Out, "quota.yaml")
+	if err := os.WriteFile(policy, []byte(quotaPolicy), 0o644); err != nil {
+		return "", err
 	}
-	runCtx, cancel := context.WithTimeout(ctx, d+30*time.Second)
-	defer cancel()
-
-	// The script: actions at phase starts, run beside the load.
-	var actions sync.WaitGroup
-	restarts := make(chan string, 16) // dead tasks to restart
-	restartDead := func(name string) {
-		actions.Add(1)
-		go func() {
-			defer actions.Done()
-			select {
-			case <-time.After(2 * time.Second): // the cluster manager notices and reschedules
-			case <-runCtx.Done():
-				return
-			}
-			p := s.byName[name]
-			if p == nil || runCtx.Err() != nil {
-				return
-			}
-			p.mu.Lock()
-			alive := p.done != nil
-			if alive {
-				select {
-				case <-p.done:
-					alive = false
-				default:
-				}
-			}
-			p.mu.Unlock()
-			if !alive {
-				if err := s.start(p); err == nil {
-					restarts <- name
-				}
-			}
-		}()
+	addr, err := pp.get()
+	if err != nil {
+		return "", err
 	}
+	q := &proc{name: "quota", args: []string{"quota-server", "-config", policy, "-listen", addr, "-lease", "5s", "-refresh", "1s"}}
+	if err := s.start(q); err != nil {
+		return "", err
+	}
+	s.procs = append(s.procs, q)
+	return addr, nil
+}
 
-	curPhase := -1
-	restarted, killed := make(chan struct{}), make(chan struct{})
+// addTier adds the tasks of tier t, calling next, and returns their
+// addresses.
+func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quotaAddr string) ([]string, error) {
+	var addrs []string
+	for i, slots := range t.slots {
+		listen, err := pp.get()
+		if err != nil {
+			return nil, err
+		}
+		stats, err := pp.get()
+		if err != nil {
+			return nil, err
+		}
+		id := fmt.Sprintf("%s-%d", t.role, i)
+		args := []string{"serve", t.role, "-id", id, "-index", strconv.Itoa(i), "-listen", listen, "-stats", stats,
+			"-slots", strconv.Itoa(slots), "-work", t.work.String(), "-protect=" + strconv.FormatBool(protect)}
+		if len(next) > 0 {
+			args = append(args, "-next", strings.Join(next, ","))
+		}
+		if t.role == RoleDB && protect {
+			args = append(args, "-quota", quotaAddr)
+		}
+		p := &proc{name: id, args: args, stats: stats}
+		s.procs, s.byName[id] = append(s.procs, p), p
+		addrs = append(addrs, listen)
+	}
+	return addrs, nil
+}
+
+// driver runs one run's script beside its load: the actions at phase
+// starts, restarts of dead tasks, polling and the live view.
+type driver struct {
+	s         *stack
+	run       *RunResult
+	v         *view
+	d         time.Duration
+	runCtx    context.Context
+	start     time.Time
+	phaseEnds []time.Duration
+	actions   sync.WaitGroup
+	restarts  chan string // dead tasks restarted
+	restarted chan struct{}
+	killed    chan struct{}
+}
+
+// phase returns the index of the script's phase at el.
+func (dr *driver) phase(el time.Duration) int {
+	for i, end := range dr.phaseEnds {
+		if el < end {
+			return i
+		}
+	}
+	return len(script) - 1
+}
+
+// drive runs the load and the script until the load ends or ctx does.
+func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 	select {
 	case <-time.After(warmup): // the load generator warms the stack up meanwhile
 	case <-ctx.Done():
@@ -469,94 +502,113 @@ func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *v
 	loadDone := make(chan struct{})
 	go func() {
 		defer close(loadDone)
-		lg.run(runCtx, start, func(el time.Duration) (surge bool) {
-			if el < 0 {
-				return false
-			}
-			for i, end := range phaseEnds {
-				if el < end {
-					return script[i].surge
-				}
-			}
-			return false
-		}, phaseEnds[len(phaseEnds)-1])
+		lg.run(dr.runCtx, dr.start, func(el time.Duration) (surge bool) {
+			return el >= 0 && el < dr.phaseEnds[len(dr.phaseEnds)-1] && script[dr.phase(el)].surge
+		}, dr.phaseEnds[len(dr.phaseEnds)-1])
 	}()
+	curPhase := -1
 	for {
 		select {
 		case <-ctx.Done():
-			s.stopAll()
+			dr.s.stopAll()
 			<-loadDone
-			return run, ctx.Err()
-		case d := <-s.deaths:
+			return dr.run, ctx.Err()
+		case d := <-dr.s.deaths:
 			how := "out of memory"
 			if !d.oom {
 				how = "crashed; see the tasks' log"
 			}
-			run.died(d.name+" ("+how+")", time.Since(start))
-			v.printf("  %s died (%s); restarting it in 2 s\n", d.name, how)
-			restartDead(d.name)
-		case name := <-restarts:
-			v.printf("  %s restarted\n", name)
+			dr.run.died(d.name+" ("+how+")", time.Since(dr.start))
+			dr.v.printf("  %s died (%s); restarting it in 2 s\n", d.name, how)
+			dr.restartDead(d.name)
+		case name := <-dr.restarts:
+			dr.v.printf("  %s restarted\n", name)
 		case <-loadDone:
-			actions.Wait()
-			run.finish(time.Since(start))
-			v.printf("== run %q done: goodput %.2f of the provisioned rate, %d task deaths\n", name, run.GoodputFrac, run.TasksDied)
-			return run, nil
+			dr.actions.Wait()
+			dr.run.finish(time.Since(dr.start))
+			dr.v.printf("== run %q done: goodput %.2f of the provisioned rate, %d task deaths\n", dr.run.Name, dr.run.GoodputFrac, dr.run.TasksDied)
+			return dr.run, nil
 		case <-tick.C:
-			el := time.Since(start)
-			ph := len(script) - 1
-			for i, end := range phaseEnds {
-				if el < end {
-					ph = i
-					break
-				}
-			}
+			el := time.Since(dr.start)
+			ph := dr.phase(el)
 			if ph != curPhase {
 				curPhase = ph
-				run.phaseAt(script[ph].name, el)
-				v.printf("-- %5.1fs  %s\n", el.Seconds(), script[ph].says)
-				switch script[ph].name {
-				case "restart":
-					actions.Add(1)
-					go func() {
-						defer actions.Done()
-						defer close(restarted)
-						s.rollingRestart(runCtx, RoleB, v, run, start)
-					}()
-				case "kill":
-					// After the rolling restart, as the script says: a short
-					// drill's restart can outlast its phase.
-					actions.Add(1)
-					go func() {
-						defer actions.Done()
-						defer close(killed)
-						select {
-						case <-restarted:
-						case <-runCtx.Done():
-							return
-						}
-						s.stop(s.byName["db-0"], syscall.SIGKILL)
-						run.note(fmt.Sprintf("%.1fs db-0 killed (SIGKILL)", time.Since(start).Seconds()))
-					}()
-				case "recovery":
-					actions.Add(1)
-					go func() {
-						defer actions.Done()
-						select {
-						case <-killed:
-						case <-runCtx.Done():
-							return
-						}
-						if err := s.start(s.byName["db-0"]); err == nil {
-							run.note(fmt.Sprintf("%.1fs db-0 started again", time.Since(start).Seconds()))
-						}
-					}()
-				}
+				dr.run.phaseAt(script[ph].name, el)
+				dr.v.printf("-- %5.1fs  %s\n", el.Seconds(), script[ph].says)
+				dr.act(script[ph].name)
 			}
-			s.poll(run, el)
-			v.show(run, script[ph].name, el, d)
+			dr.s.poll(dr.run, el)
+			dr.v.show(dr.run, script[ph].name, el, dr.d)
 		}
 	}
+}
+
+// act starts the action of a phase, beside the load.
+func (dr *driver) act(phase string) {
+	s, run := dr.s, dr.run
+	switch phase {
+	case "restart":
+		dr.goAction(func() {
+			defer close(dr.restarted)
+			s.rollingRestart(dr.runCtx, RoleB, dr.v, run, dr.start)
+		})
+	case "kill":
+		// After the rolling restart, as the script says: a short drill's
+		// restart can outlast its phase.
+		dr.goAction(func() {
+			defer close(dr.killed)
+			if !dr.after(dr.restarted) {
+				return
+			}
+			s.stop(s.byName["db-0"], syscall.SIGKILL)
+			run.note(fmt.Sprintf("%.1fs db-0 killed (SIGKILL)", time.Since(dr.start).Seconds()))
+		})
+	case "recovery":
+		dr.goAction(func() {
+			if !dr.after(dr.killed) {
+				return
+			}
+			if err := s.start(s.byName["db-0"]); err == nil {
+				run.note(fmt.Sprintf("%.1fs db-0 started again", time.Since(dr.start).Seconds()))
+			}
+		})
+	}
+}
+
+func (dr *driver) goAction(f func()) {
+	dr.actions.Add(1)
+	go func() {
+		defer dr.actions.Done()
+		f()
+	}()
+}
+
+// after waits for ch, and reports false if the run ended first.
+func (dr *driver) after(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-dr.runCtx.Done():
+		return false
+	}
+}
+
+// restartDead restarts a dead task 2 s later, as a cluster manager would.
+func (dr *driver) restartDead(name string) {
+	dr.goAction(func() {
+		select {
+		case <-time.After(2 * time.Second): // the cluster manager notices and reschedules
+		case <-dr.runCtx.Done():
+			return
+		}
+		p := dr.s.byName[name]
+		if p == nil || dr.runCtx.Err() != nil || p.alive() {
+			return
+		}
+		if err := dr.s.start(p); err == nil {
+			dr.restarts <- name
+		}
+	})
 }
 
 func (s *stack) taskNames() []string {

@@ -27,33 +27,47 @@ func (r *RunResult) plots(slug string) []sim.Plot {
 	for i := range r.Seconds {
 		xs = append(xs, float64(i)+0.5)
 	}
-	good := sim.Plot{Name: "goodput-" + slug, Title: r.Name + ": answered per second, by criticality", XLabel: "time (s)", YLabel: "requests/s"}
+	var out []sim.Plot
+	for _, p := range []sim.Plot{r.goodputPlot(slug, xs), r.latencyPlot(slug, xs), r.rejectionsPlot(slug, xs), r.utilPlot(slug, xs), r.usagePlot(slug, xs)} {
+		if len(p.Series) > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// series is the values f gives for each second that has one, at xs.
+func (r *RunResult) series(name string, xs []float64, f func(s *Second) (float64, bool)) sim.Series {
+	se := sim.Series{Name: name}
+	for i := range r.Seconds {
+		if v, ok := f(&r.Seconds[i]); ok {
+			se.X, se.Y = append(se.X, xs[i]), append(se.Y, v)
+		}
+	}
+	return se
+}
+
+func (r *RunResult) goodputPlot(slug string, xs []float64) sim.Plot {
+	p := sim.Plot{Name: "goodput-" + slug, Title: r.Name + ": answered per second, by criticality", XLabel: "time (s)", YLabel: "requests/s"}
 	for l := criticality.NumLevels - 1; l >= 0; l-- {
-		se := sim.Series{Name: criticality.Level(l).String(), X: xs}
-		for _, s := range r.Seconds {
-			se.Y = append(se.Y, float64(s.OK[l]))
-		}
-		good.Series = append(good.Series, se)
+		p.Series = append(p.Series, r.series(criticality.Level(l).String(), xs, func(s *Second) (float64, bool) { return float64(s.OK[l]), true }))
 	}
-	prov := sim.Series{Name: "provisioned rate", X: xs}
-	for range xs {
-		prov.Y = append(prov.Y, ProvisionedRate)
-	}
-	good.Series = append(good.Series, prov)
+	p.Series = append(p.Series, r.series("provisioned rate", xs, func(*Second) (float64, bool) { return ProvisionedRate, true }))
+	return p
+}
 
-	lat := sim.Plot{Name: "latency-" + slug, Title: r.Name + ": latency of successful requests", XLabel: "time (s)", YLabel: "ms"}
-	p50, p99 := sim.Series{Name: "p50"}, sim.Series{Name: "p99"}
-	for i, s := range r.Seconds {
-		if s.P99 > 0 {
-			p50.X, p50.Y = append(p50.X, xs[i]), append(p50.Y, s.P50)
-			p99.X, p99.Y = append(p99.X, xs[i]), append(p99.Y, s.P99)
-		}
-	}
+func (r *RunResult) latencyPlot(slug string, xs []float64) sim.Plot {
+	p := sim.Plot{Name: "latency-" + slug, Title: r.Name + ": latency of successful requests", XLabel: "time (s)", YLabel: "ms"}
+	p50 := r.series("p50", xs, func(s *Second) (float64, bool) { return s.P50, s.P99 > 0 })
+	p99 := r.series("p99", xs, func(s *Second) (float64, bool) { return s.P99, s.P99 > 0 })
 	if len(p50.X) > 0 {
-		lat.Series = []sim.Series{p50, p99}
+		p.Series = []sim.Series{p50, p99}
 	}
+	return p
+}
 
-	rej := sim.Plot{Name: "rejections-" + slug, Title: r.Name + ": failed requests per second, by reason", XLabel: "time (s)", YLabel: "requests/s"}
+func (r *RunResult) rejectionsPlot(slug string, xs []float64) sim.Plot {
+	p := sim.Plot{Name: "rejections-" + slug, Title: r.Name + ": failed requests per second, by reason", XLabel: "time (s)", YLabel: "requests/s"}
 	reasons := map[string]int{}
 	for _, s := range r.Seconds {
 		for k, v := range s.Rejected {
@@ -61,14 +75,13 @@ func (r *RunResult) plots(slug string) []sim.Plot {
 		}
 	}
 	for _, k := range sortedKeys(reasons) {
-		se := sim.Series{Name: k, X: xs}
-		for _, s := range r.Seconds {
-			se.Y = append(se.Y, float64(s.Rejected[k]))
-		}
-		rej.Series = append(rej.Series, se)
+		p.Series = append(p.Series, r.series(k, xs, func(s *Second) (float64, bool) { return float64(s.Rejected[k]), true }))
 	}
+	return p
+}
 
-	util := sim.Plot{Name: "util-" + slug, Title: r.Name + ": utilization per task (busy share of its slots)", XLabel: "time (s)", YLabel: "utilization"}
+func (r *RunResult) utilPlot(slug string, xs []float64) sim.Plot {
+	p := sim.Plot{Name: "util-" + slug, Title: r.Name + ": utilization per task (busy share of its slots)", XLabel: "time (s)", YLabel: "utilization"}
 	var tasks []string
 	for _, t := range r.tasks {
 		if !strings.HasPrefix(t, RoleFrontend) {
@@ -77,18 +90,15 @@ func (r *RunResult) plots(slug string) []sim.Plot {
 	}
 	sort.Strings(tasks)
 	for _, t := range tasks {
-		se := sim.Series{Name: t}
-		for i, s := range r.Seconds {
-			if v, ok := s.Util[t]; ok {
-				se.X, se.Y = append(se.X, xs[i]), append(se.Y, v)
-			}
-		}
-		if len(se.X) > 0 {
-			util.Series = append(util.Series, se)
+		if se := r.series(t, xs, func(s *Second) (float64, bool) { v, ok := s.Util[t]; return v, ok }); len(se.X) > 0 {
+			p.Series = append(p.Series, se)
 		}
 	}
+	return p
+}
 
-	usage := sim.Plot{Name: "usage-" + slug, Title: r.Name + ": DB usage per customer against its quota", XLabel: "time (s)", YLabel: "slot-seconds per second"}
+func (r *RunResult) usagePlot(slug string, xs []float64) sim.Plot {
+	p := sim.Plot{Name: "usage-" + slug, Title: r.Name + ": DB usage per customer against its quota", XLabel: "time (s)", YLabel: "slot-seconds per second"}
 	customers := map[string]bool{}
 	for _, s := range r.Seconds {
 		for c := range s.Usage {
@@ -98,32 +108,14 @@ func (r *RunResult) plots(slug string) []sim.Plot {
 		}
 	}
 	for _, c := range sortedKeys(customers) {
-		se := sim.Series{Name: c + " usage"}
-		for i, s := range r.Seconds {
-			if s.Usage != nil {
-				se.X, se.Y = append(se.X, xs[i]), append(se.Y, s.Usage[c])
-			}
-		}
-		usage.Series = append(usage.Series, se)
+		p.Series = append(p.Series, r.series(c+" usage", xs, func(s *Second) (float64, bool) { return s.Usage[c], s.Usage != nil }))
 	}
 	for _, c := range []string{"abuser", "gmail"} {
-		se := sim.Series{Name: c + " quota"}
-		for i, s := range r.Seconds {
-			if v, ok := s.Limit[c]; ok {
-				se.X, se.Y = append(se.X, xs[i]), append(se.Y, v)
-			}
-		}
-		if len(se.X) > 0 {
-			usage.Series = append(usage.Series, se)
+		if se := r.series(c+" quota", xs, func(s *Second) (float64, bool) { v, ok := s.Limit[c]; return v, ok }); len(se.X) > 0 {
+			p.Series = append(p.Series, se)
 		}
 	}
-	var out []sim.Plot
-	for _, p := range []sim.Plot{good, lat, rej, util, usage} {
-		if len(p.Series) > 0 {
-			out = append(out, p)
-		}
-	}
-	return out
+	return p
 }
 
 // Report renders report.html: self-contained, every figure inline.
