@@ -126,5 +126,5 @@ func TestHTTPShutdownBounded(t *testing.T) {
 
 type fixedSignal float64
 
-func (fixedSignal) Name() string            { return "fixed" }
+func (fixedSignal) Name() string           { return "fixed" }
 func (s fixedSignal) Utilization() float64 { return float64(s) }
