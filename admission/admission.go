@@ -281,10 +281,7 @@ type Controller struct {
 	queues         [2 * criticality.NumLevels]fifo // by rank
 
 	// hot holds every counter that every request writes, on one cache
-	// line: each request writes them all, so that on separate lines every
-	// request would move several lines between cores, on one line it
-	// moves one (BenchmarkAdmission -cpu 2, interleaved runs: medians 675
-	// ns with the counters on lines of their own, 210 ns on one line).
+	// line (docs/rationale.md, "One cache line").
 	hot *hotLine
 	// Read-mostly words, then the words sampled requests write.
 	_           [64]byte
@@ -620,8 +617,7 @@ func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + 
 // of one class: the cap shrinks until the wait meets the target whatever
 // the headroom), so CRITICAL's 3x and CRITICAL_PLUS's 5x cost little
 // queueing; they are this large because critical requests arrive in bursts
-// that must not find the room taken (measured: with 2x and 3x, 94-97% of
-// CRITICAL succeeded at 5x load; with 3x and 5x, 99.7-99.9%).
+// that must not find the room taken (docs/rationale.md, "Headroom").
 var headroom = [criticality.NumLevels]int64{0, 25, 200, 400}
 
 type levelCounters struct {

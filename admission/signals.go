@@ -114,8 +114,8 @@ func (r *schedReader) read() float64 {
 // system, from getrusage) divided by the CPUs reserved for it: the cgroup
 // v2 cpu.max quota when there is one, else GOMAXPROCS. It is sampled at
 // most once per Interval (default 100 ms) and is the rate over the last
-// interval. Not the machine's CPU, nor the whole cgroup's: the peers
-// measured in issue 4 read the machine's and never fired.
+// interval. Not the machine's CPU, nor the whole cgroup's
+// (docs/rationale.md, "Whose CPU").
 type CPU struct {
 	// CPUs is the CPUs reserved; 0 means ReservedCPUs().
 	CPUs float64

@@ -70,10 +70,9 @@ const (
 	// that a client always sends some requests and learns that the backend
 	// recovered. Without it, a client whose recent requests were all
 	// rejected rejects 99% locally and, sending one request in a hundred,
-	// takes many seconds to notice the recovery (measured: 5 s of 99%
-	// local rejection at 25 requests per second). At K = 2 the cap binds
-	// only beyond 40x overload; there the backend's own admission control
-	// sheds the extra 5%.
+	// takes many seconds to notice the recovery (docs/rationale.md, "The
+	// 95% cap"). At K = 2 the cap binds only beyond 40x overload; there the
+	// backend's own admission control sheds the extra 5%.
 	DefaultMaxRejectProbability = 0.95
 	// DefaultShortMin is the number of requests the short window must hold
 	// to be used instead of the whole window.

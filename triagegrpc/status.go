@@ -99,9 +99,8 @@ func Status(e *outcome.Error) *status.Status {
 // compactStatus is an outcome's status in compact form: its code and
 // e.Error() as the message, without details. Rejections at the transport
 // use it because grpc-go marshals a status's details for every rejected
-// stream, and the client unmarshals them: measured over loopback, details
-// cost 29 more allocations and about 12% more CPU per rejected call
-// (BenchmarkRejectAtTap), and at 10x overload rejections are most of a
+// stream, and the client unmarshals them (docs/rationale.md, "Compact
+// rejections"), and at 10x overload rejections are most of a
 // task's work. FromStatus reads both forms.
 func compactStatus(e *outcome.Error) *status.Status {
 	return status.New(Code(e.Kind), e.Error())

@@ -1,10 +1,11 @@
 // Command triage is the toolkit's CLI. It only parses flags, handles signals
 // and wires packages together.
 //
-//	triage demo [flags]              run the loopback demo stack (see internal/demo)
-//	triage sim subsetting [flags]    connections per backend under a subsetting algorithm
-//	triage sim throttle|retry|stack   the book's throttling and retry experiments (package sim)
-//	triage quota-server [flags]      the global quota service
+//	triage demo [flags]              the overload drill on real processes (internal/drill)
+//	triage serve ROLE [flags]        one task of the drill's stack
+//	triage sim SCENARIO [flags]      the book's experiments on virtual time (package sim)
+//	triage quota-server [flags]      the global quota service (triagegrpc/quotaservice)
+//	triage proxy [flags]             the batch proxy (triagegrpc.Proxy)
 package main
 
 import (

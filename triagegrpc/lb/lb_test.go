@@ -57,7 +57,7 @@ func TestBalancerFlowControlFailsFast(t *testing.T) {
 }
 
 // A malformed configuration is refused when the service config is parsed.
-func TestParseBalancerConfigErrors(t *testing.T) {
+func TestParseConfigErrors(t *testing.T) {
 	for _, js := range []string{
 		`{"policy":"fastest"}`, `{"maxActive":-5}`, `{"subsetSize":3}`, `{"subsetSize":-1}`,
 		`{"subsetSize":3,"clientId":-1}`, `{"subsetAlgorithm":"consistent"}`, `{"errorWindow":"soon"}`,
@@ -72,7 +72,7 @@ func TestParseBalancerConfigErrors(t *testing.T) {
 	}
 }
 
-// FuzzParseBalancerConfig: service configs come from resolvers (DNS TXT
+// FuzzParseConfig: service configs come from resolvers (DNS TXT
 // records, xDS); whatever the bytes, parsing returns a config New accepts
 // or an error, never a panic.
 func FuzzParseConfig(f *testing.F) {

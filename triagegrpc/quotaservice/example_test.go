@@ -16,7 +16,7 @@ import (
 )
 
 // A quota service and one task leasing from it over loopback (what
-// `triage quota-server` serves); in a task, run QuotaClient.Run in a
+// `triage quota-server` serves); in a task, run Client.Run in a
 // goroutine instead of one RefreshOnce, and give the Leased to
 // quota.NewEnforcer.
 func ExampleClient() {
