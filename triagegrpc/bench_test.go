@@ -19,6 +19,7 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
@@ -229,7 +230,7 @@ func BenchmarkServerStack(b *testing.B) {
 			}
 			s := grpc.NewServer(sopts...)
 			s.RegisterService(&emptyDesc, struct{}{})
-			cc := dialLoopback(b, serveLoopback(b, s))
+			cc := loopback.DialGRPC(b, loopback.ServeGRPC(b, s))
 			ctx := context.Background()
 			in, out := &emptypb.Empty{}, &emptypb.Empty{}
 			if err := cc.Invoke(ctx, "/triage.bench.Empty/Call", in, out); err != nil {
@@ -283,7 +284,7 @@ func BenchmarkRejectAtTap(b *testing.B) {
 		b.Run(form.name, func(b *testing.B) {
 			s := grpc.NewServer(grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) { return ctx, form.err }))
 			relay.Register(s, &relay.Tier{Name: "B"})
-			cc := dialLoopback(b, serveLoopback(b, s))
+			cc := loopback.DialGRPC(b, loopback.ServeGRPC(b, s))
 			b.ReportAllocs()
 			for b.Loop() {
 				_, err := relay.Invoke(context.Background(), cc, "x")
@@ -334,7 +335,7 @@ func BenchmarkQuotaOverhead(b *testing.B) {
 				},
 			}}
 			s.RegisterService(&desc, struct{}{})
-			cc := dialLoopback(b, serveLoopback(b, s))
+			cc := loopback.DialGRPC(b, loopback.ServeGRPC(b, s))
 			ctx := quota.NewContext(context.Background(), "ads")
 			in, out := &emptypb.Empty{}, &emptypb.Empty{}
 			b.ReportAllocs()

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/triagehq/triage/connload"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -48,7 +49,7 @@ func TestWithConnLoad(t *testing.T) {
 	defer srv.Stop()
 	var ccs []*grpc.ClientConn
 	for range 3 {
-		cc := dialLoopback(t, l.Addr().String())
+		cc := loopback.DialGRPC(t, l.Addr().String())
 		if _, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +92,7 @@ func TestClientIdleTimeout(t *testing.T) {
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(l)
 	defer srv.Stop()
-	cc := dialLoopback(t, l.Addr().String(), triagegrpc.NewClient(triagegrpc.WithoutPolicy(), triagegrpc.WithIdleTimeout(50*time.Millisecond)).DialOptions()...)
+	cc := loopback.DialGRPC(t, l.Addr().String(), triagegrpc.NewClient(triagegrpc.WithoutPolicy(), triagegrpc.WithIdleTimeout(50*time.Millisecond)).DialOptions()...)
 	check := func() {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -141,7 +142,7 @@ func TestWithConnLoadCallsAndHealthChecks(t *testing.T) {
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(l)
 	defer srv.Stop()
-	cc := dialLoopback(t, l.Addr().String())
+	cc := loopback.DialGRPC(t, l.Addr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	hc := healthpb.NewHealthClient(cc)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -30,7 +31,7 @@ func TestClientDropsEveryForwardedTriageKey(t *testing.T) {
 		return ss.SendMsg(&emptypb.Empty{})
 	}))
 	c := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
-	cc := dialLoopback(t, serveLoopback(t, gs), c.DialOptions()...)
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, gs), c.DialOptions()...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ctx = criticality.NewContext(ctx, criticality.SheddablePlus)

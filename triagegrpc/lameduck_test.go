@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
@@ -46,7 +47,7 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	s := grpc.NewServer(srv.ServerOptions()...)
 	healthpb.RegisterHealthServer(s, hs)
 	relay.Register(s, &relay.Tier{Name: "B"})
-	cc := dialLoopback(t, serveLoopback(t, s))
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, s))
 	hc := healthpb.NewHealthClient(cc)
 	check := func(want healthpb.HealthCheckResponse_ServingStatus, lame bool) {
 		t.Helper()
@@ -105,7 +106,7 @@ func TestLameDuckReachesIdleClient(t *testing.T) {
 		s := grpc.NewServer(srv.ServerOptions()...)
 		healthpb.RegisterHealthServer(s, hs)
 		relay.Register(s, &relay.Tier{Name: name})
-		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: serveLoopback(t, s)}}})
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: loopback.ServeGRPC(t, s)}}})
 		lcs[name] = lc
 	}
 	r := manual.NewBuilderWithScheme("idle")
@@ -169,7 +170,7 @@ func TestShutdownBoundedWithWatchOpen(t *testing.T) {
 	}
 	s := grpc.NewServer()
 	healthpb.RegisterHealthServer(s, hs)
-	cc := dialLoopback(t, serveLoopback(t, s))
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, s))
 	w, err := healthpb.NewHealthClient(cc).Watch(context.Background(), &healthpb.HealthCheckRequest{})
 	if err != nil {
 		t.Fatal(err)

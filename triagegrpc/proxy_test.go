@@ -16,6 +16,7 @@ import (
 
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -57,9 +58,9 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 	}
 	backend := grpc.NewServer(bs.ServerOptions()...)
 	relay.Register(backend, p.backend)
-	baddr := serveLoopback(t, backend)
+	baddr := loopback.ServeGRPC(t, backend)
 
-	cc := dialLoopback(t, baddr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	cc := loopback.DialGRPC(t, baddr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
 	px, err := triagegrpc.NewProxy(cc)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 	}
 	srv := grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...)
 	healthpb.RegisterHealthServer(srv, health.NewServer()) // the proxy's own service still works
-	p.proxy = serveLoopback(t, srv)
+	p.proxy = loopback.ServeGRPC(t, srv)
 	return p
 }
 
@@ -79,7 +80,7 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 // answer; an unknown method's status comes back from the backend.
 func TestProxyForwards(t *testing.T) {
 	p := startProxied(t, true, nil)
-	client := dialLoopback(t, p.proxy, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	client := loopback.DialGRPC(t, p.proxy, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	ctx = criticality.NewContext(ctx, criticality.SheddablePlus)
@@ -112,7 +113,7 @@ func TestProxyForwards(t *testing.T) {
 // classification (the default, CRITICAL).
 func TestProxyIgnoresUntrustedClaims(t *testing.T) {
 	p := startProxied(t, false, nil)
-	client := dialLoopback(t, p.proxy) // plain grpc-go, no triage interceptors
+	client := loopback.DialGRPC(t, p.proxy) // plain grpc-go, no triage interceptors
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "triage-criticality", "CRITICAL_PLUS", "triage-attempt", "2")
 	got, err := relay.Invoke(ctx, client, "x")
 	if err != nil {
@@ -129,7 +130,7 @@ func TestProxyOverloadGoesUpAsDontRetry(t *testing.T) {
 	p := startProxied(t, true, func(context.Context) error {
 		return triagegrpc.ToError(&outcome.Error{Kind: outcome.TaskOverloaded, Reason: "test"})
 	})
-	client := dialLoopback(t, p.proxy, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	client := loopback.DialGRPC(t, p.proxy, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
 	_, err := relay.Invoke(context.Background(), client, "x")
 	var oe *outcome.Error
 	if !errors.As(err, &oe) || oe.Kind != outcome.DontRetry {
@@ -153,9 +154,9 @@ func BenchmarkProxy(b *testing.B) {
 			}
 			backend := grpc.NewServer(bs.ServerOptions()...)
 			relay.Register(backend, &relay.Tier{Name: "backend"})
-			addr := serveLoopback(b, backend)
+			addr := loopback.ServeGRPC(b, backend)
 			if via == "proxy" {
-				cc := dialLoopback(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+				cc := loopback.DialGRPC(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
 				px, err := triagegrpc.NewProxy(cc)
 				if err != nil {
 					b.Fatal(err)
@@ -164,19 +165,19 @@ func BenchmarkProxy(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				addr = serveLoopback(b, grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...))
+				addr = loopback.ServeGRPC(b, grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...))
 			}
 			if via == "typed-hop" {
-				cc := dialLoopback(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+				cc := loopback.DialGRPC(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
 				hs, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
 				if err != nil {
 					b.Fatal(err)
 				}
 				hop := grpc.NewServer(hs.ServerOptions()...)
 				relay.Register(hop, &relay.Tier{Name: "hop", Next: cc})
-				addr = serveLoopback(b, hop)
+				addr = loopback.ServeGRPC(b, hop)
 			}
-			client := dialLoopback(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+			client := loopback.DialGRPC(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
 			ctx := context.Background()
 			if _, err := relay.Invoke(ctx, client, "warm"); err != nil {
 				b.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
@@ -37,7 +38,7 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 		return nil
 	}})
 	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
-	downCC := dialLoopback(t, serveLoopback(t, down), client.DialOptions()...)
+	downCC := loopback.DialGRPC(t, loopback.ServeGRPC(t, down), client.DialOptions()...)
 
 	p, err := quota.New(quota.Config{Default: quota.Limit{CPU: 100}, Customers: map[string]quota.Limit{"capped": {CPU: 0.05, Hard: true}}})
 	if err != nil {
@@ -65,7 +66,7 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 		spin(2 * time.Millisecond)
 		return nil
 	}})
-	cc := dialLoopback(t, serveLoopback(t, gs), client.DialOptions()...)
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, gs), client.DialOptions()...)
 
 	var (
 		mu      sync.Mutex

@@ -7,7 +7,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strings"
@@ -28,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
@@ -268,16 +268,7 @@ func TestBalancingSpread(t *testing.T) {
 }
 
 // listenAndServe serves s on a loopback port until the test ends.
-func listenAndServe(t *testing.T, s *grpc.Server) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Serve(lis)
-	t.Cleanup(s.Stop)
-	return lis.Addr().String()
-}
+func listenAndServe(t *testing.T, s *grpc.Server) string { return loopback.ServeGRPC(t, s) }
 
 // TestLeastLoadedSinkhole: four equal backends, one of which answers every
 // request at once with an error. Least-loaded round robin that counts

@@ -6,7 +6,11 @@ package loopback
 import (
 	"net"
 	"net/http"
+	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Dialer dials from source IP ip.
@@ -17,4 +21,28 @@ func Dialer(ip string, timeout time.Duration) *net.Dialer {
 // HTTPClient returns an HTTP client whose connections come from ip.
 func HTTPClient(ip string, timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: Dialer(ip, timeout).DialContext, MaxIdleConnsPerHost: 4}}
+}
+
+// ServeGRPC serves s on a loopback port until the test ends and returns
+// the address.
+func ServeGRPC(tb testing.TB, s *grpc.Server) string {
+	tb.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	go s.Serve(lis)
+	tb.Cleanup(s.Stop)
+	return lis.Addr().String()
+}
+
+// DialGRPC dials addr without TLS; the connection closes with the test.
+func DialGRPC(tb testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	tb.Helper()
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cc.Close() })
+	return cc
 }

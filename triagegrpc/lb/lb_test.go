@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc/lb"
 )
@@ -31,8 +32,8 @@ func TestBalancerFlowControlFailsFast(t *testing.T) {
 		return nil
 	}})
 	r := manual.NewBuilderWithScheme("fctest")
-	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{{Addresses: []resolver.Address{{Addr: serveLoopback(t, s)}}}}})
-	cc := dialLoopback(t, r.Scheme()+":///b", grpc.WithResolvers(r),
+	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{{Addresses: []resolver.Address{{Addr: loopback.ServeGRPC(t, s)}}}}})
+	cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"maxActive":1}}]}`))
 	if _, err := relay.Invoke(context.Background(), cc, "warm"); err != nil {
 		t.Fatal(err)

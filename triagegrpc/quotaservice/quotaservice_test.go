@@ -12,6 +12,7 @@ import (
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
@@ -28,7 +29,7 @@ func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (a
 	}
 	gs := grpc.NewServer(quotapb.ServerOption())
 	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(a))
-	return serveLoopback(t, gs), a
+	return loopback.ServeGRPC(t, gs), a
 }
 
 // Two tasks report over loopback; each gets its share of a customer's
@@ -39,7 +40,7 @@ func TestQuotaServiceOverLoopback(t *testing.T) {
 	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2},
 		quota.WithLease(10*time.Second), quota.WithRefresh(time.Second), quota.WithAllocatorClock(clk))
 	clk.Advance(10 * time.Second) // past learning mode
-	cc := dialLoopback(t, addr, quotaservice.DialOptions(time.Second)...)
+	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
 	type task struct {
 		u *quota.Usage
 		l *quota.Leased
