@@ -23,7 +23,11 @@ type Meter struct {
 }
 
 // MeterOption configures a Meter.
-type MeterOption func(*meterConfig)
+type MeterOption interface{ apply(*meterConfig) }
+
+type meterOptionFunc func(*meterConfig)
+
+func (f meterOptionFunc) apply(c *meterConfig) { f(c) }
 
 type meterConfig struct {
 	window      time.Duration
@@ -33,23 +37,27 @@ type meterConfig struct {
 
 // WithMeterWindow sets the window over which rates are measured. Default
 // 10 s.
-func WithMeterWindow(d time.Duration) MeterOption { return func(c *meterConfig) { c.window = d } }
+func WithMeterWindow(d time.Duration) MeterOption {
+	return meterOptionFunc(func(c *meterConfig) { c.window = d })
+}
 
 // WithMeterClock sets the clock. Default clock.Real().
-func WithMeterClock(c clock.Clock) MeterOption { return func(cfg *meterConfig) { cfg.clock = c } }
+func WithMeterClock(c clock.Clock) MeterOption {
+	return meterOptionFunc(func(cfg *meterConfig) { cfg.clock = c })
+}
 
 // WithUtilization sets where utilization comes from: a function returning
 // the task's utilization, 0 to 1 (for example an admission.CPU signal's
 // Utilization). Required.
 func WithUtilization(f func() float64) MeterOption {
-	return func(c *meterConfig) { c.utilization = f }
+	return meterOptionFunc(func(c *meterConfig) { c.utilization = f })
 }
 
 // NewMeter returns a Meter.
 func NewMeter(opts ...MeterOption) (*Meter, error) {
 	c := meterConfig{window: 10 * time.Second}
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	if c.window < 40*time.Millisecond {
 		return nil, errors.New("balance: meter window under 40ms")

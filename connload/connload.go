@@ -71,7 +71,11 @@ func (Nop) Accepted(time.Duration) {}
 func (Nop) Closed()                {}
 
 // Option configures a Listener.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	rate    float64
@@ -85,18 +89,18 @@ type config struct {
 // burst. Defaults DefaultAcceptRate and DefaultAcceptBurst. A rate of 0
 // (with any burst) removes the rate bound.
 func WithAcceptRate(perSecond float64, burst int) Option {
-	return func(c *config) { c.rate, c.burst = perSecond, burst }
+	return optionFunc(func(c *config) { c.rate, c.burst = perSecond, burst })
 }
 
 // WithMaxOpen bounds the open connections. Default DefaultMaxOpen; 0
 // removes the bound.
-func WithMaxOpen(n int) Option { return func(c *config) { c.maxOpen = n } }
+func WithMaxOpen(n int) Option { return optionFunc(func(c *config) { c.maxOpen = n }) }
 
 // WithClock sets the clock. Default clock.Real().
-func WithClock(c clock.Clock) Option { return func(cfg *config) { cfg.clock = c } }
+func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
 // WithObserver sets the Observer. Default Nop.
-func WithObserver(o Observer) Option { return func(c *config) { c.obs = o } }
+func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }
 
 // Listener is a net.Listener whose connections are counted and bounded.
 // It is safe for concurrent use. Its memory is fixed: counters, and one
@@ -160,7 +164,7 @@ func NewListener(l net.Listener, opts ...Option) (*Listener, error) {
 	}
 	c := config{rate: DefaultAcceptRate, burst: DefaultAcceptBurst, maxOpen: DefaultMaxOpen}
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	switch {
 	case !(c.rate >= 0) || math.IsInf(c.rate, 0) || c.rate > 1e6:

@@ -87,7 +87,11 @@ const (
 )
 
 // Option configures a Meter.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	window time.Duration
@@ -97,19 +101,21 @@ type config struct {
 
 // WithWindow sets the sliding window over which the CPU rate per active
 // second is measured. Default 1 s.
-func WithWindow(d time.Duration) Option { return func(c *config) { c.window = d } }
+func WithWindow(d time.Duration) Option { return optionFunc(func(c *config) { c.window = d }) }
 
 // WithClock sets the clock. Default clock.Real().
-func WithClock(c clock.Clock) Option { return func(cfg *config) { cfg.clock = c } }
+func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
 // WithCPU sets where the process's CPU time comes from. Default getrusage.
-func WithCPU(f func() (time.Duration, error)) Option { return func(c *config) { c.cpu = f } }
+func WithCPU(f func() (time.Duration, error)) Option {
+	return optionFunc(func(c *config) { c.cpu = f })
+}
 
 // New returns a Meter.
 func New(opts ...Option) (*Meter, error) {
 	c := config{window: time.Second, cpu: proc.CPU}
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	if c.window < buckets*time.Millisecond {
 		return nil, errors.New("cost: window under 20 ms")

@@ -117,7 +117,11 @@ type taskState struct {
 var ErrTooManyTasks = errors.New("quota: too many tasks")
 
 // AllocatorOption configures an Allocator.
-type AllocatorOption func(*allocatorConfig)
+type AllocatorOption interface{ apply(*allocatorConfig) }
+
+type allocatorOptionFunc func(*allocatorConfig)
+
+func (f allocatorOptionFunc) apply(c *allocatorConfig) { f(c) }
 
 type allocatorConfig struct {
 	lease, refresh time.Duration
@@ -129,14 +133,20 @@ type allocatorConfig struct {
 // WithLease sets how long a lease is valid. Default 30 s: long against
 // the refresh, so a quota service restart or a few lost refreshes change
 // nothing.
-func WithLease(d time.Duration) AllocatorOption { return func(c *allocatorConfig) { c.lease = d } }
+func WithLease(d time.Duration) AllocatorOption {
+	return allocatorOptionFunc(func(c *allocatorConfig) { c.lease = d })
+}
 
 // WithRefresh sets how often tasks renew their lease (each with ±25%
 // jitter). Default 5 s.
-func WithRefresh(d time.Duration) AllocatorOption { return func(c *allocatorConfig) { c.refresh = d } }
+func WithRefresh(d time.Duration) AllocatorOption {
+	return allocatorOptionFunc(func(c *allocatorConfig) { c.refresh = d })
+}
 
 // WithMaxTasks bounds the tasks known. Default 10,000.
-func WithMaxTasks(n int) AllocatorOption { return func(c *allocatorConfig) { c.maxTasks = n } }
+func WithMaxTasks(n int) AllocatorOption {
+	return allocatorOptionFunc(func(c *allocatorConfig) { c.maxTasks = n })
+}
 
 // WithAllocatorMode sets the throttling mode. In ModePessimistic the
 // shares of each customer's limit held by the live tasks never sum to more
@@ -145,18 +155,20 @@ func WithMaxTasks(n int) AllocatorOption { return func(c *allocatorConfig) { c.m
 // larger of the share last granted to it and the share it last reported
 // holding, until it reports the smaller one). Pair it with Enforcers in
 // ModePessimistic. Default ModeOptimistic.
-func WithAllocatorMode(m Mode) AllocatorOption { return func(c *allocatorConfig) { c.mode = m } }
+func WithAllocatorMode(m Mode) AllocatorOption {
+	return allocatorOptionFunc(func(c *allocatorConfig) { c.mode = m })
+}
 
 // WithAllocatorClock sets the clock. Default clock.Real().
 func WithAllocatorClock(c clock.Clock) AllocatorOption {
-	return func(cfg *allocatorConfig) { cfg.clock = c }
+	return allocatorOptionFunc(func(cfg *allocatorConfig) { cfg.clock = c })
 }
 
 // NewAllocator returns an Allocator for policy p.
 func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
 	c := allocatorConfig{lease: 30 * time.Second, refresh: 5 * time.Second, maxTasks: 10000}
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	if p == nil {
 		return nil, errors.New("quota: an Allocator needs a Policy")

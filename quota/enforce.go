@@ -88,7 +88,11 @@ type Enforcer struct {
 type limitsBox struct{ Limits }
 
 // EnforcerOption configures an Enforcer.
-type EnforcerOption func(*enforcerConfig)
+type EnforcerOption interface{ apply(*enforcerConfig) }
+
+type enforcerOptionFunc func(*enforcerConfig)
+
+func (f enforcerOptionFunc) apply(c *enforcerConfig) { f(c) }
 
 type enforcerConfig struct {
 	interval time.Duration
@@ -103,12 +107,12 @@ type enforcerConfig struct {
 // WithAdjustInterval sets how often the fairness threshold moves. Default
 // 250 ms.
 func WithAdjustInterval(d time.Duration) EnforcerOption {
-	return func(c *enforcerConfig) { c.interval = d }
+	return enforcerOptionFunc(func(c *enforcerConfig) { c.interval = d })
 }
 
 // WithEnforcerClock sets the clock. Default clock.Real().
 func WithEnforcerClock(c clock.Clock) EnforcerOption {
-	return func(cfg *enforcerConfig) { cfg.clock = c }
+	return enforcerOptionFunc(func(cfg *enforcerConfig) { cfg.clock = c })
 }
 
 // WithCapacity sets the CPU-seconds per second the task is provisioned
@@ -116,7 +120,7 @@ func WithEnforcerClock(c clock.Clock) EnforcerOption {
 // (Usage.All) is at 95% of it or more. Combined with WithOverload, either
 // one makes the task overloaded.
 func WithCapacity(cpu float64) EnforcerOption {
-	return func(c *enforcerConfig) { c.capacity = cpu }
+	return enforcerOptionFunc(func(c *enforcerConfig) { c.capacity = cpu })
 }
 
 // WithOverload sets a signal of overload, such as
@@ -124,13 +128,13 @@ func WithCapacity(cpu float64) EnforcerOption {
 // without WithCapacity, the task never counts as overloaded and only hard
 // limits are enforced.
 func WithOverload(f func() bool) EnforcerOption {
-	return func(c *enforcerConfig) { c.overload = f }
+	return enforcerOptionFunc(func(c *enforcerConfig) { c.overload = f })
 }
 
 // WithEnforcerRandom sets the source of the refusal draws, uniform in
 // [0, 1) (for reproducible simulations). Default math/rand/v2.
 func WithEnforcerRandom(f func() float64) EnforcerOption {
-	return func(c *enforcerConfig) { c.random = f }
+	return enforcerOptionFunc(func(c *enforcerConfig) { c.random = f })
 }
 
 // NewEnforcer returns an Enforcer over limits and usage u.
@@ -140,7 +144,7 @@ func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, er
 	}
 	c := enforcerConfig{interval: 250 * time.Millisecond, headroom: DefaultHeadroom}
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	if c.interval <= 0 {
 		return nil, errors.New("quota: adjust interval must be positive")

@@ -74,11 +74,15 @@ const (
 )
 
 // WithMode sets the throttling mode. Default ModeOptimistic.
-func WithMode(m Mode) EnforcerOption { return func(c *enforcerConfig) { c.mode = m } }
+func WithMode(m Mode) EnforcerOption {
+	return enforcerOptionFunc(func(c *enforcerConfig) { c.mode = m })
+}
 
 // WithHeadroom sets the part of each share a pessimistic budget leaves
 // unused, in [0, 0.9]. Default DefaultHeadroom.
-func WithHeadroom(h float64) EnforcerOption { return func(c *enforcerConfig) { c.headroom = h } }
+func WithHeadroom(h float64) EnforcerOption {
+	return enforcerOptionFunc(func(c *enforcerConfig) { c.headroom = h })
+}
 
 // budgets are a pessimistic Enforcer's per-customer budgets. Bounded like
 // the Usage: at most its MaxTracked customers by name, every further one

@@ -61,7 +61,11 @@ type usageOf struct {
 }
 
 // UsageOption configures a Usage.
-type UsageOption func(*usageConfig)
+type UsageOption interface{ apply(*usageConfig) }
+
+type usageOptionFunc func(*usageConfig)
+
+func (f usageOptionFunc) apply(c *usageConfig) { f(c) }
 
 type usageConfig struct {
 	window time.Duration
@@ -70,19 +74,23 @@ type usageConfig struct {
 }
 
 // WithUsageWindow sets the sliding window. Default 4 s.
-func WithUsageWindow(d time.Duration) UsageOption { return func(c *usageConfig) { c.window = d } }
+func WithUsageWindow(d time.Duration) UsageOption {
+	return usageOptionFunc(func(c *usageConfig) { c.window = d })
+}
 
 // WithMaxTracked bounds the customers tracked by name. Default 10,000.
-func WithMaxTracked(n int) UsageOption { return func(c *usageConfig) { c.max = n } }
+func WithMaxTracked(n int) UsageOption { return usageOptionFunc(func(c *usageConfig) { c.max = n }) }
 
 // WithUsageClock sets the clock. Default clock.Real().
-func WithUsageClock(c clock.Clock) UsageOption { return func(cfg *usageConfig) { cfg.clock = c } }
+func WithUsageClock(c clock.Clock) UsageOption {
+	return usageOptionFunc(func(cfg *usageConfig) { cfg.clock = c })
+}
 
 // NewUsage returns a Usage.
 func NewUsage(opts ...UsageOption) (*Usage, error) {
 	c := usageConfig{window: 4 * time.Second, max: 10000}
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	if c.window < 20*time.Millisecond || c.max < 1 || c.max > MaxCustomers {
 		return nil, errors.New("quota: usage window under 20ms or tracked customers out of range")

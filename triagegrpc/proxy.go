@@ -34,7 +34,9 @@ import (
 // overload rejection comes back up as "overloaded; don't retry" (the proxy
 // is the layer that may retry; the batch client above it may not).
 // Messages are copied once each way; each call holds one extra goroutine
-// (the client-to-backend half) that ends with the call.
+// (the client-to-backend half) that ends with the call. A Proxy is safe
+// for concurrent use; the calls it holds are bounded by its server's
+// admission control.
 type Proxy struct {
 	cc    grpc.ClientConnInterface
 	codec frameCodec

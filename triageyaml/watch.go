@@ -41,13 +41,21 @@ type Watcher struct {
 type QuotaWatcher = Watcher
 
 // WatchOption configures a Watcher.
-type WatchOption func(*Watcher)
+type WatchOption interface{ apply(*Watcher) }
+
+type watchOptionFunc func(*Watcher)
+
+func (f watchOptionFunc) apply(c *Watcher) { f(c) }
 
 // WithWatchInterval sets how often the file is read. Default 1 s.
-func WithWatchInterval(d time.Duration) WatchOption { return func(w *Watcher) { w.interval = d } }
+func WithWatchInterval(d time.Duration) WatchOption {
+	return watchOptionFunc(func(w *Watcher) { w.interval = d })
+}
 
 // WithWatchClock sets the clock. Default clock.Real().
-func WithWatchClock(c clock.Clock) WatchOption { return func(w *Watcher) { w.clock = c } }
+func WithWatchClock(c clock.Clock) WatchOption {
+	return watchOptionFunc(func(w *Watcher) { w.clock = c })
+}
 
 // WatchQuota loads the policy at path, hands it to apply, and returns a
 // watcher that reloads it; an initial file that does not load is an
@@ -83,7 +91,7 @@ func WatchIsolation(path string, t *isolate.Table, opts ...WatchOption) (*Watche
 func watch(path string, load func([]byte) (func(), error), opts []WatchOption) (*Watcher, error) {
 	w := &Watcher{path: path, load: load, interval: time.Second}
 	for _, o := range opts {
-		o(w)
+		o.apply(w)
 	}
 	if w.interval <= 0 {
 		return nil, errors.New("triageyaml: the watch interval must be positive")

@@ -28,7 +28,8 @@ import (
 // quota.Allocator: `triage quota-server` is this plus a listener and a
 // policy file. A malformed report is refused with INVALID_ARGUMENT naming
 // the problem; a task beyond the Allocator's bound with
-// RESOURCE_EXHAUSTED.
+// RESOURCE_EXHAUSTED. A Service is safe for concurrent use; its memory is
+// the Allocator's, bounded by its tasks and their reports.
 type Service struct {
 	quotapb.UnimplementedQuotaServer
 	alloc *quota.Allocator
