@@ -23,19 +23,37 @@ type Handle struct {
 	parent         context.Context
 	level, attempt uint8
 	customer       string
-	cancel         context.CancelFunc    // a rule's decay to cancel; nil otherwise
-	ctl            *admission.Controller // nil without admission control
-	ticket         admission.Ticket
-	quota          *quota.Enforcer // nil without quotas
-	meter          *cost.Meter     // with quota
-	reserved       quota.Reservation
-	cost           cost.Tracker // outgoing calls mark waits on it
+	cancel         context.CancelFunc // a rule's decay to cancel; nil otherwise
+	x              *admitted          // nil without admission control and quotas
+}
+
+// admitted is what a Handle keeps under admission control or quotas. It is
+// allocated with its Handle (admittedHandle), so that an admitted request
+// is still one allocation and a plain one a small one.
+type admitted struct {
+	ctl      *admission.Controller // nil without admission control
+	ticket   admission.Ticket
+	quota    *quota.Enforcer // nil without quotas
+	meter    *cost.Meter     // with quota
+	reserved quota.Reservation
+	cost     cost.Tracker // outgoing calls mark waits on it
+}
+
+type admittedHandle struct {
+	h Handle
+	x admitted
 }
 
 type handleKey struct{}
 
 func newHandle(ctx context.Context, l criticality.Level, f facts) *Handle {
 	return &Handle{parent: ctx, level: uint8(l), attempt: uint8(f.attempt), customer: f.customer}
+}
+
+func newAdmittedHandle(ctx context.Context, l criticality.Level, f facts) *Handle {
+	ah := &admittedHandle{h: Handle{parent: ctx, level: uint8(l), attempt: uint8(f.attempt), customer: f.customer}}
+	ah.h.x = &ah.x
+	return &ah.h
 }
 
 // HandleOf returns the Handle in ctx's chain, or nil.
@@ -54,18 +72,22 @@ func (h *Handle) Level() criticality.Level { return criticality.Level(h.level) }
 // slot and quota reservation are given back, and the error is the
 // outcome to answer with.
 func (h *Handle) Start() error {
-	if h.ctl != nil {
-		if err := h.ctl.Start(h, &h.ticket); err != nil {
-			h.ctl.Done(&h.ticket)
-			if h.quota != nil {
-				h.quota.Cancel(h.customer, h.reserved)
+	x := h.x
+	if x == nil {
+		return nil
+	}
+	if x.ctl != nil {
+		if err := x.ctl.Start(h, &x.ticket); err != nil {
+			x.ctl.Done(&x.ticket)
+			if x.quota != nil {
+				x.quota.Cancel(h.customer, x.reserved)
 			}
 			h.stop()
 			return err
 		}
 	}
-	if h.meter != nil {
-		h.cost.Start(h.meter)
+	if x.meter != nil {
+		x.cost.Start(x.meter)
 	}
 	return nil
 }
@@ -73,11 +95,13 @@ func (h *Handle) Start() error {
 // Finish ends a request whose handler ran: its execution slot goes back
 // and its CPU is charged to its customer.
 func (h *Handle) Finish() {
-	if h.ctl != nil {
-		h.ctl.Done(&h.ticket)
-	}
-	if h.meter != nil {
-		h.quota.Done(h.customer, criticality.Level(h.level), h.reserved, h.cost.Stop())
+	if x := h.x; x != nil {
+		if x.ctl != nil {
+			x.ctl.Done(&x.ticket)
+		}
+		if x.meter != nil {
+			x.quota.Done(h.customer, criticality.Level(h.level), x.reserved, x.cost.Stop())
+		}
 	}
 	h.stop()
 }
@@ -109,8 +133,8 @@ func (h *Handle) Value(key any) any {
 	case handleKey:
 		return h
 	case reqctx.CostKey:
-		if h.meter != nil {
-			return &h.cost
+		if h.x != nil && h.x.meter != nil {
+			return &h.x.cost
 		}
 		return nil
 	}

@@ -316,8 +316,12 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts) (*Han
 			return nil, err
 		}
 	}
-	h := newHandle(ctx, l, f)
-	h.ctl, h.ticket = in.admission, t
-	h.quota, h.meter, h.reserved = in.quota, in.meter, res
+	if in.admission == nil && in.quota == nil {
+		return newHandle(ctx, l, f), nil
+	}
+	h := newAdmittedHandle(ctx, l, f)
+	x := h.x
+	x.ctl, x.ticket = in.admission, t
+	x.quota, x.meter, x.reserved = in.quota, in.meter, res
 	return h, nil
 }
