@@ -21,16 +21,17 @@ import (
 // after it. Only one goroutine may call Start and Finish.
 type Handle struct {
 	parent         context.Context
-	level, attempt uint8
 	customer       string
-	cancel         context.CancelFunc // a rule's decay to cancel; nil otherwise
-	x              *admitted          // nil without admission control and quotas
+	x              *admitted // nil without admission control, quotas and a decay to cancel
+	level, attempt uint8
 }
 
-// admitted is what a Handle keeps under admission control or quotas. It is
-// allocated with its Handle (admittedHandle), so that an admitted request
-// is still one allocation and a plain one a small one.
+// admitted is what a Handle keeps under admission control or quotas, or
+// with a decay that cancels. It is allocated with its Handle
+// (admittedHandle), so that an admitted request is still one allocation
+// and a plain one a small one.
 type admitted struct {
+	cancel   context.CancelFunc    // a rule's decay to cancel; nil otherwise
 	ctl      *admission.Controller // nil without admission control
 	ticket   admission.Ticket
 	quota    *quota.Enforcer // nil without quotas
@@ -107,8 +108,8 @@ func (h *Handle) Finish() {
 }
 
 func (h *Handle) stop() {
-	if h.cancel != nil {
-		h.cancel()
+	if h.x != nil && h.x.cancel != nil {
+		h.x.cancel()
 	}
 }
 

@@ -203,8 +203,7 @@ type facts struct {
 	decay    string
 }
 
-func (r *Request) trustedFacts(er *edge.Request) facts {
-	var f facts
+func (r *Request) trustedFacts(er *edge.Request, f *facts) {
 	er.Header = r.single(keyCriticality)
 	f.decay = r.single(keyDecay)
 	if v := r.single(keyAttempt); v != "" {
@@ -213,7 +212,6 @@ func (r *Request) trustedFacts(er *edge.Request) facts {
 	if v := r.single(keyCustomer); len(v) <= wire.CustomerMaxLen {
 		f.customer = quota.Customer(v)
 	}
-	return f
 }
 
 // strip deletes every triage key from h, reporting each to obs.
@@ -242,7 +240,7 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	er := edge.Request{Trusted: trusted, Host: r.Host, Path: r.Path, Group: r.Group}
 	var f facts
 	if trusted {
-		f = r.trustedFacts(&er)
+		r.trustedFacts(&er, &f)
 	} else {
 		strip(r.Header, in.classifier.Observer())
 	}
@@ -261,15 +259,20 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 			ctx = isolate.NewContext(ctx, ct)
 		}
 	}
-	ctx, cancel, level := in.decay(ctx, d, f.decay)
-	h, err := in.admit(ctx, level, f)
+	level, cancel := d.Level, context.CancelFunc(nil)
+	if d.Decay.After > 0 || f.decay != "" {
+		ctx, cancel, level = in.decay(ctx, d, f.decay)
+	}
+	h, err := in.admit(ctx, level, f, cancel != nil)
 	if err != nil {
 		if cancel != nil {
 			cancel()
 		}
 		return nil, err
 	}
-	h.cancel = cancel
+	if cancel != nil {
+		h.x.cancel = cancel
+	}
 	return h, nil
 }
 
@@ -298,7 +301,8 @@ func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) 
 
 // admit reserves quota and asks admission control; a refusal allocates
 // nothing (the ticket lives on the stack until the request is admitted).
-func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts) (*Handle, error) {
+// cancels says the Handle will hold a decay's cancel func.
+func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, cancels bool) (*Handle, error) {
 	var res quota.Reservation
 	if in.quota != nil {
 		var err error
@@ -316,7 +320,7 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts) (*Han
 			return nil, err
 		}
 	}
-	if in.admission == nil && in.quota == nil {
+	if in.admission == nil && in.quota == nil && !cancels {
 		return newHandle(ctx, l, f), nil
 	}
 	h := newAdmittedHandle(ctx, l, f)

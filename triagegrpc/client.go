@@ -262,7 +262,7 @@ func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.str
 
 func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx = dropForwarded(ctx)
+		ctx = dropForwarded(ctx, opts)
 		t := cost.TrackerFrom(ctx) // the handler's request, if any, waits meanwhile
 		t.Wait()
 		defer t.Resume()
@@ -284,7 +284,7 @@ func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 
 func (c *Client) stream(standalone bool) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		ctx = dropForwarded(ctx)
+		ctx = dropForwarded(ctx, opts)
 		var single retry.Single
 		if c.policy != nil {
 			var err error
@@ -334,8 +334,14 @@ func toWire(err error) error {
 // dropForwarded removes every triage key (wire.IsTriage) from the
 // outgoing metadata, if any is there; the header table supplies the real
 // ones. A call without outgoing metadata costs nothing; one with it pays
-// for a copy, the only way grpc-go lists outgoing keys.
-func dropForwarded(ctx context.Context) context.Context {
+// for a copy, the only way grpc-go lists outgoing keys, unless the caller
+// is triage's Proxy, which built it without triage keys (cleanOutgoing).
+func dropForwarded(ctx context.Context, opts []grpc.CallOption) context.Context {
+	for _, o := range opts {
+		if _, ok := o.(cleanOutgoing); ok {
+			return ctx
+		}
+	}
 	md, ok := metadata.FromOutgoingContext(ctx)
 	if !ok {
 		return ctx
@@ -352,6 +358,10 @@ func dropForwarded(ctx context.Context) context.Context {
 	}
 	return metadata.NewOutgoingContext(ctx, md)
 }
+
+// cleanOutgoing is the call option of the Proxy's calls, whose outgoing
+// metadata it filtered of triage keys itself.
+type cleanOutgoing struct{ grpc.EmptyCallOption }
 
 // headerTable holds, per criticality and attempt counter, the key/value
 // pairs of the triage headers, built once and never modified.

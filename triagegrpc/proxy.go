@@ -184,7 +184,7 @@ func (p *Proxy) handle(_ any, ss grpc.ServerStream) error {
 	if firstErr != nil && firstErr != io.EOF {
 		return firstErr
 	}
-	cs, err := p.cc.NewStream(ctx, proxyDesc, method, grpc.ForceCodecV2(p.codec))
+	cs, err := p.cc.NewStream(ctx, proxyDesc, method, grpc.ForceCodecV2(p.codec), cleanOutgoing{})
 	if err != nil {
 		return err
 	}
