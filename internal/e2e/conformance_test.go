@@ -208,6 +208,7 @@ func TestConformanceGRPCAndHTTP(t *testing.T) {
 	for _, row := range conformanceRows {
 		t.Run(row.name, func(t *testing.T) {
 			g, h := grpcCall(t, row), httpCall(t, row)
+			t.Logf("gRPC: %v | HTTP: %v", g, h)
 			if g.String() != row.want.String() {
 				t.Errorf("gRPC: %v\n want %v", g, row.want)
 			}
