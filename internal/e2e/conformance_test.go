@@ -138,7 +138,7 @@ var conformanceRows = []conformanceRow{
 		want: seen{Level: criticality.SheddablePlus, DecayTo: "SHEDDABLE_PLUS",
 			TriageKeys: []string{"triage-criticality", "triage-criticality-decay"}}},
 	{name: "path rule", path: "/checkout/pay", want: seen{Level: criticality.CriticalPlus}},
-	{name: "path rule, cleaned path elsewhere", path: "/checkoutx/y", want: seen{Level: criticality.Critical}},
+	{name: "path rule matches whole segments", path: "/checkoutx/y", want: seen{Level: criticality.Critical}},
 	{name: "path rule with decay to a level", path: "/feed/top",
 		want: seen{Level: criticality.SheddablePlus, DecayTo: "SHEDDABLE", DecayIn: 10 * time.Minute}},
 	{name: "path rule with decay to cancel", path: "/search/q",
