@@ -2,7 +2,6 @@ package triagegrpc
 
 import (
 	"context"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/stats"
@@ -40,8 +39,6 @@ type (
 	watchKey struct{}
 )
 
-const healthService = "/grpc.health.v1.Health/"
-
 func (c connStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
 	return context.WithValue(ctx, connKey{}, new(*connload.Conn))
 }
@@ -62,23 +59,30 @@ func (c connStats) HandleConn(ctx context.Context, s stats.ConnStats) {
 }
 
 func (c connStats) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
-	if m, ok := strings.CutPrefix(info.FullMethodName, healthService); ok {
+	if isHealthCheck(info.FullMethodName) {
 		c.l.HealthCheck()
-		if m == "Watch" {
+		if info.FullMethodName == healthWatch {
 			return context.WithValue(ctx, watchKey{}, true)
 		}
-	}
-	if h, _ := ctx.Value(connKey{}).(**connload.Conn); h != nil && *h != nil {
-		(*h).CallBegin()
 	}
 	return ctx
 }
 
+// HandleRPC counts a call from its Begin to its End, which grpc-go sends
+// in pairs; a stream to an unknown method gets neither (it gets a TagRPC
+// only), so it never counts as a call in flight.
 func (c connStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	if _, ok := s.(*stats.End); !ok || ctx.Value(watchKey{}) != nil {
+	if ctx.Value(watchKey{}) != nil {
 		return
 	}
-	if h, _ := ctx.Value(connKey{}).(**connload.Conn); h != nil && *h != nil {
+	h, _ := ctx.Value(connKey{}).(**connload.Conn)
+	if h == nil || *h == nil {
+		return
+	}
+	switch s.(type) {
+	case *stats.Begin:
+		(*h).CallBegin()
+	case *stats.End:
 		(*h).CallEnd()
 	}
 }

@@ -160,6 +160,15 @@ func TestWithConnLoadCallsAndHealthChecks(t *testing.T) {
 	if s := l.Stats(); s.HealthChecks != 2 || s.Busy != 0 || s.Open != 1 {
 		t.Fatalf("after a check and a watch: %+v, want 2 health checks, 0 busy of 1", s)
 	}
+	// A method the health service does not have is not a health check,
+	// whatever its name says (the server's admission exempts exactly Check,
+	// Watch and List too).
+	if err := cc.Invoke(ctx, "/grpc.health.v1.Health/Other", new(emptypb.Empty), new(emptypb.Empty)); err == nil {
+		t.Fatal("an unknown health method answered")
+	}
+	if s := l.Stats(); s.HealthChecks != 2 {
+		t.Fatalf("after a call to an unknown method under the health service's name: %+v, want still 2 health checks", s)
+	}
 	done := make(chan error, 1)
 	go func() { done <- cc.Invoke(ctx, "/triage.test.Block/Call", new(emptypb.Empty), new(emptypb.Empty)) }()
 	<-entered

@@ -262,11 +262,11 @@ func (s *Server) ensure(ctx context.Context, fullMethod string) (context.Context
 // Health checks are answered whatever the load, outside admission, quotas
 // and isolation (intake.Request.HealthCheck): the health service's own
 // methods, nothing else under its name.
-var healthMethods = [...]string{
-	"/grpc.health.v1.Health/Check",
-	"/grpc.health.v1.Health/Watch",
-	"/grpc.health.v1.Health/List",
-}
+var healthMethods = [...]string{"/grpc.health.v1.Health/Check", healthWatch, "/grpc.health.v1.Health/List"}
+
+// healthWatch is the health service's streaming method, which lasts as
+// long as its connection.
+const healthWatch = "/grpc.health.v1.Health/Watch"
 
 func isHealthCheck(fullMethod string) bool {
 	for _, m := range healthMethods {
