@@ -63,10 +63,6 @@ func HandleOf(ctx context.Context) *Handle {
 	return h
 }
 
-// Level returns the criticality the request was accepted at (its
-// current level then; a decay may lower it later, see criticality.Current).
-func (h *Handle) Level() criticality.Level { return criticality.Level(h.level) }
-
 // Start takes an execution slot (admission.Controller.Start, which may
 // wait in the priority queue until the request's context ends) and starts
 // measuring the request's CPU. On error, the request is finished: its

@@ -128,16 +128,6 @@ func New(opts ...Option) (*Intake, error) {
 // so that an adapter computes Request.Group only when it is used.
 func (in *Intake) NeedsGroup() bool { return in.classifier.NeedsGroup() }
 
-// Observer returns the classifier's observer, to which stripped keys are
-// reported.
-func (in *Intake) Observer() edge.Observer { return in.classifier.Observer() }
-
-// Admission returns the admission controller, or nil.
-func (in *Intake) Admission() *admission.Controller { return in.admission }
-
-// Quota returns the quota enforcer, or nil.
-func (in *Intake) Quota() *quota.Enforcer { return in.quota }
-
 // HeaderCase says how a transport spells header keys.
 type HeaderCase uint8
 

@@ -2,7 +2,6 @@ package intake_test
 
 import (
 	"context"
-	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
-	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/trust"
 )
@@ -110,12 +108,4 @@ func TestStartFailureGivesBackTheQuotaReservation(t *testing.T) {
 		}
 	}
 	holder.Finish()
-}
-
-// Accept's answers are the errors adapters map to the wire.
-func TestBlackHoleOutcome(t *testing.T) {
-	var oe *outcome.Error
-	if !errors.As(intake.ErrBlackHoled, &oe) || oe.Kind != outcome.DontRetry {
-		t.Fatalf("ErrBlackHoled = %v, want overloaded; don't retry", intake.ErrBlackHoled)
-	}
 }
