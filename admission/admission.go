@@ -25,6 +25,20 @@
 // thus runs at a few slots per core, an I/O-bound one at many, with no
 // hand-tuned limit.
 //
+// The requests admitted at arrival and not yet started are bounded by a
+// pending cap, which keeps their queueing delay near a target: it shrinks
+// while the delay exceeds the target and grows while it turns requests
+// away with the delay well under it. The delay is measured on the server's
+// side by default, as the time goroutines wait in Go's run queue
+// (SchedulerDelay), so that a client slow to send its message is not
+// mistaken for a queue. Work conservation: while the task's CPU is clearly
+// below saturation the cap does not shrink, and grows while it turns
+// requests away, since a task with idle CPU has no queue of runnable
+// requests to bound. A request that has not reached Start four target
+// delays after it arrived stops counting towards the cap: its client is
+// slow to send. When its message comes it ranks below the fresh requests
+// of its level, and after the message timeout it is refused (Late).
+//
 // Deadline-aware shedding (the CRE post: the cheapest load to shed): a
 // request whose deadline is closer than its expected wait plus service
 // time is rejected before any work; a waiting request whose caller went
@@ -71,11 +85,15 @@ const (
 	// Deadline: the deadline would pass before the request could be
 	// served.
 	Deadline
+	// Late: the request reached Start more than the message timeout after
+	// it arrived (WithMessageTimeout): its client took that long to send
+	// its message, and a slow sender is its own problem.
+	Late
 	// NumReasons is the number of reasons.
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"concurrency", "utilization", "deadline"}
+var reasonNames = [NumReasons]string{"concurrency", "utilization", "deadline", "late"}
 
 // String returns the reason's metric name.
 func (r Reason) String() string {
@@ -138,6 +156,18 @@ const (
 	// task rejects, so a task seeing 5% retries is seeing other tasks
 	// reject a large share of their traffic.
 	DefaultDontRetryRatio = 0.05
+	// DefaultMessageTimeout bounds the time from a request's arrival to
+	// its Start under SchedulerDelay: for a gRPC unary call, the time its
+	// client takes to send the message after its headers. A datacenter
+	// client that needs longer is broken, overloaded or hostile.
+	DefaultMessageTimeout = 500 * time.Millisecond
+	// lateDelays: under SchedulerDelay, a request that reaches Start more
+	// than this many target delays after it arrived is late: the server's
+	// queue cannot explain the wait, its client was slow to send. It
+	// stopped counting towards the pending cap (the prestart ring's epoch
+	// is the target delay, four slots), and it ranks below every fresh
+	// request of its level.
+	lateDelays = prestartSlots
 	// DefaultHistoryWindow is the attempt histogram's window.
 	DefaultHistoryWindow = 10 * time.Second
 	// dontRetryMinRequests is the number of recent requests the histogram
@@ -156,6 +186,10 @@ const (
 	// which only one request in sampleMaskHeavy+1 is measured.
 	sampleAbove     = 256
 	sampleMaskHeavy = 7
+	// saturatedAt is the saturation signal's reading from which the CPU
+	// counts as saturated and the pending cap applies (WithSaturation):
+	// clearly below it, no queue of runnable requests can form.
+	saturatedAt = 0.95
 )
 
 // Option configures a Controller.
@@ -180,6 +214,10 @@ type config struct {
 	dontRetryRatio float64
 	historyWindow  time.Duration
 	gates          []gate
+	delay          DelayMeasure
+	messageTimeout time.Duration
+	saturation     Signal
+	saturationSet  bool
 }
 
 type gate struct {
@@ -232,6 +270,29 @@ func WithTargetDelay(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.targetDelay = d })
 }
 
+// WithDelayMeasure sets how the queueing delay that bounds the pending
+// cap is measured. Default: SchedulerDelay on the real clock, ArrivalDelay
+// under WithClock (the scheduler's latencies are in real time).
+func WithDelayMeasure(m DelayMeasure) Option { return optionFunc(func(c *config) { c.delay = m }) }
+
+// WithMessageTimeout bounds, under SchedulerDelay, the time from a
+// request's Arrive to its Start: a request that reaches Start later is
+// refused (reason Late) before any work. Default DefaultMessageTimeout.
+func WithMessageTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.messageTimeout = d })
+}
+
+// WithSaturation sets the signal that says whether the task's CPU is
+// saturated (work conservation): while it reads below 0.9, the pending
+// cap turns no request away, since a task with idle CPU has no queue of
+// runnable requests to bound; execution slots, their queue and the
+// deadline still apply. nil turns the rule off (the cap always applies).
+// Default: CPU{} (the process's CPU against its reservation) on the real
+// clock, none under WithClock.
+func WithSaturation(s Signal) Option {
+	return optionFunc(func(c *config) { c.saturation, c.saturationSet = s, true })
+}
+
 // WithQueueFactor sets the waiting queue's length as a multiple of the
 // execution limit (plus 8). Default 4.
 func WithQueueFactor(n int) Option { return optionFunc(func(c *config) { c.queueFactor = n }) }
@@ -249,8 +310,10 @@ func WithDontRetryRatio(r float64) Option {
 // are bounded by the pending cap (<= 8 x MaxLimit, plus criticality
 // headroom), and the attempt histogram and the count of requests not yet
 // started are fixed rings. A request that is admitted but never reaches
-// Start or Done (its stream ended before a handler ran) stops counting
-// after three to four seconds; nothing needs a per-request callback. It
+// Start or Done (its stream ended before a handler ran, or its message is
+// slow to come) stops counting towards the cap after four target delays
+// (SchedulerDelay) or three to four seconds (ArrivalDelay); nothing needs a
+// per-request callback. It
 // starts no goroutines; everything it revisits (the limit, signals) is
 // revisited by the requests themselves.
 type Controller struct {
@@ -262,6 +325,15 @@ type Controller struct {
 	obs     Observer
 	gates   []gate
 	maxWait time.Duration
+	// messageTimeout and lateAfter (ns) judge a request's lateness at
+	// Start under SchedulerDelay; 0 (ArrivalDelay): never late.
+	messageTimeout, lateAfter int64
+	// sched measures the queueing delay (SchedulerDelay); nil: sampled
+	// requests measure it from Arrive to Start (ArrivalDelay).
+	sched *schedDelay
+	// saturation says whether the CPU is saturated (work conservation);
+	// nil: always.
+	saturation Signal
 
 	targetDelay    int64
 	interval       int64
@@ -287,6 +359,7 @@ type Controller struct {
 	_           [64]byte
 	limit       atomic.Int64
 	queued      atomic.Int64
+	saturated   atomic.Bool // the pending cap applies: see WithSaturation
 	nextAdjust  atomic.Int64
 	expectedSvc atomic.Int64 // ns, last interval's mean service time
 	lastDelay   atomic.Int64 // ns, last interval's mean wait before Start
@@ -311,7 +384,8 @@ type Controller struct {
 	// reaches Start (its stream reset before the handler ran, an unknown
 	// method) stops counting after three to four seconds, without any
 	// per-request callback.
-	prestart prestartRing
+	prestart      prestartRing
+	prestartEpoch int64
 	// Per criticality, read-mostly: how many not-started requests were
 	// displaced by more critical arrivals and must be refused at Start
 	// (owed); and a smoothed peak of the occupancy (usual, x1000,
@@ -341,6 +415,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: target delay must be positive, got %v", ErrConfig, c.targetDelay)
 	case c.queueFactor < 0 || c.queueFactor > 64:
 		return fmt.Errorf("%w: queue factor must be in [0, 64], got %d", ErrConfig, c.queueFactor)
+	case c.messageTimeout <= 0:
+		return fmt.Errorf("%w: message timeout must be positive, got %v", ErrConfig, c.messageTimeout)
+	case c.delay > ArrivalDelay:
+		return fmt.Errorf("%w: unknown delay measure %d", ErrConfig, c.delay)
 	case !(c.dontRetryRatio > 0 && c.dontRetryRatio <= 1):
 		return fmt.Errorf("%w: don't-retry ratio must be in (0, 1], got %v", ErrConfig, c.dontRetryRatio)
 	}
@@ -369,6 +447,7 @@ func New(opts ...Option) (*Controller, error) {
 		queueFactor:    DefaultQueueFactor,
 		dontRetryRatio: DefaultDontRetryRatio,
 		historyWindow:  DefaultHistoryWindow,
+		messageTimeout: DefaultMessageTimeout,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -394,6 +473,20 @@ func New(opts ...Option) (*Controller, error) {
 		attempts:       window.New(int64(c.historyWindow/20), 20, 1),
 	}
 	ctl.since = clock.SinceFunc(clk, ctl.start)
+	ctl.prestartEpoch = prestartEpoch
+	if c.delay == SchedulerDelay || c.delay == 0 && c.clock == nil {
+		ctl.sched = newSchedDelay()
+		ctl.prestartEpoch = int64(c.targetDelay)
+		ctl.messageTimeout = int64(c.messageTimeout)
+		ctl.lateAfter = lateDelays * int64(c.targetDelay)
+	}
+	if !c.saturationSet && c.clock == nil {
+		if sig, err := (CPU{Interval: c.interval / 2}).Signal(); err == nil {
+			c.saturation = sig
+		}
+	}
+	ctl.saturation = c.saturation
+	ctl.saturated.Store(true)
 	if ctl.random == nil {
 		ctl.random = rand.Float64
 	} else {
@@ -423,6 +516,9 @@ func (c *Controller) now() int64 { return int64(c.since()) }
 
 const (
 	prestartSlots = 4
+	// prestartEpoch is the prestart ring's epoch when queueing delay is
+	// measured from Arrive to Start: a request that never reaches Start
+	// stops counting after three to four seconds.
 	prestartEpoch = int64(time.Second)
 )
 
@@ -524,7 +620,7 @@ func (r *prestartRing) total(e int64) int64 {
 // occupancy is the requests admitted and not done: those not yet started
 // (arrived within the last three to four seconds), waiting and running.
 func (c *Controller) occupancy(now int64) int64 {
-	return c.prestart.total(now/prestartEpoch) + c.queued.Load() + c.hot.executing.Load()
+	return c.prestart.total(now/c.prestartEpoch) + c.queued.Load() + c.hot.executing.Load()
 }
 
 // Ticket follows one request from Arrive to Done. Adapters keep it with
@@ -600,7 +696,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		c.capHit.Store(true)
 		return c.reject(l, Concurrency, now)
 	}
-	c.prestart.add(now / prestartEpoch)
+	c.prestart.add(now / c.prestartEpoch)
 	c.hot.occ[l].Add(oneNotStarted)
 	*t = Ticket{arrive: now, level: l, state: ticketPending, sampled: sampled}
 	return nil
@@ -693,21 +789,34 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 	if t.state != ticketPending {
 		return errors.New("admission: Start without Arrive")
 	}
-	c.prestart.remove(t.arrive / prestartEpoch)
+	c.prestart.remove(t.arrive / c.prestartEpoch)
 	c.hot.occ[t.level].Add(startMove)
 	t.state = ticketInside
 	if c.displaced(t.level) {
 		return c.reject(t.level, Concurrency, c.now())
 	}
+	late := false
 	if t.sampled {
 		t.started = c.now()
-		c.delaySum.Add(max(t.started-t.arrive, 0))
-		c.delayCount.Add(1)
+		if c.sched == nil {
+			c.delaySum.Add(max(t.started-t.arrive, 0))
+			c.delayCount.Add(1)
+		}
+	}
+	if c.lateAfter > 0 {
+		now := t.started
+		if !t.sampled {
+			now = c.recent.Load()
+		}
+		if now-t.arrive > c.messageTimeout {
+			return c.reject(t.level, Late, now)
+		}
+		late = now-t.arrive > c.lateAfter
 	}
 	if c.queued.Load() == 0 && c.tryAcquire() {
 		return c.started(t, false)
 	}
-	return c.wait(ctx, t)
+	return c.wait(ctx, t, late)
 }
 
 func (c *Controller) started(t *Ticket, waited bool) error {
@@ -746,7 +855,7 @@ func (c *Controller) Done(t *Ticket) {
 	case ticketInside:
 		c.hot.occ[t.level].Add(-oneStarted)
 	case ticketPending:
-		c.prestart.remove(t.arrive / prestartEpoch)
+		c.prestart.remove(t.arrive / c.prestartEpoch)
 		c.hot.occ[t.level].Add(-oneNotStarted)
 	default:
 		return
@@ -795,6 +904,11 @@ type Stats struct {
 	PendingCap float64
 	// ServiceTime is the mean service time of the last interval.
 	ServiceTime time.Duration
+	// QueueDelay is the mean queueing delay of the last interval
+	// (WithDelayMeasure).
+	QueueDelay time.Duration
+	// Saturated says whether the pending cap applies (WithSaturation).
+	Saturated bool
 	// RetryShare is the share of retries among recent requests.
 	RetryShare float64
 	// Signals are the current utilizations, by signal name.
@@ -821,6 +935,7 @@ func (c *Controller) Stats() Stats {
 		Limit: c.limit.Load(), Pending: c.occupancy(c.now()), Executing: c.hot.executing.Load(), Queued: c.queued.Load(),
 		PendingCap:  float64(c.pendingCap.Load()) / milli,
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
+		QueueDelay:  time.Duration(c.lastDelay.Load()), Saturated: c.saturated.Load(),
 	}
 	if w, _ := c.attempts.Sums(c.now()); w.A > 0 {
 		s.RetryShare = w.B / w.A
@@ -842,6 +957,9 @@ func (c *Controller) maybeAdjust(now int64) {
 		return
 	}
 	c.nextAdjust.Store(now + c.interval)
+	if c.saturation != nil {
+		c.saturated.Store(c.saturation.Utilization() >= saturatedAt)
+	}
 	c.adjustPending()
 	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
 	waited := c.waited.Swap(false)
@@ -876,13 +994,28 @@ func (c *Controller) adjustPending() {
 	for l := range c.lv {
 		c.lv[l].usual.Store(usualStep(c.lv[l].usual.Load(), c.levelOccupancy(criticality.Level(l))*1000))
 	}
-	n, sum := c.delayCount.Swap(0), c.delaySum.Swap(0)
 	hit := c.capHit.Swap(false)
-	if n == 0 {
+	delay, ok := c.queueDelay()
+	if !ok {
 		return
 	}
-	c.lastDelay.Store(sum / n)
-	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), sum/n, hit))
+	c.lastDelay.Store(delay)
+	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.saturated.Load()))
+}
+
+// queueDelay is the interval's mean queueing delay, if it has a
+// measurement: the scheduler's, or its sampled requests' from Arrive to
+// Start.
+func (c *Controller) queueDelay() (int64, bool) {
+	if c.sched != nil {
+		d, n := c.sched.read()
+		return int64(d), n > 0
+	}
+	n, sum := c.delayCount.Swap(0), c.delaySum.Swap(0)
+	if n == 0 {
+		return 0, false
+	}
+	return sum / n, true
 }
 
 // RejectionOf reports whether err is a rejection made by a Controller, and

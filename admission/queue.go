@@ -155,18 +155,19 @@ type placement struct {
 
 // place ranks a request of level l arriving in the queue at now. A request
 // whose decay has come (criticality.WithDecay in ctx) ranks with the
-// decayed requests of the level it fell to.
-func (c *Controller) place(ctx context.Context, l criticality.Level, now time.Time) placement {
+// decayed requests of the level it fell to; a late one (its message came
+// late) with the decayed requests of its level.
+func (c *Controller) place(ctx context.Context, l criticality.Level, now time.Time, late bool) placement {
 	dc, decays := criticality.DecayOf(ctx)
 	if !decays {
-		return placement{rank: rank(l, false)}
+		return placement{rank: rank(l, late)}
 	}
 	at := dc.At.Add(-c.expectedService())
 	switch {
 	case now.Before(at) && dc.To < l:
-		return placement{rank: rank(l, false), decayIn: at.Sub(now), decayTo: dc.To}
+		return placement{rank: rank(l, late), decayIn: at.Sub(now), decayTo: dc.To}
 	case now.Before(at) || dc.To > l:
-		return placement{rank: rank(l, false)}
+		return placement{rank: rank(l, late)}
 	}
 	return placement{rank: rank(min(dc.To, l), true)}
 }
@@ -207,14 +208,15 @@ func (c *Controller) waitBudget(ctx context.Context, now time.Time) (budget time
 	return budget, false
 }
 
-// wait queues the request for an execution slot, within its wait budget.
-// A request whose criticality decays moves, once it could no longer
+// wait queues the request for an execution slot, within its wait budget;
+// a late one ranks below the fresh requests of its level. A request whose
+// criticality decays moves, once it could no longer
 // finish before the decay, behind every fresh request of the level it
 // fell to.
-func (c *Controller) wait(ctx context.Context, t *Ticket) error {
+func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 	c.waited.Store(true)
 	now := c.clock.Now()
-	p := c.place(ctx, t.level, now)
+	p := c.place(ctx, t.level, now, late)
 	w := &waiter{ch: make(chan error, 1), level: t.level}
 	if err := c.enqueue(w, p.rank); err != nil {
 		return err

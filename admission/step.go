@@ -69,13 +69,17 @@ type pendingRule struct {
 	floor, ceiling int64 // thousandths
 }
 
-// step is one interval: delay is its sampled requests' mean wait before
-// Start (ns), hit says whether the cap turned a request away.
-func (r pendingRule) step(pendingCap, delay int64, hit bool) int64 {
+// step is one interval: delay is its mean queueing delay (ns), hit says
+// whether the cap turned a request away, saturated whether the CPU was
+// saturated. Work conservation: while the CPU is not saturated the cap
+// does not shrink (a task with idle CPU has no queue of runnable requests
+// to bound; the delay it measured came in bursts), and grows while it
+// turns requests away.
+func (r pendingRule) step(pendingCap, delay int64, hit, saturated bool) int64 {
 	switch {
-	case delay > r.target:
+	case delay > r.target && saturated:
 		return max(r.floor, min(pendingCap-milli/stepDivisor, pendingCap*(stepDivisor-1)/stepDivisor))
-	case hit && delay < r.target/2:
+	case hit && (delay < r.target/2 || !saturated):
 		return min(r.ceiling, pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor))
 	}
 	return pendingCap

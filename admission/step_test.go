@@ -58,22 +58,25 @@ func TestLimitRuleSteps(t *testing.T) {
 func TestPendingRuleSteps(t *testing.T) {
 	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli}
 	for _, tc := range []struct {
-		name       string
-		cap, delay int64
-		hit        bool
-		want       int64
+		name           string
+		cap, delay     int64
+		hit, saturated bool
+		want           int64
 	}{
-		{"over target: down by a tenth", 20 * milli, 5001, false, 18 * milli},
-		{"over target, small cap: down by a tenth of a request", 500, 9000, true, 400},
-		{"never below the floor", 150, 9000, false, milli / 10},
-		{"cap hit well under target: up by a tenth", 20 * milli, 2499, true, 22 * milli},
-		{"cap hit, small cap: up by a tenth of a request", 500, 0, true, 600},
-		{"never above the ceiling", 79 * milli, 0, true, 80 * milli},
-		{"cap hit between half the target and the target: hold", 20 * milli, 2500, true, 20 * milli},
-		{"under target without a hit: hold", 20 * milli, 0, false, 20 * milli},
+		{"over target: down by a tenth", 20 * milli, 5001, false, true, 18 * milli},
+		{"over target, small cap: down by a tenth of a request", 500, 9000, true, true, 400},
+		{"never below the floor", 150, 9000, false, true, milli / 10},
+		{"cap hit well under target: up by a tenth", 20 * milli, 2499, true, true, 22 * milli},
+		{"cap hit, small cap: up by a tenth of a request", 500, 0, true, true, 600},
+		{"never above the ceiling", 79 * milli, 0, true, true, 80 * milli},
+		{"cap hit between half the target and the target: hold", 20 * milli, 2500, true, true, 20 * milli},
+		{"under target without a hit: hold", 20 * milli, 0, false, true, 20 * milli},
+		{"over target, CPU not saturated: hold", 20 * milli, 9000, false, false, 20 * milli},
+		{"over target, CPU not saturated, cap hit: up by a tenth", 20 * milli, 9000, true, false, 22 * milli},
+		{"CPU not saturated, cap hit between half the target and the target: up", 20 * milli, 2500, true, false, 22 * milli},
 	} {
-		if got := r.step(tc.cap, tc.delay, tc.hit); got != tc.want {
-			t.Errorf("%s: step(%d, %d, %v) = %d, want %d", tc.name, tc.cap, tc.delay, tc.hit, got, tc.want)
+		if got := r.step(tc.cap, tc.delay, tc.hit, tc.saturated); got != tc.want {
+			t.Errorf("%s: step(%d, %d, %v, %v) = %d, want %d", tc.name, tc.cap, tc.delay, tc.hit, tc.saturated, got, tc.want)
 		}
 	}
 }

@@ -165,8 +165,17 @@ func (s *Server) rejection(err error) error {
 	return ToError(err)
 }
 
+// DefaultMaxConcurrentStreams is the bound ServerOptions sets on the
+// streams one connection may have open at once (grpc.MaxConcurrentStreams;
+// grpc-go's own default is no bound, net/http's HTTP/2 server's is this):
+// a client holding streams open without sending their messages holds at
+// most this many per connection.
+const DefaultMaxConcurrentStreams = 250
+
 // ServerOptions returns the grpc.ServerOptions that install the tap handle
-// and both interceptors; pass them to grpc.NewServer. If the server needs
+// and both interceptors, and bound each connection's concurrent streams to
+// DefaultMaxConcurrentStreams (a grpc.MaxConcurrentStreams passed after
+// them overrides it); pass them to grpc.NewServer. If the server needs
 // its own tap handle, install TapHandle yourself (grpc allows one) and call
 // it from yours, and add the interceptors with grpc.ChainUnaryInterceptor
 // and grpc.ChainStreamInterceptor.
@@ -175,6 +184,7 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 		grpc.InTapHandle(s.TapHandle()),
 		grpc.ChainUnaryInterceptor(s.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(s.StreamInterceptor()),
+		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
 	}
 }
 

@@ -1,0 +1,84 @@
+package admission
+
+import (
+	"math"
+	"runtime/metrics"
+	"sync"
+	"time"
+)
+
+// DelayMeasure says how a Controller measures the queueing delay that
+// bounds its pending cap: the time requests could have run and did not.
+type DelayMeasure uint8
+
+const (
+	// SchedulerDelay is the mean time the process's goroutines waited in
+	// Go's run queue before running, over each interval (runtime/metrics
+	// /sched/latencies:seconds). In a Go server admitted requests queue as
+	// runnable goroutines, so this is their queue, measured on the server
+	// side only: a client slow to send its message, or a transport waiting
+	// for window updates, keeps its goroutine blocked, not runnable, and
+	// adds nothing.
+	SchedulerDelay DelayMeasure = iota + 1
+	// ArrivalDelay is the mean time sampled requests waited from Arrive to
+	// Start. It also counts time the transport spent waiting for the
+	// client, so it suits transports that call Arrive once the request is
+	// complete, and simulations on virtual time, whose run queue is
+	// modelled.
+	ArrivalDelay
+)
+
+// schedDelay reads the mean scheduling latency since its last reading.
+// It is called under the Controller's adjust lock, once per interval.
+type schedDelay struct {
+	mu     sync.Mutex
+	sample [1]metrics.Sample
+	last   []uint64
+}
+
+func newSchedDelay() *schedDelay {
+	s := &schedDelay{}
+	s.sample[0].Name = "/sched/latencies:seconds"
+	s.read() // the baseline: delays before the Controller existed do not count
+	return s
+}
+
+// read returns the mean run-queue wait of the goroutines scheduled since
+// the last read, and how many there were (sampled by the runtime). A
+// bucket counts at its midpoint (its finite edge when the other is
+// infinite).
+func (s *schedDelay) read() (mean time.Duration, n uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	metrics.Read(s.sample[:])
+	if s.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return 0, 0
+	}
+	h := s.sample[0].Value.Float64Histogram()
+	if len(s.last) != len(h.Counts) {
+		s.last = make([]uint64, len(h.Counts))
+		copy(s.last, h.Counts)
+		return 0, 0
+	}
+	var sum float64
+	for i, c := range h.Counts {
+		d := c - s.last[i]
+		s.last[i] = c
+		if d == 0 {
+			continue
+		}
+		lo, hi := h.Buckets[i], h.Buckets[i+1]
+		switch {
+		case math.IsInf(lo, -1):
+			lo = hi
+		case math.IsInf(hi, 1):
+			hi = lo
+		}
+		sum += float64(d) * (lo + hi) / 2
+		n += d
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	return time.Duration(sum / float64(n) * 1e9), n
+}

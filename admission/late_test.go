@@ -1,0 +1,126 @@
+package admission_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+)
+
+// Slow senders (issue 20): under SchedulerDelay, the time between Arrive
+// and Start is the client's as much as the server's, so a request not
+// started within four target delays is late: it stops holding room in the
+// task, ranks below the fresh requests of its level, and past the message
+// timeout is refused at Start.
+
+func lateController(t *testing.T, f *clock.Fake, m admission.DelayMeasure) *admission.Controller {
+	return mustNew(t, admission.WithClock(f), admission.WithDelayMeasure(m), admission.WithLimits(1, 1, 1),
+		admission.WithInterval(time.Hour), admission.WithMaxWait(time.Minute))
+}
+
+// fill admits requests that never reach Start until the task refuses one,
+// and returns how many it admitted.
+func fill(t *testing.T, c *admission.Controller) int {
+	t.Helper()
+	for n := 0; n < 1000; n++ {
+		var tk admission.Ticket
+		if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+			if reason(t, err) != admission.Concurrency {
+				t.Fatalf("refused for %v", err)
+			}
+			return n
+		}
+	}
+	t.Fatal("the pending cap never refused")
+	return 0
+}
+
+func TestRequestsWaitingForTheirMessageStopHoldingRoom(t *testing.T) {
+	for _, tc := range []struct {
+		m        admission.DelayMeasure
+		admitted bool // after four target delays
+	}{
+		{admission.SchedulerDelay, true},
+		{admission.ArrivalDelay, false}, // the wait is the server's queue: it still counts
+	} {
+		f := clock.NewFake(epoch)
+		c := lateController(t, f, tc.m)
+		if n := fill(t, c); n < 2 {
+			t.Fatalf("%v: only %d admitted", tc.m, n)
+		}
+		f.Advance(admission.DefaultTargetDelay * 5)
+		var tk admission.Ticket
+		err := c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+		if got := err == nil; got != tc.admitted {
+			t.Errorf("measure %v: a fresh request after five target delays: %v, want admitted %v", tc.m, err, tc.admitted)
+		}
+	}
+}
+
+func TestLateMessageIsRefusedAtStart(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := lateController(t, f, admission.SchedulerDelay)
+	var tk admission.Ticket
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Advance(admission.DefaultMessageTimeout + time.Millisecond)
+	err := c.Start(context.Background(), &tk)
+	if err == nil || reason(t, err) != admission.Late {
+		t.Fatalf("Start past the message timeout: %v, want a Late rejection", err)
+	}
+	c.Done(&tk)
+	if s := c.Stats(); s.Pending != 0 || s.Executing != 0 {
+		t.Fatalf("the refused request left %+v", s)
+	}
+	// Under ArrivalDelay the same wait is the server's own queue.
+	c = lateController(t, f, admission.ArrivalDelay)
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Advance(admission.DefaultMessageTimeout + time.Millisecond)
+	if err := c.Start(context.Background(), &tk); err != nil {
+		t.Fatalf("ArrivalDelay: %v", err)
+	}
+	c.Done(&tk)
+}
+
+func TestLateRequestWaitsBehindFreshOnes(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := lateController(t, f, admission.SchedulerDelay)
+	ctx := context.Background()
+	var running, late, fresh admission.Ticket
+	for _, tk := range []*admission.Ticket{&running, &late} {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Start(ctx, &running); err != nil {
+		t.Fatal(err)
+	}
+	f.Advance(5 * admission.DefaultTargetDelay) // late's message takes this long
+	if err := c.Arrive(&fresh, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	lateDone := start(c, ctx, &late)
+	waitQueued(t, c, 1, f)
+	freshDone := start(c, ctx, &fresh)
+	waitQueued(t, c, 2, f)
+	c.Done(&running)
+	if err := <-freshDone; err != nil {
+		t.Fatalf("fresh: %v", err)
+	}
+	select {
+	case err := <-lateDone:
+		t.Fatalf("the late request took the slot before the fresh one (%v)", err)
+	default:
+	}
+	c.Done(&fresh)
+	if err := <-lateDone; err != nil {
+		t.Fatalf("late, once the fresh one is done: %v", err)
+	}
+	c.Done(&late)
+}

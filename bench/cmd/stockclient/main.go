@@ -1,0 +1,378 @@
+// Command stockclient measures triage against a client nobody here wrote
+// (issue 20): ghz, the stock gRPC load tool, saturating its own CPU with
+// thousands of workers, and a slow sender that opens streams and sends
+// their messages late. The backend is grpc.testing.TestService, its
+// EmptyCall burning about 1 ms of CPU, protected exactly as the README
+// shows, on one CPU (taskset -c 0, GOMAXPROCS=1); ghz and the attacker run
+// on the other.
+//
+//	go install github.com/bojand/ghz/cmd/ghz@v0.121.0
+//	cd bench && go run ./cmd/stockclient                  # capacity C, then ~5x and ~10x C with 600 and 3,000 workers
+//	cd bench && go run ./cmd/stockclient -scenario slow   # CRITICAL at 0.8 C, alone and beside 1,000 slow senders
+//	cd bench && go run ./cmd/stockclient server -protect=false -listen 127.0.0.1:50051   # the backend alone, for ghz by hand
+//
+// Every figure is the median of -repeats runs, each on a fresh backend
+// process; all traffic stays on 127.0.0.1 and every run is bounded in time.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/bench/internal/burn"
+	"github.com/triagehq/triage/triagegrpc"
+)
+
+const emptyCall = "grpc.testing.TestService/EmptyCall"
+
+type config struct {
+	ghz      string
+	scenario string
+	repeats  int
+	duration time.Duration
+	cost     time.Duration
+	rounds   int
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "server" {
+		if err := serverCommand(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "stockclient server:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	fs := flag.NewFlagSet("stockclient", flag.ExitOnError)
+	var c config
+	fs.StringVar(&c.ghz, "ghz", "ghz", "the ghz binary (go install github.com/bojand/ghz/cmd/ghz@v0.121.0)")
+	fs.StringVar(&c.scenario, "scenario", "table", "table (ghz at ~5x and ~10x C) or slow (slow senders beside steady CRITICAL traffic)")
+	fs.IntVar(&c.repeats, "repeats", 3, "runs per row; figures are medians")
+	fs.DurationVar(&c.duration, "z", 10*time.Second, "length of each ghz run")
+	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU each call burns")
+	fs.Parse(os.Args[1:])
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "stockclient:", err)
+		os.Exit(1)
+	}
+}
+
+func run(c config) error {
+	switch {
+	case c.repeats < 1 || c.repeats > 20:
+		return fmt.Errorf("-repeats must be in [1, 20], got %d", c.repeats)
+	case c.duration < 2*time.Second || c.duration > 5*time.Minute:
+		return fmt.Errorf("-z must be in [2s, 5m], got %v", c.duration)
+	case c.scenario != "table" && c.scenario != "slow":
+		return fmt.Errorf("-scenario must be table or slow, got %q", c.scenario)
+	}
+	ghz, err := exec.LookPath(c.ghz)
+	if err != nil {
+		return fmt.Errorf("%v: install it with go install github.com/bojand/ghz/cmd/ghz@v0.121.0", err)
+	}
+	c.ghz = ghz
+	// This process (the slow sender) shares CPU 1 with ghz; the backend has
+	// CPU 0.
+	if ts, err := exec.LookPath("taskset"); err == nil && exec.Command(ts, "-a", "-pc", "1", strconv.Itoa(os.Getpid())).Run() == nil {
+		runtime.GOMAXPROCS(1)
+	}
+	c.rounds = burn.Calibrate(c.cost)
+	capacity, err := measureCapacity(c)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("capacity C = %.0f OK calls/s (ghz closed loop, 50 workers, unprotected backend, cost %v, median of %d)\n\n", capacity, c.cost, c.repeats)
+	if c.scenario == "slow" {
+		return slowScenario(c, capacity)
+	}
+	fmt.Printf("%-8s %8s %8s %10s %7s %12s %9s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "SERVER_CPU", "GHZ_CPU", "runs (OK/s @ server CPU)")
+	for _, row := range []struct {
+		load    float64
+		workers int
+	}{{5, 3000}, {10, 600}, {10, 3000}} {
+		rate := int(row.load * capacity)
+		var ok, cpu, gcpu []float64
+		var runs []string
+		for i := 0; i < c.repeats; i++ {
+			r, err := ghzRun(c, true, "--rps", strconv.Itoa(rate), "-c", strconv.Itoa(row.workers))
+			if err != nil {
+				return err
+			}
+			ok, cpu, gcpu = append(ok, r.okPerSec), append(cpu, r.serverCPU), append(gcpu, r.ghzCPU)
+			runs = append(runs, fmt.Sprintf("%.0f@%.0f%%", r.okPerSec, 100*r.serverCPU))
+		}
+		fmt.Printf("%-8s %8d %8d %10.0f %7.2f %11.0f%% %8.0f%%  %s\n", fmt.Sprintf("~%gx", row.load), rate, row.workers,
+			median(ok), median(ok)/capacity, 100*median(cpu), 100*median(gcpu), strings.Join(runs, " "))
+	}
+	return nil
+}
+
+func measureCapacity(c config) (float64, error) {
+	var xs []float64
+	for i := 0; i < c.repeats; i++ {
+		r, err := ghzRun(c, false, "-c", "50")
+		if err != nil {
+			return 0, err
+		}
+		xs = append(xs, r.okPerSec)
+	}
+	return median(xs), nil
+}
+
+// backend is a running server process.
+type backend struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+func startBackend(c config, protect bool) (*backend, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{exe, "server", "-rounds", strconv.Itoa(c.rounds), "-protect=" + strconv.FormatBool(protect)}
+	if ts, err := exec.LookPath("taskset"); err == nil {
+		args = append([]string{ts, "-c", "0"}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	f := strings.Fields(line)
+	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, fmt.Errorf("backend did not start: %q %v", line, err)
+	}
+	go io.Copy(io.Discard, out)
+	return &backend{cmd: cmd, addr: f[1]}, nil
+}
+
+func (b *backend) stop() {
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+}
+
+// cpuTime is the process's user + system time so far, from /proc (clock
+// ticks of 10 ms).
+func (b *backend) cpuTime() time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	k, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+k) * 10 * time.Millisecond
+}
+
+// ghzResult is one ghz run.
+type ghzResult struct {
+	okPerSec, success    float64
+	p99                  time.Duration
+	serverCPU, ghzCPU    float64
+	codes                map[string]int
+	attackerLate, attack int64
+}
+
+// ghzReport is what ghz --format json prints (the fields used here).
+type ghzReport struct {
+	Total        int64          `json:"total"` // ns
+	Count        int64          `json:"count"`
+	StatusCodes  map[string]int `json:"statusCodeDistribution"`
+	LatencyDistr []struct {
+		Percentage int   `json:"percentage"`
+		Latency    int64 `json:"latency"`
+	} `json:"latencyDistribution"`
+}
+
+// ghzRun starts a backend, runs ghz against it with the issue's command
+// line plus args, and measures the backend's CPU over the run.
+func ghzRun(c config, protect bool, args ...string) (ghzResult, error) {
+	return ghzRunWith(c, protect, nil, args...)
+}
+
+// ghzRunWith is ghzRun with beside, if not nil, running against the same
+// backend from before ghz starts until it ends.
+func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr string), args ...string) (ghzResult, error) {
+	var r ghzResult
+	b, err := startBackend(c, protect)
+	if err != nil {
+		return r, err
+	}
+	defer b.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	if beside != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); beside(ctx, b.addr) }()
+		time.Sleep(2 * time.Second) // the attack in its stride before the measurement
+	}
+	cmdArgs := append([]string{"--insecure", "--call", emptyCall, "--connections", "8", "--timeout", "1s",
+		"-z", c.duration.String(), "--format", "json", "-m", `{"triage-criticality":"CRITICAL"}`}, args...)
+	cmdArgs = append(cmdArgs, b.addr)
+	name := c.ghz
+	if ts, err := exec.LookPath("taskset"); err == nil {
+		cmdArgs = append([]string{"-c", "1", c.ghz}, cmdArgs...)
+		name = ts
+	}
+	cmd := exec.Command(name, cmdArgs...)
+	var out strings.Builder
+	cmd.Stdout = &out
+	cpu0, wall0 := b.cpuTime(), time.Now()
+	err = cmd.Run()
+	cpu1, wall := b.cpuTime(), time.Since(wall0)
+	cancel()
+	wg.Wait()
+	if err != nil {
+		return r, fmt.Errorf("ghz %s: %v", strings.Join(cmdArgs, " "), err)
+	}
+	var rep ghzReport
+	if err := json.Unmarshal([]byte(out.String()), &rep); err != nil {
+		return r, fmt.Errorf("ghz output: %v", err)
+	}
+	if rep.Total <= 0 || rep.Count == 0 {
+		return r, fmt.Errorf("ghz made no calls")
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		used := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		r.ghzCPU = float64(used) / float64(rep.Total)
+	}
+	r.codes = rep.StatusCodes
+	r.okPerSec = float64(rep.StatusCodes["OK"]) / (float64(rep.Total) / 1e9)
+	r.success = float64(rep.StatusCodes["OK"]) / float64(rep.Count)
+	for _, p := range rep.LatencyDistr {
+		if p.Percentage == 99 {
+			r.p99 = time.Duration(p.Latency)
+		}
+	}
+	r.serverCPU = float64(cpu1-cpu0) / float64(wall)
+	return r, nil
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+// slowScenario: steady CRITICAL traffic at 0.8 C from ghz (50 workers),
+// alone, then beside 1,000 slow streams that send their message 900 ms
+// after their headers, claiming CRITICAL too, over 8 connections of their
+// own.
+func slowScenario(c config, capacity float64) error {
+	rate := strconv.Itoa(int(0.8 * capacity))
+	fmt.Printf("steady: ghz --rps %s -c 50, CRITICAL; slow senders: 1,000 streams, message 900 ms after headers, CRITICAL\n\n", rate)
+	fmt.Printf("%-22s %10s %10s %10s %12s  %s\n", "RUN", "SUCCESS", "P99", "OK/s", "SERVER_CPU", "slow senders' calls (refused late / all)")
+	for _, attacked := range []bool{false, true} {
+		var succ, p99, ok, cpu []float64
+		var late, all int64
+		for i := 0; i < c.repeats; i++ {
+			var a *attacker
+			var beside func(context.Context, string)
+			if attacked {
+				a = &attacker{streams: 1000, delay: 900 * time.Millisecond, conns: 8}
+				beside = a.run
+			}
+			r, err := ghzRunWith(c, true, beside, "--rps", rate, "-c", "50")
+			if err != nil {
+				return err
+			}
+			succ, p99, ok, cpu = append(succ, r.success), append(p99, float64(r.p99)), append(ok, r.okPerSec), append(cpu, r.serverCPU)
+			if a != nil {
+				late += a.late.Load()
+				all += a.calls.Load()
+			}
+		}
+		name := "steady alone"
+		note := ""
+		if attacked {
+			name = "steady + slow senders"
+			note = fmt.Sprintf("%d / %d", late, all)
+		}
+		fmt.Printf("%-22s %9.3f%% %10v %10.0f %11.0f%%  %s\n", name, 100*median(succ), time.Duration(median(p99)).Round(10*time.Microsecond), median(ok), 100*median(cpu), note)
+	}
+	return nil
+}
+
+// attacker holds streams open with their headers sent and sends each
+// stream's message delay later, again and again.
+type attacker struct {
+	streams, conns int
+	delay          time.Duration
+	calls, late    atomic.Int64
+}
+
+func (a *attacker) run(ctx context.Context, addr string) {
+	var ccs []*grpc.ClientConn
+	for i := 0; i < a.conns; i++ {
+		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return
+		}
+		defer cc.Close()
+		ccs = append(ccs, cc)
+	}
+	ctx = metadata.AppendToOutgoingContext(ctx, "triage-criticality", "CRITICAL")
+	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+	var wg sync.WaitGroup
+	for i := 0; i < a.streams; i++ {
+		wg.Add(1)
+		go func(cc *grpc.ClientConn) {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				cctx, cancel := context.WithTimeout(ctx, 2*a.delay+time.Second)
+				cs, err := cc.NewStream(cctx, desc, "/"+emptyCall)
+				if err != nil {
+					cancel()
+					time.Sleep(10 * time.Millisecond) // no stream: the connection is not ready
+					continue
+				}
+				select {
+				case <-time.After(a.delay):
+				case <-ctx.Done():
+				}
+				if cs.SendMsg(&testgrpc.Empty{}) == nil && cs.CloseSend() == nil {
+					err = cs.RecvMsg(new(testgrpc.Empty))
+					a.calls.Add(1)
+					if oe, ok := triagegrpc.FromStatus(status.Convert(err)); ok && oe.Reason == admission.Late.String() {
+						a.late.Add(1)
+					}
+				}
+				cancel()
+			}
+		}(ccs[i%len(ccs)])
+	}
+	wg.Wait()
+}

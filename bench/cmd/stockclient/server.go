@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/bench/internal/burn"
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
+)
+
+// service is grpc.testing.TestService whose EmptyCall burns rounds sha256
+// rounds: the README's protected server with a known cost per call.
+type service struct {
+	testgrpc.UnimplementedTestServiceServer
+	rounds int
+}
+
+var sink atomic.Uint64
+
+func (s *service) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	var sum [32]byte
+	for i := 0; i < s.rounds; i++ {
+		sum = sha256.Sum256(sum[:])
+	}
+	sink.Add(uint64(sum[0]))
+	return &testgrpc.Empty{}, nil
+}
+
+// serverCommand is "stockclient server": the backend, protected as the
+// README shows (triagegrpc.NewServer(WithTrust(127.0.0.1/32),
+// WithAdmission(admission.New()))) or not, with server reflection so that
+// stock tools can call it. It prints "LISTEN addr" and serves on loopback
+// until interrupted.
+func serverCommand(args []string) error {
+	fs := flag.NewFlagSet("server", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:0", "listen address (loopback)")
+	rounds := fs.Int("rounds", 0, "sha256 rounds per call (0: calibrate -cost)")
+	cost := fs.Duration("cost", time.Millisecond, "CPU each EmptyCall burns, when -rounds is 0")
+	protect := fs.Bool("protect", true, "triage's server with admission control, as the README shows")
+	stats := fs.Bool("stats", false, "print the controller's state to stderr every 250 ms")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	host, _, err := net.SplitHostPort(*listen)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("-listen must be a loopback address, got %q", *listen)
+	}
+	if *rounds <= 0 {
+		*rounds = burn.Calibrate(*cost)
+	}
+	var opts []grpc.ServerOption
+	if *protect {
+		obs := &reasons{}
+		ctl, err := admission.New(admission.WithObserver(obs))
+		if err != nil {
+			return err
+		}
+		srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+		if err != nil {
+			return err
+		}
+		opts = srv.ServerOptions()
+		if *stats {
+			go printStats(ctl, obs)
+		}
+	}
+	s := grpc.NewServer(opts...)
+	testgrpc.RegisterTestServiceServer(s, &service{rounds: *rounds})
+	reflection.Register(s)
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); s.Stop() }()
+	fmt.Printf("LISTEN %s\n", lis.Addr())
+	os.Stdout.Sync()
+	return s.Serve(lis)
+}
+
+func printStats(ctl *admission.Controller, obs *reasons) {
+	for range time.Tick(250 * time.Millisecond) {
+		st := ctl.Stats()
+		fmt.Fprintf(os.Stderr, "limit %d pending %d/%.1f executing %d queued %d service %v delay %v saturated %v rejected %v\n",
+			st.Limit, st.Pending, st.PendingCap, st.Executing, st.Queued, st.ServiceTime, st.QueueDelay, st.Saturated, obs.take())
+	}
+}
+
+// reasons counts rejections by reason.
+type reasons struct {
+	admission.Nop
+	n [admission.NumReasons]atomic.Int64
+}
+
+func (o *reasons) Rejected(_ criticality.Level, r admission.Reason, _ bool) {
+	if r < admission.NumReasons {
+		o.n[r].Add(1)
+	}
+}
+
+func (o *reasons) take() map[string]int64 {
+	m := map[string]int64{}
+	for r := range o.n {
+		if n := o.n[r].Swap(0); n > 0 {
+			m[admission.Reason(r).String()] = n
+		}
+	}
+	return m
+}

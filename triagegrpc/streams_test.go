@@ -1,0 +1,49 @@
+package triagegrpc_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/triagegrpc"
+)
+
+// A client holding streams open without their messages (a slow sender)
+// gets at most DefaultMaxConcurrentStreams of them per connection: the
+// next waits on the client's side until one ends.
+func TestConnectionStreamsAreBounded(t *testing.T) {
+	srv, err := triagegrpc.NewServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(srv.ServerOptions()...)
+	relay.RegisterFunc(s, func(context.Context, string) (string, error) { return "", nil })
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, s))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+	// The first call makes sure the server's settings have arrived.
+	if _, err := relay.Invoke(ctx, cc, "x"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < triagegrpc.DefaultMaxConcurrentStreams; i++ {
+		if _, err := cc.NewStream(ctx, desc, relay.CallMethod); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	// Waiting on the client's side is all the next stream can do: it is
+	// cut off by its own deadline, never refused by the server.
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancelShort()
+	_, err = cc.NewStream(short, desc, relay.CallMethod)
+	if status.Code(err) != codes.DeadlineExceeded && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("stream %d on one connection: %v, want it to wait for a free stream", triagegrpc.DefaultMaxConcurrentStreams+1, err)
+	}
+}
