@@ -16,12 +16,10 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"runtime"
@@ -41,6 +39,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/burn"
+	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -95,9 +94,8 @@ func run(c config) error {
 	c.ghz = ghz
 	// This process (the slow sender) shares CPU 1 with ghz; the backend has
 	// CPU 0.
-	if ts, err := exec.LookPath("taskset"); err == nil && exec.Command(ts, "-a", "-pc", "1", strconv.Itoa(os.Getpid())).Run() == nil {
-		runtime.GOMAXPROCS(1)
-	}
+	child.PinSelf("1")
+	runtime.GOMAXPROCS(1)
 	c.rounds = burn.Calibrate(c.cost)
 	capacity := c.capacity
 	if capacity <= 0 {
@@ -146,62 +144,8 @@ func measureCapacity(c config) (float64, error) {
 	return median(xs), nil
 }
 
-// backend is a running server process.
-type backend struct {
-	cmd  *exec.Cmd
-	addr string
-}
-
-func startBackend(c config, protect bool) (*backend, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	args := []string{exe, "server", "-rounds", strconv.Itoa(c.rounds), "-protect=" + strconv.FormatBool(protect)}
-	if ts, err := exec.LookPath("taskset"); err == nil {
-		args = append([]string{ts, "-c", "0"}, args...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	f := strings.Fields(line)
-	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, fmt.Errorf("backend did not start: %q %v", line, err)
-	}
-	go io.Copy(io.Discard, out)
-	return &backend{cmd: cmd, addr: f[1]}, nil
-}
-
-func (b *backend) stop() {
-	b.cmd.Process.Kill()
-	b.cmd.Wait()
-}
-
-// cpuTime is the process's user + system time so far, from /proc (clock
-// ticks of 10 ms).
-func (b *backend) cpuTime() time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	s := string(raw)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	k, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(u+k) * 10 * time.Millisecond
+func startBackend(c config, protect bool) (*child.Process, error) {
+	return child.Start("0", "server", "-rounds", strconv.Itoa(c.rounds), "-protect="+strconv.FormatBool(protect))
 }
 
 // ghzResult is one ghz run.
@@ -238,17 +182,17 @@ func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr st
 	if err != nil {
 		return r, err
 	}
-	defer b.stop()
+	defer b.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	if beside != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); beside(ctx, b.addr) }()
+		go func() { defer wg.Done(); beside(ctx, b.Addr) }()
 		time.Sleep(2 * time.Second) // the attack in its stride before the measurement
 	}
 	cmdArgs := append([]string{"--insecure", "--call", emptyCall, "--connections", "8", "--timeout", "1s",
 		"-z", c.duration.String(), "--format", "json", "-m", `{"triage-criticality":"CRITICAL"}`}, args...)
-	cmdArgs = append(cmdArgs, b.addr)
+	cmdArgs = append(cmdArgs, b.Addr)
 	name := c.ghz
 	if ts, err := exec.LookPath("taskset"); err == nil {
 		cmdArgs = append([]string{"-c", "1", c.ghz}, cmdArgs...)
@@ -257,9 +201,9 @@ func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr st
 	cmd := exec.Command(name, cmdArgs...)
 	var out strings.Builder
 	cmd.Stdout = &out
-	cpu0, wall0 := b.cpuTime(), time.Now()
+	cpu0, wall0 := b.CPU(), time.Now()
 	err = cmd.Run()
-	cpu1, wall := b.cpuTime(), time.Since(wall0)
+	cpu1, wall := b.CPU(), time.Since(wall0)
 	cancel()
 	wg.Wait()
 	if err != nil {
@@ -284,7 +228,7 @@ func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr st
 			r.p99 = time.Duration(p.Latency)
 		}
 	}
-	r.serverCPU = float64(cpu1-cpu0) / float64(wall)
+	r.serverCPU = (cpu1 - cpu0) / wall.Seconds()
 	return r, nil
 }
 
