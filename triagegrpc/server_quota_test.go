@@ -72,6 +72,11 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 		mu      sync.Mutex
 		refused = map[string]int{}
 		wg      sync.WaitGroup
+		// largest is the most CPU one capped request was charged, in
+		// CPU-seconds per second of the window: the capped customer's
+		// requests run one at a time and are charged before their reply,
+		// so each call's charge is the change in its usage across it.
+		largest float64
 	)
 	deadline := time.Now().Add(3 * time.Second)
 	for _, w := range []struct{ customer, body string }{{"capped", "burn"}, {"burner", "burn"}, {"waiter", "wait"}, {"waiter", "wait"}} {
@@ -80,9 +85,13 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 			defer wg.Done()
 			for i := 0; i < 1000 && time.Now().Before(deadline); i++ {
 				ctx, cancel := context.WithTimeout(quota.NewContext(context.Background(), w.customer), time.Second)
+				before := u.Total(w.customer)
 				_, err := relay.Invoke(ctx, cc, w.body)
 				cancel()
 				if err == nil {
+					if w.customer == "capped" {
+						largest = max(largest, u.Total(w.customer)-before)
+					}
 					continue
 				}
 				var oe *outcome.Error
@@ -102,14 +111,17 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 	for _, c := range u.Snapshot() {
 		snap[c.Customer] = c
 	}
-	t.Logf("refused %v; usage capped %.3f, burner %.3f, waiter %.3f CPU-s/s", refused, u.Total("capped"), u.Total("burner"), u.Total("waiter"))
+	t.Logf("refused %v; usage capped %.4f (largest request %.1f ms), burner %.3f, waiter %.3f CPU-s/s",
+		refused, u.Total("capped"), largest*u.Window().Seconds()*1e3, u.Total("burner"), u.Total("waiter"))
 	if refused["capped"] == 0 || refused["burner"] != 0 || refused["waiter"] != 0 {
 		t.Errorf("refused %v: want only the capped customer", refused)
 	}
 	// Never over the hard limit over the 4 s window, but for the one
-	// request in flight when it got there (about 2 ms of CPU).
-	if got := u.Total("capped"); got > 0.05+0.006/4 {
-		t.Errorf("hard limit 0.05: capped used %.4f", got)
+	// request in flight when it got there. That request spins about 2 ms,
+	// but what it is charged depends on how the machine shares its CPUs
+	// (package cost), so the allowance is the largest charge measured.
+	if got := u.Total("capped"); got > 0.05+largest {
+		t.Errorf("hard limit 0.05: capped used %.4f, over by more than its largest request (%.4f)", got, largest)
 	}
 	if snap["capped"].Refused == 0 || snap["capped"].Demand <= u.Total("capped") {
 		t.Errorf("capped snapshot %+v: refusals not counted in its demand", snap["capped"])
