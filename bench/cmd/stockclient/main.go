@@ -53,6 +53,7 @@ type config struct {
 	cost     time.Duration
 	rounds   int
 	capacity float64
+	stats    bool
 }
 
 func main() {
@@ -71,6 +72,7 @@ func main() {
 	fs.DurationVar(&c.duration, "z", 10*time.Second, "length of each ghz run")
 	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU each call burns")
 	fs.Float64Var(&c.capacity, "capacity", 0, "capacity C in OK calls/s; 0 measures it (to compare two builds at the same offered rates, give both the same C)")
+	fs.BoolVar(&c.stats, "stats", false, "the backends print the controller's state every 250 ms, and each run its status codes, to stderr")
 	fs.Parse(os.Args[1:])
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "stockclient:", err)
@@ -145,7 +147,7 @@ func measureCapacity(c config) (float64, error) {
 }
 
 func startBackend(c config, protect bool) (*child.Process, error) {
-	return child.Start("0", "server", "-rounds", strconv.Itoa(c.rounds), "-protect="+strconv.FormatBool(protect))
+	return child.Start("0", "server", "-rounds", strconv.Itoa(c.rounds), "-protect="+strconv.FormatBool(protect), "-stats="+strconv.FormatBool(c.stats && protect))
 }
 
 // ghzResult is one ghz run.
@@ -229,6 +231,9 @@ func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr st
 		}
 	}
 	r.serverCPU = (cpu1 - cpu0) / wall.Seconds()
+	if c.stats {
+		fmt.Fprintf(os.Stderr, "ghz %s: %v\n", strings.Join(args, " "), r.codes)
+	}
 	return r, nil
 }
 
