@@ -637,9 +637,10 @@ type Ticket struct {
 func (t *Ticket) Level() criticality.Level { return t.level }
 
 const (
-	ticketPending uint8 = iota + 1 // arrived, Start not called
-	ticketInside                   // in Start: waiting, or rejected there
-	ticketRunning                  // holds an execution slot
+	ticketPending   uint8 = iota + 1 // arrived, Start not called
+	ticketScheduled                  // its goroutine ran (Scheduled), Start not called
+	ticketInside                     // in Start: waiting, or rejected there
+	ticketRunning                    // holds an execution slot
 	ticketDone
 )
 
@@ -786,11 +787,15 @@ func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
 // or Deadline when the deadline would pass while waiting) or ctx's error.
 // Either way the caller calls Done afterwards.
 func (c *Controller) Start(ctx context.Context, t *Ticket) error {
-	if t.state != ticketPending {
+	switch t.state {
+	case ticketPending:
+		c.prestart.remove(t.arrive / c.prestartEpoch)
+		c.hot.occ[t.level].Add(startMove)
+	case ticketScheduled:
+		c.hot.occ[t.level].Add(oneStarted)
+	default:
 		return errors.New("admission: Start without Arrive")
 	}
-	c.prestart.remove(t.arrive / c.prestartEpoch)
-	c.hot.occ[t.level].Add(startMove)
 	t.state = ticketInside
 	if c.displaced(t.level) {
 		return c.reject(t.level, Concurrency, c.now())
@@ -857,10 +862,34 @@ func (c *Controller) Done(t *Ticket) {
 	case ticketPending:
 		c.prestart.remove(t.arrive / c.prestartEpoch)
 		c.hot.occ[t.level].Add(-oneNotStarted)
+	case ticketScheduled:
 	default:
 		return
 	}
 	t.state = ticketDone
+}
+
+// Scheduled tells the Controller that an admitted request's own goroutine
+// has begun to run, before Start: it no longer waits for the CPU. From
+// then until Start it counts neither towards the pending cap nor among
+// its level's requests not started, so that a request whose message has
+// not arrived waits on its client, not in the task: it is bounded by the
+// message timeout (WithMessageTimeout), its deadline and the transport's
+// limits, and takes no room from the requests that can run. A request
+// that is never started needs no Done once Scheduled.
+//
+// Calling it is optional (without it, a request counts until Start, or
+// until it has been pending four target delays); adapters call it first
+// thing on the request's goroutine where that goroutine is not the one
+// that called Arrive (the gRPC adapter: in its stats handler's TagRPC).
+// It does nothing unless t is admitted and not yet started.
+func (c *Controller) Scheduled(t *Ticket) {
+	if t.state != ticketPending {
+		return
+	}
+	c.prestart.remove(t.arrive / c.prestartEpoch)
+	c.hot.occ[t.level].Add(-oneNotStarted)
+	t.state = ticketScheduled
 }
 
 // release gives back an execution slot and hands free slots to waiters.

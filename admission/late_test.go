@@ -124,3 +124,44 @@ func TestLateRequestWaitsBehindFreshOnes(t *testing.T) {
 	}
 	c.Done(&late)
 }
+
+// A request whose goroutine has run (Scheduled) takes no room until
+// Start, under either delay measure and with no time passing: the task
+// admits any number of them, and each that then starts counts again. One
+// that is never started, or is Done without Start, leaves every count at
+// its baseline; Scheduled after Start, or twice, does nothing.
+func TestScheduledRequestsTakeNoRoomUntilStart(t *testing.T) {
+	for _, m := range []admission.DelayMeasure{admission.SchedulerDelay, admission.ArrivalDelay} {
+		f := clock.NewFake(epoch)
+		c := lateController(t, f, m)
+		room := fill(t, c)
+		f.Advance(admission.DefaultTargetDelay * 1000) // the filling requests age out under either measure
+		waiting := make([]admission.Ticket, 3*room+10)
+		for i := range waiting {
+			if err := c.Arrive(&waiting[i], criticality.Critical, 0, time.Time{}); err != nil {
+				t.Fatalf("%v: request %d beside %d scheduled ones: %v", m, i, i, err)
+			}
+			c.Scheduled(&waiting[i])
+			c.Scheduled(&waiting[i])
+		}
+		if p := c.Stats().Pending; p != 0 {
+			t.Fatalf("%v: %d pending with %d requests scheduled and not started", m, p, len(waiting))
+		}
+		if err := c.Start(context.Background(), &waiting[0]); err != nil {
+			t.Fatalf("%v: Start after Scheduled: %v", m, err)
+		}
+		c.Scheduled(&waiting[0])
+		if s := c.Stats(); s.Pending != 1 || s.Executing != 1 {
+			t.Fatalf("%v: after one Start, pending %d executing %d, want 1 and 1", m, s.Pending, s.Executing)
+		}
+		c.Done(&waiting[0])
+		c.Done(&waiting[1]) // ended before Start
+		if s := c.Stats(); s.Pending != 0 || s.Executing != 0 {
+			t.Fatalf("%v: all done, pending %d executing %d", m, s.Pending, s.Executing)
+		}
+		// The rest are never started: the task's room is as it was.
+		if n := fill(t, c); n != room {
+			t.Fatalf("%v: %d admitted after, %d before: scheduled requests left counts behind", m, n, room)
+		}
+	}
+}

@@ -63,6 +63,17 @@ func HandleOf(ctx context.Context) *Handle {
 	return h
 }
 
+// Scheduled tells admission control that the request's own goroutine has
+// begun to run (admission.Controller.Scheduled): until Start, a request
+// waiting for its message then waits on its client and takes no room.
+// Adapters whose requests get a goroutine of their own after Accept call
+// it first thing on it; it is optional.
+func (h *Handle) Scheduled() {
+	if x := h.x; x != nil && x.ctl != nil {
+		x.ctl.Scheduled(&x.ticket)
+	}
+}
+
 // Start takes an execution slot (admission.Controller.Start, which may
 // wait in the priority queue until the request's context ends) and starts
 // measuring the request's CPU. On error, the request is finished: its

@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/tap"
 
 	"github.com/triagehq/triage/admission"
@@ -172,21 +173,49 @@ func (s *Server) rejection(err error) error {
 // most this many per connection.
 const DefaultMaxConcurrentStreams = 250
 
-// ServerOptions returns the grpc.ServerOptions that install the tap handle
-// and both interceptors, and bound each connection's concurrent streams to
-// DefaultMaxConcurrentStreams (a grpc.MaxConcurrentStreams passed after
-// them overrides it); pass them to grpc.NewServer. If the server needs
-// its own tap handle, install TapHandle yourself (grpc allows one) and call
-// it from yours, and add the interceptors with grpc.ChainUnaryInterceptor
-// and grpc.ChainStreamInterceptor.
+// ServerOptions returns the grpc.ServerOptions that install the tap handle,
+// both interceptors and the stats handler, and bound each connection's
+// concurrent streams to DefaultMaxConcurrentStreams (a
+// grpc.MaxConcurrentStreams passed after them overrides it); pass them to
+// grpc.NewServer. If the server needs its own tap handle, install
+// TapHandle yourself (grpc allows one) and call it from yours, add the
+// interceptors with grpc.ChainUnaryInterceptor and
+// grpc.ChainStreamInterceptor, and the stats handler with
+// grpc.StatsHandler.
 func (s *Server) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.InTapHandle(s.TapHandle()),
 		grpc.ChainUnaryInterceptor(s.UnaryInterceptor()),
 		grpc.ChainStreamInterceptor(s.StreamInterceptor()),
+		grpc.StatsHandler(s.StatsHandler()),
 		grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams),
 	}
 }
+
+// StatsHandler returns the stats handler that tells admission control
+// when a request admitted by the tap handle gets its goroutine
+// (intake.Handle.Scheduled, at TagRPC, which grpc-go calls first thing
+// on it): from then on, a stream whose message has not arrived waits on
+// its client and takes no room from the requests that can run. Without
+// it, such a stream holds room until its message comes or it has been
+// pending four target delays (admission.WithTargetDelay).
+func (s *Server) StatsHandler() stats.Handler { return scheduledStats{} }
+
+// scheduledStats is StatsHandler's handler; it keeps no state.
+type scheduledStats struct{}
+
+func (scheduledStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	if h := intake.HandleOf(ctx); h != nil {
+		h.Scheduled()
+	}
+	return ctx
+}
+
+func (scheduledStats) HandleRPC(context.Context, stats.RPCStats) {}
+
+func (scheduledStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+
+func (scheduledStats) HandleConn(context.Context, stats.ConnStats) {}
 
 // TapHandle returns the handle that runs each request through the intake
 // as it arrives, before grpc creates a goroutine for it, reading the raw

@@ -1,11 +1,14 @@
 package e2e
 
 // Issue 20, a hostile peer over loopback: a slow sender opens streams and
-// sends their messages late. Its streams stop holding room in the task
-// after four target delays, so well-behaved requests are admitted beside
-// them, and a message later than the message timeout is refused before
-// its handler runs. The controller runs on a fake clock with the
-// scheduler's delay measure, as a real server's does on the real one.
+// sends their messages late. With the server's default options a stream
+// takes no room once its goroutine has run (the stats handler's TagRPC
+// tells admission control), so the task never fills with streams waiting
+// on their client; installed without the stats handler, its streams stop
+// holding room after four target delays. Either way a message later than
+// the message timeout is refused before its handler runs. The controller
+// runs on a fake clock with the scheduler's delay measure, as a real
+// server's does on the real one.
 
 import (
 	"context"
@@ -16,6 +19,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -25,55 +29,73 @@ import (
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
 )
 
-func TestSlowSendersOverLoopback(t *testing.T) {
-	f := clock.NewFake(time.Unix(0, 0))
-	obs := &refusals{}
-	ctl, err := admission.New(admission.WithClock(f), admission.WithDelayMeasure(admission.SchedulerDelay),
-		admission.WithLimits(1, 1, 1), admission.WithInterval(time.Hour), admission.WithObserver(obs))
+// slowServer serves relay's tier B with admission control on a fake clock,
+// with the Server's own options (withStats) or only its tap handle and
+// interceptors; tagged counts the streams whose goroutine has run.
+type slowServer struct {
+	f              *clock.Fake
+	ctl            *admission.Controller
+	obs            *refusals
+	served, tagged atomic.Int64
+	cc             *grpc.ClientConn
+}
+
+func startSlowServer(t *testing.T, withStats bool) *slowServer {
+	t.Helper()
+	s := &slowServer{f: clock.NewFake(time.Unix(0, 0)), obs: &refusals{}}
+	var err error
+	s.ctl, err = admission.New(admission.WithClock(s.f), admission.WithDelayMeasure(admission.SchedulerDelay),
+		admission.WithLimits(1, 1, 1), admission.WithInterval(time.Hour), admission.WithObserver(s.obs))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var served atomic.Int64
-	addr := serveB(t, func(context.Context, string) error { served.Add(1); return nil }, triagegrpc.WithAdmission(ctl))
-	cc := plainConn(t, addr)
-	ctx, cancel := context.WithCancel(criticality.NewContext(context.Background(), criticality.Critical))
-	defer cancel()
+	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(s.ctl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor())}
+	if withStats {
+		opts = srv.ServerOptions()
+	}
+	// Added after triage's, so it sees each stream after triage's did.
+	opts = append(opts, grpc.StatsHandler(tagCounter{&s.tagged}))
+	gs := grpc.NewServer(opts...)
+	relay.Register(gs, &relay.Tier{Name: "B", Fail: func(context.Context, string) error { s.served.Add(1); return nil }, Observe: func(relay.Arrival) {}})
+	s.cc = plainConn(t, listenAndServe(t, gs))
+	return s
+}
 
-	// The slow sender: streams to the unary method, headers only, until
-	// the task refuses one.
+// openSlow opens up to n streams to the unary method and sends only their
+// headers, each once the last one's goroutine has run, until the task
+// refuses one.
+func (s *slowServer) openSlow(t *testing.T, ctx context.Context, n int) []grpc.ClientStream {
+	t.Helper()
 	var slow []grpc.ClientStream
 	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
-	for len(slow) < 200 {
-		cs, err := cc.NewStream(ctx, desc, relay.CallMethod)
+	for len(slow) < n {
+		cs, err := s.cc.NewStream(ctx, desc, relay.CallMethod)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := int64(len(slow) + 1)
-		waitFor(t, "the stream to arrive", func() bool { return ctl.Stats().Pending == n || obs.n.Load() > 0 })
-		if obs.n.Load() > 0 {
+		want := int64(len(slow) + 1)
+		waitFor(t, "the stream's goroutine to run", func() bool { return s.tagged.Load() >= want || s.obs.n.Load() > 0 })
+		if s.obs.n.Load() > 0 {
 			break // refused: the task is full of streams without messages
 		}
 		slow = append(slow, cs)
 	}
-	if len(slow) == 200 {
-		t.Fatal("200 streams without messages and the task never filled")
-	}
-	if _, err := relay.Invoke(ctx, cc, "fresh"); status.Code(err) != codes.Unavailable {
-		t.Fatalf("a call while the task is full: %v, want refused", err)
-	}
+	return slow
+}
 
-	// Four target delays on, the streams still without messages hold no
-	// room: a well-behaved call is admitted and served.
-	f.Advance(5 * admission.DefaultTargetDelay)
-	if _, err := relay.Invoke(ctx, cc, "fresh"); err != nil {
-		t.Fatalf("a call beside %d streams waiting for their messages: %v", len(slow), err)
-	}
-
-	// Past the message timeout, the slow messages arrive: refused, late,
-	// before any handler runs.
-	f.Advance(admission.DefaultMessageTimeout)
+// lateMessages sends each stream's message past the message timeout and
+// checks that it is refused, late, before its handler runs.
+func (s *slowServer) lateMessages(t *testing.T, slow []grpc.ClientStream) {
+	t.Helper()
+	served := s.served.Load()
+	s.f.Advance(admission.DefaultMessageTimeout + time.Millisecond)
 	for i, cs := range slow {
 		if err := cs.SendMsg(wrapperspb.String("slow")); err != nil {
 			t.Fatalf("stream %d: send: %v", i, err)
@@ -85,10 +107,58 @@ func TestSlowSendersOverLoopback(t *testing.T) {
 			t.Fatalf("stream %d: a message past the message timeout got %v, want task overloaded, late", i, err)
 		}
 	}
-	if n := served.Load(); n != 1 {
+	if n := s.served.Load() - served; n != 0 {
+		t.Fatalf("%d handlers ran for late messages, want none", n)
+	}
+	waitFor(t, "every request to end", func() bool { st := s.ctl.Stats(); return st.Executing == 0 && st.Queued == 0 && st.Pending == 0 })
+}
+
+// With the Server's options, streams waiting for their messages take no
+// room at all: 200 of them (the task's room is a few requests) are
+// admitted, and a well-behaved call beside them is served at once, with
+// no time passing.
+func TestSlowSendersTakeNoRoom(t *testing.T) {
+	s := startSlowServer(t, true)
+	ctx, cancel := context.WithCancel(criticality.NewContext(context.Background(), criticality.Critical))
+	defer cancel()
+	slow := s.openSlow(t, ctx, 200)
+	if len(slow) < 200 {
+		t.Fatalf("refused after %d streams without messages: they hold room in the task", len(slow))
+	}
+	if st := s.ctl.Stats(); st.Pending != 0 {
+		t.Fatalf("%d pending beside %d streams waiting on their client, want 0", st.Pending, len(slow))
+	}
+	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
+		t.Fatalf("a call beside %d streams waiting for their messages: %v", len(slow), err)
+	}
+	if n := s.served.Load(); n != 1 {
 		t.Fatalf("%d handlers ran, want 1 (the well-behaved call)", n)
 	}
-	waitFor(t, "every request to end", func() bool { s := ctl.Stats(); return s.Executing == 0 && s.Queued == 0 })
+	s.lateMessages(t, slow)
+}
+
+// Without the stats handler, the task fills with streams waiting for
+// their messages; four target delays on they hold no room, and a
+// well-behaved call is admitted and served.
+func TestSlowSendersAgeOut(t *testing.T) {
+	s := startSlowServer(t, false)
+	ctx, cancel := context.WithCancel(criticality.NewContext(context.Background(), criticality.Critical))
+	defer cancel()
+	slow := s.openSlow(t, ctx, 200)
+	if len(slow) == 200 {
+		t.Fatal("200 streams without messages and the task never filled")
+	}
+	if _, err := relay.Invoke(ctx, s.cc, "fresh"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a call while the task is full: %v, want refused", err)
+	}
+	s.f.Advance(5 * admission.DefaultTargetDelay)
+	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
+		t.Fatalf("a call beside %d streams waiting for their messages: %v", len(slow), err)
+	}
+	if n := s.served.Load(); n != 1 {
+		t.Fatalf("%d handlers ran, want 1 (the well-behaved call)", n)
+	}
+	s.lateMessages(t, slow)
 }
 
 // refusals counts the controller's rejections.
@@ -98,3 +168,14 @@ type refusals struct {
 }
 
 func (r *refusals) Rejected(criticality.Level, admission.Reason, bool) { r.n.Add(1) }
+
+// tagCounter counts the RPCs whose goroutine has run (TagRPC).
+type tagCounter struct{ n *atomic.Int64 }
+
+func (c tagCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (tagCounter) HandleRPC(context.Context, stats.RPCStats)                         {}
+func (tagCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (tagCounter) HandleConn(context.Context, stats.ConnStats)                       {}
