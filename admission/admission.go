@@ -652,6 +652,21 @@ const (
 // Reason is the Reason's name; the errors are shared and must not be
 // modified. Arrive does not allocate.
 func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
+	return c.arrive(t, l, attemptN, deadline, false)
+}
+
+// ArriveWithinShare is Arrive for a request whose client (to the gRPC
+// adapter, its connection) holds no more than its share of the requests
+// admitted and not yet running. Where the pending cap would refuse it, it
+// is still admitted while the task's pending requests are fewer than
+// twice the cap, so that one client's burst, which fills the task's room
+// until its requests run, cannot lock the other clients out. What then
+// waits for an execution slot is bounded as ever (WithQueueFactor).
+func (c *Controller) ArriveWithinShare(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
+	return c.arrive(t, l, attemptN, deadline, true)
+}
+
+func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, withinShare bool) error {
 	if !l.Valid() {
 		l = criticality.Default
 	}
@@ -693,9 +708,11 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 			return c.reject(l, Deadline, now)
 		}
 	}
-	if c.occupancy(now)+c.reserved(l)+1 > c.capFor(l) && !c.evictBelow(l) {
+	if occ := c.occupancy(now) + c.reserved(l) + 1; occ > c.capFor(l) && !c.evictBelow(l) {
 		c.capHit.Store(true)
-		return c.reject(l, Concurrency, now)
+		if !withinShare || occ > 2*c.capFor(l) {
+			return c.reject(l, Concurrency, now)
+		}
 	}
 	c.prestart.add(now / c.prestartEpoch)
 	c.hot.occ[l].Add(oneNotStarted)
@@ -787,6 +804,7 @@ func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
 // or Deadline when the deadline would pass while waiting) or ctx's error.
 // Either way the caller calls Done afterwards.
 func (c *Controller) Start(ctx context.Context, t *Ticket) error {
+	scheduled := t.state == ticketScheduled
 	switch t.state {
 	case ticketPending:
 		c.prestart.remove(t.arrive / c.prestartEpoch)
@@ -803,9 +821,8 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 	late := false
 	if t.sampled {
 		t.started = c.now()
-		if c.sched == nil {
-			c.delaySum.Add(max(t.started-t.arrive, 0))
-			c.delayCount.Add(1)
+		if !scheduled {
+			c.addDelay(t.started - t.arrive)
 		}
 	}
 	if c.lateAfter > 0 {
@@ -890,6 +907,18 @@ func (c *Controller) Scheduled(t *Ticket) {
 	c.prestart.remove(t.arrive / c.prestartEpoch)
 	c.hot.occ[t.level].Add(-oneNotStarted)
 	t.state = ticketScheduled
+	if t.sampled {
+		c.addDelay(c.now() - t.arrive)
+	}
+}
+
+// addDelay counts a sampled request's delay before its goroutine ran
+// (Scheduled) or, without Scheduled, before Start, under ArrivalDelay.
+func (c *Controller) addDelay(d int64) {
+	if c.sched == nil {
+		c.delaySum.Add(max(d, 0))
+		c.delayCount.Add(1)
+	}
 }
 
 // release gives back an execution slot and hands free slots to waiters.

@@ -155,6 +155,13 @@ type Request struct {
 	// Group is the user group for group rules; fill it only when
 	// NeedsGroup.
 	Group string
+	// WithinShare says the request's connection holds no more than its
+	// share of the requests admitted and not yet running (the transport
+	// tracks its connections): admission control lets it past a full
+	// task, within twice the task's room
+	// (admission.Controller.ArriveWithinShare), so that one connection's
+	// burst cannot lock the others out.
+	WithinShare bool
 	// HealthCheck marks a health check (the transport knows its methods):
 	// it is classified but answered whatever the load, outside isolation,
 	// quotas and admission, because it is how clients learn that a task is
@@ -253,7 +260,7 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	if d.Decay.After > 0 || f.decay != "" {
 		ctx, cancel, level = in.decay(ctx, d, f.decay)
 	}
-	h, err := in.admit(ctx, level, f, cancel != nil)
+	h, err := in.admit(ctx, level, f, r.WithinShare, cancel != nil)
 	if err != nil {
 		if cancel != nil {
 			cancel()
@@ -291,8 +298,9 @@ func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) 
 
 // admit reserves quota and asks admission control; a refusal allocates
 // nothing (the ticket lives on the stack until the request is admitted).
-// cancels says the Handle will hold a decay's cancel func.
-func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, cancels bool) (*Handle, error) {
+// withinShare is Request.WithinShare; cancels says the Handle will hold a decay's
+// cancel func.
+func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, withinShare, cancels bool) (*Handle, error) {
 	var res quota.Reservation
 	if in.quota != nil {
 		var err error
@@ -303,7 +311,13 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, cance
 	var t admission.Ticket
 	if in.admission != nil {
 		deadline, _ := ctx.Deadline()
-		if err := in.admission.Arrive(&t, l, f.attempt, deadline); err != nil {
+		var err error
+		if withinShare {
+			err = in.admission.ArriveWithinShare(&t, l, f.attempt, deadline)
+		} else {
+			err = in.admission.Arrive(&t, l, f.attempt, deadline)
+		}
+		if err != nil {
 			if in.quota != nil {
 				in.quota.Cancel(f.customer, res)
 			}

@@ -3,6 +3,7 @@ package triagegrpc
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -192,30 +193,63 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 	}
 }
 
-// StatsHandler returns the stats handler that tells admission control
-// when a request admitted by the tap handle gets its goroutine
-// (intake.Handle.Scheduled, at TagRPC, which grpc-go calls first thing
-// on it): from then on, a stream whose message has not arrived waits on
-// its client and takes no room from the requests that can run. Without
-// it, such a stream holds room until its message comes or it has been
-// pending four target delays (admission.WithTargetDelay).
-func (s *Server) StatsHandler() stats.Handler { return scheduledStats{} }
+// StatsHandler returns the stats handler that follows each connection's
+// streams from the tap handle to their goroutines, which admission control
+// needs for two things:
+//
+//   - When a stream gets its goroutine (TagRPC, which grpc-go calls first
+//     thing on it), it leaves the pending count (intake.Handle.Scheduled):
+//     from then on a stream whose message has not arrived waits on its
+//     client and takes no room from the requests that can run. Without
+//     the handler, such a stream holds room until its message comes or
+//     it has been pending four target delays (admission.WithTargetDelay).
+//   - A stream that arrives while fewer than ConnShare others of its
+//     connection wait for their goroutines is within the connection's
+//     share (intake.Request.WithinShare), and gets in past a full task
+//     within twice its room, so that one connection's burst does not
+//     lock the others out.
+//
+// It keeps one counter per connection, in the connection's context.
+func (s *Server) StatsHandler() stats.Handler { return streamStats{} }
 
-// scheduledStats is StatsHandler's handler; it keeps no state.
-type scheduledStats struct{}
+// ConnShare is how many of a connection's streams may wait for their
+// goroutines and its next stream still be within the connection's share
+// of a full task (StatsHandler).
+const ConnShare = 8
 
-func (scheduledStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+// streamStats is StatsHandler's handler. Each connection's context holds
+// the count of its streams the tap handle accepted whose goroutine has
+// not run yet.
+type streamStats struct{}
+
+type waitingKey struct{}
+
+// waitingOf returns the count of ctx's connection, or nil without the
+// stats handler.
+func waitingOf(ctx context.Context) *atomic.Int32 {
+	n, _ := ctx.Value(waitingKey{}).(*atomic.Int32)
+	return n
+}
+
+func (streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return context.WithValue(ctx, waitingKey{}, new(atomic.Int32))
+}
+
+// TagRPC runs on the stream's goroutine. A Handle in ctx means the tap
+// handle accepted the stream, and counted it if the count was there.
+func (streamStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
 	if h := intake.HandleOf(ctx); h != nil {
 		h.Scheduled()
+		if n := waitingOf(ctx); n != nil {
+			n.Add(-1)
+		}
 	}
 	return ctx
 }
 
-func (scheduledStats) HandleRPC(context.Context, stats.RPCStats) {}
+func (streamStats) HandleRPC(context.Context, stats.RPCStats) {}
 
-func (scheduledStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
-
-func (scheduledStats) HandleConn(context.Context, stats.ConnStats) {}
+func (streamStats) HandleConn(context.Context, stats.ConnStats) {}
 
 // TapHandle returns the handle that runs each request through the intake
 // as it arrives, before grpc creates a goroutine for it, reading the raw
@@ -224,7 +258,12 @@ func (scheduledStats) HandleConn(context.Context, stats.ConnStats) {}
 // goroutine, no message read.
 func (s *Server) TapHandle() tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		return s.accept(ctx, info.Header, info.FullMethodName)
+		n := waitingOf(ctx)
+		c, err := s.accept(ctx, info.Header, info.FullMethodName, n != nil && n.Load() < ConnShare)
+		if err == nil && n != nil {
+			n.Add(1)
+		}
+		return c, err
 	}
 }
 
@@ -290,7 +329,7 @@ func (s *Server) ensure(ctx context.Context, fullMethod string) (context.Context
 		return ctx, h, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx) // a copy: the cleaned copy is installed
-	c, err := s.accept(ctx, md, fullMethod)
+	c, err := s.accept(ctx, md, fullMethod, false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -318,8 +357,9 @@ func isHealthCheck(fullMethod string) bool {
 
 // accept translates the request for the intake and its refusal for the
 // wire.
-func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string) (context.Context, error) {
+func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string, withinShare bool) (context.Context, error) {
 	r := intake.Request{
+		WithinShare: withinShare,
 		Peer:        PeerOf(ctx),
 		Host:        single(md, ":authority"),
 		Path:        fullMethod,

@@ -53,6 +53,8 @@ func serverCommand(args []string) error {
 	cost := fs.Duration("cost", time.Millisecond, "CPU each EmptyCall burns, when -rounds is 0")
 	protect := fs.Bool("protect", true, "triage's server with admission control, as the README shows")
 	stats := fs.Bool("stats", false, "print the controller's state to stderr every 250 ms")
+	measure := fs.String("measure", "scheduler", "the controller's queueing delay measure: scheduler or arrival (admission.WithDelayMeasure)")
+	target := fs.Duration("target", admission.DefaultTargetDelay, "the controller's target delay (admission.WithTargetDelay)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -66,7 +68,15 @@ func serverCommand(args []string) error {
 	var opts []grpc.ServerOption
 	if *protect {
 		obs := &reasons{}
-		ctl, err := admission.New(admission.WithObserver(obs))
+		m := admission.SchedulerDelay
+		switch *measure {
+		case "scheduler":
+		case "arrival":
+			m = admission.ArrivalDelay
+		default:
+			return fmt.Errorf("-measure must be scheduler or arrival, got %q", *measure)
+		}
+		ctl, err := admission.New(admission.WithObserver(obs), admission.WithDelayMeasure(m), admission.WithTargetDelay(*target))
 		if err != nil {
 			return err
 		}
