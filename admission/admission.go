@@ -4,14 +4,21 @@
 // provisioned for a rate keeps serving that rate, at low latency, however
 // much more is thrown at it, shedding lower criticalities first.
 //
-// A Controller sees every request twice:
+// A Controller sees every request twice, and where the transport can tell
+// it three times:
 //
 //   - Arrive, as early as the transport allows (for gRPC, the tap handle at
 //     stream arrival, before a handler goroutine exists): a bounded count of
 //     pending requests, utilization signals with per-criticality thresholds,
 //     and the deadline decide at once, cheaply, whether the request may
 //     enter at all. When the task is full, an arriving request may take the
-//     place of a waiting one of lower criticality.
+//     place of a waiting one of lower criticality; one whose client holds
+//     no more than its share of the pending requests gets in within twice
+//     the room (ArriveWithinShare), so that one client's burst cannot lock
+//     the others out.
+//   - Scheduled (optional), when the request's own goroutine first runs:
+//     it no longer waits for the CPU, and until Start it holds no room, so
+//     that a request whose message has not arrived waits on its client.
 //   - Start, when the handler is about to run: the request takes one of L
 //     execution slots, or waits for one in a queue served highest
 //     criticality first, bounded in length and in time; Done gives the slot
@@ -31,13 +38,15 @@
 // away with the delay well under it. The delay is measured on the server's
 // side by default, as the time goroutines wait in Go's run queue
 // (SchedulerDelay), so that a client slow to send its message is not
-// mistaken for a queue. Work conservation: while the task's CPU is clearly
-// below saturation the cap does not shrink, and grows while it turns
-// requests away, since a task with idle CPU has no queue of runnable
-// requests to bound. A request that has not reached Start four target
-// delays after it arrived stops counting towards the cap: its client is
-// slow to send. When its message comes it ranks below the fresh requests
-// of its level, and after the message timeout it is refused (Late).
+// mistaken for a queue (ArrivalDelay, the per-request alternative, ends at
+// Scheduled where the transport calls it). Work conservation: while the
+// task's CPU is clearly below saturation the cap does not shrink, and
+// grows while it turns requests away, since a task with idle CPU has no
+// queue of runnable requests to bound. A request not Scheduled stops
+// counting towards the cap four target delays after it arrived: its client
+// is slow to send. When its message comes more than four target delays
+// after its headers it ranks below the fresh requests of its level, and
+// after the message timeout it is refused (Late).
 //
 // Deadline-aware shedding (the CRE post: the cheapest load to shed): a
 // request whose deadline is closer than its expected wait plus service
@@ -326,7 +335,7 @@ type Controller struct {
 	gates   []gate
 	maxWait time.Duration
 	// messageTimeout and lateAfter (ns) judge a request's lateness at
-	// Start under SchedulerDelay; 0 (ArrivalDelay): never late.
+	// Start under SchedulerDelay; lateAfter 0 (ArrivalDelay): never late.
 	messageTimeout, lateAfter int64
 	// sched measures the queueing delay (SchedulerDelay); nil: sampled
 	// requests measure it from Arrive to Start (ArrivalDelay).
@@ -477,9 +486,9 @@ func New(opts ...Option) (*Controller, error) {
 	if c.delay == SchedulerDelay || c.delay == 0 && c.clock == nil {
 		ctl.sched = newSchedDelay()
 		ctl.prestartEpoch = int64(c.targetDelay)
-		ctl.messageTimeout = int64(c.messageTimeout)
 		ctl.lateAfter = lateDelays * int64(c.targetDelay)
 	}
+	ctl.messageTimeout = int64(c.messageTimeout)
 	if !c.saturationSet && c.clock == nil {
 		if sig, err := (CPU{Interval: c.interval / 2}).Signal(); err == nil {
 			c.saturation = sig
@@ -885,6 +894,11 @@ func (c *Controller) Done(t *Ticket) {
 	}
 	t.state = ticketDone
 }
+
+// MessageTimeout is how long after its headers a request's message may
+// come (WithMessageTimeout): Start refuses a later one (Late), and
+// adapters that read the message themselves stop waiting for it then.
+func (c *Controller) MessageTimeout() time.Duration { return time.Duration(c.messageTimeout) }
 
 // Scheduled tells the Controller that an admitted request's own goroutine
 // has begun to run, before Start: it no longer waits for the CPU. From

@@ -74,6 +74,22 @@ func (h *Handle) Scheduled() {
 	}
 }
 
+// Abandon ends a request that will not run because it ended before Start
+// (its client went away, or did not send its message in time): its
+// admission ticket and quota reservation are given back. Call neither
+// Start nor Finish after it.
+func (h *Handle) Abandon() {
+	if x := h.x; x != nil {
+		if x.ctl != nil {
+			x.ctl.Done(&x.ticket)
+		}
+		if x.quota != nil {
+			x.quota.Cancel(h.customer, x.reserved)
+		}
+	}
+	h.stop()
+}
+
 // Start takes an execution slot (admission.Controller.Start, which may
 // wait in the priority queue until the request's context ends) and starts
 // measuring the request's CPU. On error, the request is finished: its

@@ -21,12 +21,15 @@
 package triagehttp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
+	"os"
+	"time"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
@@ -60,10 +63,12 @@ const (
 type Option interface{ apply(*config) }
 
 type config struct {
-	intake    []intake.Option
-	group     func(*http.Request) string
-	health    string
-	lifecycle *lifecycle.Lifecycle
+	intake     []intake.Option
+	group      func(*http.Request) string
+	health     string
+	lifecycle  *lifecycle.Lifecycle
+	admission  *admission.Controller
+	bodyBuffer int
 }
 
 type optionFunc func(*config)
@@ -108,8 +113,29 @@ func WithClock(clk clock.Clock) Option { return withIntake(intake.WithClock(clk)
 // WithAdmission installs admission control (intake.WithAdmission): before
 // the handler runs, the request must be admitted and get an execution
 // slot; a rejected request is answered 503 with Triage-Outcome and never
-// reaches the handler. Default: none.
-func WithAdmission(ctl *admission.Controller) Option { return withIntake(intake.WithAdmission(ctl)) }
+// reaches the handler. An admitted request's body is read first, up to
+// the body buffer (WithBodyBuffer), while it holds no room in the task
+// (admission.Controller.Scheduled), within the controller's message
+// timeout: a client slow to send its body waits on itself, and one that
+// has not sent it by then is answered 408 Request Timeout without its
+// handler running. Default: none.
+func WithAdmission(ctl *admission.Controller) Option {
+	return optionFunc(func(c *config) {
+		c.intake = append(c.intake, intake.WithAdmission(ctl))
+		c.admission = ctl
+	})
+}
+
+// DefaultBodyBuffer is how much of an admitted request's body the
+// middleware reads before the request takes an execution slot
+// (WithAdmission); the rest, if any, the handler reads as it streams in.
+const DefaultBodyBuffer = 64 << 10
+
+// WithBodyBuffer sets how much of an admitted request's body is read before
+// it takes an execution slot (DefaultBodyBuffer; 0: none, the handler reads
+// it all while holding its slot). Each request being read holds at most
+// this much memory.
+func WithBodyBuffer(n int) Option { return optionFunc(func(c *config) { c.bodyBuffer = n }) }
 
 // WithQuota installs per-customer quotas (intake.WithQuota): a customer
 // over its quota is answered 429 with Triage-Outcome: out-of-quota and
@@ -138,9 +164,12 @@ func WithLifecycle(l *lifecycle.Lifecycle) Option {
 // attempt.Incoming, quota.CustomerOf). The returned func is safe for
 // concurrent use.
 func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
-	var c config
+	c := config{bodyBuffer: DefaultBodyBuffer}
 	for _, o := range opts {
 		o.apply(&c)
+	}
+	if c.bodyBuffer < 0 {
+		return nil, fmt.Errorf("triagehttp: body buffer must be at least 0, got %d", c.bodyBuffer)
 	}
 	in, err := intake.New(c.intake...)
 	if err != nil {
@@ -157,6 +186,17 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				ir.Group = c.group(r)
 			}
 			h, err := in.Accept(r.Context(), &ir)
+			if err == nil && c.admission != nil && c.bodyBuffer > 0 && !ir.HealthCheck && hasBody(r) {
+				h.Scheduled()
+				if err := readBody(w, r, c.bodyBuffer, c.admission.MessageTimeout()); err != nil {
+					h.Abandon()
+					if errors.Is(err, os.ErrDeadlineExceeded) {
+						w.Header().Set("Connection", "close")
+						w.WriteHeader(http.StatusRequestTimeout)
+					}
+					return
+				}
+			}
 			if err == nil {
 				err = h.Start()
 			}
@@ -171,6 +211,42 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 		})
 	}, nil
 }
+
+// hasBody says whether r has a body to read.
+func hasBody(r *http.Request) bool {
+	return r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
+}
+
+// readBody reads up to limit bytes of r's body within timeout and puts
+// them back in front of the rest. The read deadline is the connection's
+// (http.ResponseController); afterwards the server's ReadTimeout, if it
+// has one, holds again from when the request came in.
+func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Duration) error {
+	start := time.Now()
+	rc := http.NewResponseController(w)
+	deadlines := rc.SetReadDeadline(start.Add(timeout)) == nil
+	head, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)))
+	if deadlines {
+		var restore time.Time
+		if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ReadTimeout > 0 {
+			restore = start.Add(srv.ReadTimeout)
+		}
+		rc.SetReadDeadline(restore)
+	}
+	if err != nil {
+		return err
+	}
+	r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
+	return nil
+}
+
+// prefixedBody is a body whose first bytes were read ahead.
+type prefixedBody struct {
+	io.Reader
+	body io.ReadCloser
+}
+
+func (b *prefixedBody) Close() error { return b.body.Close() }
 
 // PeerOf returns what the server knows about the caller: the IP address of
 // r.RemoteAddr and, when the TLS client certificate was verified, its URI

@@ -162,3 +162,57 @@ func summarize(p *phase, from, to time.Duration) summary {
 	}
 	return s
 }
+
+// workersLoop is a stock load tool's closed loop (ghz --rps rate -c
+// workers -z d): workers callers spread over conns, each sending its next
+// call as soon as its last returns, all drawing from one schedule of rate
+// calls per second, until d has passed. With thousands of workers the
+// generator's own core saturates, as a stock tool's does, and calls fall
+// behind the schedule in the client; as a stock tool does, each call's
+// time and latency are taken from when it is sent, and its deadline set
+// then. At most rate x d calls, each bounded by deadline; it waits for
+// every worker to finish.
+func workersLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float64, d, deadline time.Duration, workers int, mix []share, seed uint64) *phase {
+	p := &phase{duration: d}
+	n := int(rate * d.Seconds())
+	p.samples = make([]sample, n)
+	interval := time.Duration(float64(time.Second) / rate)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	levels := make([]criticality.Level, n)
+	for i := range levels {
+		levels[i] = pick(mix, rng.Float64())
+	}
+	var next atomic.Int64 // the next slot of the schedule
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(cc grpc.ClientConnInterface) {
+			defer wg.Done()
+			for ctx.Err() == nil && time.Since(start) < d {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+					time.Sleep(wait)
+				}
+				sent := time.Now()
+				cctx, cancel := context.WithDeadline(criticality.NewContext(ctx, levels[i]), sent.Add(deadline))
+				err := cc.Invoke(cctx, method, wrapperspb.String("x"), new(wrapperspb.StringValue))
+				cancel()
+				end := time.Now()
+				s := sample{at: sent.Sub(start), latency: end.Sub(sent), code: status.Code(err), level: levels[i], over: end.Sub(sent.Add(deadline))}
+				if _, ok := outcome.As(err); ok || errors.Is(err, outcome.ErrTaskOverloaded) {
+					s.triaged = true
+				}
+				p.samples[i] = s
+				atomic.AddInt64(&p.sent, 1)
+				atomic.AddInt64(&p.done, 1)
+			}
+		}(conns[w%len(conns)])
+	}
+	wg.Wait()
+	p.samples = p.samples[:min(int(next.Load()), n)] // every slot taken was sent
+	return p
+}

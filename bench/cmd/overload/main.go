@@ -1,9 +1,13 @@
 // Command overload is triage's overload benchmark (issue 4): one backend
 // process with one CPU whose handler burns a calibrated amount of CPU, an
 // open-loop load generator in this process on the other CPU, and the
-// variants side by side in the same run, interleaved.
+// variants side by side in the same run, interleaved. After the open-loop
+// steps, the --stock steps drive each variant the way a stock load tool
+// does (ghz --rps R -c W): thousands of closed-loop workers that saturate
+// the generator's core (cmd/stockclient runs ghz itself).
 //
 //	go run ./cmd/overload                       # the table
+//	go run ./cmd/overload --stock ''            # open-loop steps only
 //	go run ./cmd/overload --json                # one JSON object
 //	go run ./cmd/overload --cost 5ms --variants triage-admission,oracle-tap16
 //	go run ./cmd/overload --scenario mix        # four criticalities at 5x
@@ -57,6 +61,15 @@ type config struct {
 	scenario  string
 	serverCPU string
 	loadCPU   string
+	stock     []stockRow
+}
+
+// stockRow is a step driven the way a stock load tool drives a server
+// (workersLoop): load x C calls per second offered by workers closed-loop
+// callers.
+type stockRow struct {
+	load    float64
+	workers int
 }
 
 func main() {
@@ -97,7 +110,7 @@ func serverCommand(args []string) {
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("overload", flag.ContinueOnError)
 	var c config
-	var loads, variants string
+	var loads, variants, stock string
 	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU each request burns in the handler")
 	fs.StringVar(&loads, "loads", "0.8,1,2,5,10", "offered loads, as multiples of the probed capacity")
 	fs.StringVar(&variants, "variants", strings.Join(allVariants, ","), "variants to run")
@@ -109,6 +122,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.scenario, "scenario", "steps", "steps, mix (four criticalities at 5x) or recovery (30 s at 10x, then 0.5x)")
 	fs.StringVar(&c.serverCPU, "server-cpu", "0", "CPU to pin the backend to (taskset), empty for none")
 	fs.StringVar(&c.loadCPU, "load-cpu", "1", "CPU to pin the load generator to (taskset), empty for none")
+	fs.StringVar(&stock, "stock", "5x3000,10x600,10x3000", "steps driven as a stock load tool does (ghz --rps LOADxC -c WORKERS): closed-loop workers on the generator's one core, which they saturate; empty for none")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -118,6 +132,17 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("--loads: %q is not a multiple in (0, 100]", f)
 		}
 		c.loads = append(c.loads, x)
+	}
+	if strings.TrimSpace(stock) != "" {
+		for _, f := range strings.Split(stock, ",") {
+			load, workers, ok := strings.Cut(strings.TrimSpace(f), "x")
+			x, err1 := strconv.ParseFloat(load, 64)
+			w, err2 := strconv.Atoi(workers)
+			if !ok || err1 != nil || err2 != nil || !(x > 0 && x <= 100) || w < 1 || w > 10000 {
+				return c, fmt.Errorf("--stock: %q is not LOADxWORKERS with a load in (0, 100] and 1-10000 workers", f)
+			}
+			c.stock = append(c.stock, stockRow{x, w})
+		}
 	}
 	known := map[string]bool{}
 	for _, v := range allVariants {
@@ -289,6 +314,7 @@ func probe(ctx context.Context, cfg config) (float64, error) {
 type result struct {
 	Variant       string             `json:"variant"`
 	Load          float64            `json:"load"`
+	Workers       int                `json:"workers,omitempty"` // closed-loop callers (--stock); 0: open loop
 	Goodput       float64            `json:"goodput"`
 	P50ms         float64            `json:"p50_ms"`
 	P99ms         float64            `json:"p99_ms"`
@@ -335,7 +361,7 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	case "steps":
 		for _, load := range cfg.loads {
 			for _, v := range cfg.variants {
-				r, err := step(ctx, cfg, c, v, load, []share{{criticality.Critical, 1}})
+				r, err := step(ctx, cfg, c, v, load, 0, []share{{criticality.Critical, 1}})
 				if err != nil {
 					return err
 				}
@@ -343,10 +369,20 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 				rep.Results = append(rep.Results, r)
 			}
 		}
+		for _, row := range cfg.stock {
+			for _, v := range cfg.variants {
+				r, err := step(ctx, cfg, c, v, row.load, row.workers, []share{{criticality.Critical, 1}})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "  %-17s %5.1fx, %d workers: goodput %.2f p99 %.0f ms\n", v, row.load, row.workers, r.Goodput, r.P99ms)
+				rep.Results = append(rep.Results, r)
+			}
+		}
 	case "mix":
 		mix := []share{{criticality.CriticalPlus, 0.06}, {criticality.Critical, 0.06}, {criticality.SheddablePlus, 0.44}, {criticality.Sheddable, 0.44}}
 		for _, v := range cfg.variants {
-			r, err := step(ctx, cfg, c, v, 5, mix)
+			r, err := step(ctx, cfg, c, v, 5, 0, mix)
 			if err != nil {
 				return err
 			}
@@ -370,8 +406,10 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	return nil
 }
 
-func step(ctx context.Context, cfg config, c float64, variant string, load float64, mix []share) (result, error) {
-	r := result{Variant: variant, Load: load}
+// step runs one (variant, load) cell on a fresh backend: open loop, or
+// workers closed-loop callers if workers > 0.
+func step(ctx context.Context, cfg config, c float64, variant string, load float64, workers int, mix []share) (result, error) {
+	r := result{Variant: variant, Load: load, Workers: workers}
 	b, err := startBackend(cfg, variant)
 	if err != nil {
 		return r, err
@@ -391,7 +429,12 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 		time.Sleep(cfg.step * 3 / 4)
 		mid, _ = b.stats()
 	}()
-	p := openLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, mix, 2)
+	var p *phase
+	if workers > 0 {
+		p = workersLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, workers, mix, 2)
+	} else {
+		p = openLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, mix, 2)
+	}
 	if mid.Limit > 0 {
 		fmt.Fprintf(os.Stderr, "    during the step: limit %d executing %d queued %d pending %d/%.2f service %.1f ms\n", mid.Limit, mid.Executing, mid.Queued, mid.Pending, mid.PendingCap, mid.ServiceMS)
 	}
@@ -482,14 +525,23 @@ func printTable(w io.Writer, rep report) {
 	}
 	fmt.Fprintf(w, "%-17s %5s %8s %8s %8s %8s %8s %6s %s\n", "VARIANT", "LOAD", "GOODPUT", "P50ms", "P99ms", "RSS_MB", "SURVIVED", "VALID", "NOTES")
 	res := append([]result(nil), rep.Results...)
-	sort.SliceStable(res, func(i, j int) bool { return res[i].Load < res[j].Load })
+	sort.SliceStable(res, func(i, j int) bool {
+		if (res[i].Workers > 0) != (res[j].Workers > 0) {
+			return res[j].Workers > 0
+		}
+		return res[i].Load < res[j].Load
+	})
 	for _, r := range res {
 		notes := fmt.Sprintf("sent=%d completed=%d late_sends=%d max_lag=%.0fms over_deadline_max=%.0fms untriaged_failures=%d goroutines=%d->%d",
 			r.Sent, r.Completed, r.LateSends, r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
 		if len(r.ByCriticality) > 0 {
 			notes += fmt.Sprintf(" by_criticality=%v", r.ByCriticality)
 		}
-		fmt.Fprintf(w, "%-17s %5.1f %8.2f %8.1f %8.1f %8.1f %8v %6v %s\n", r.Variant, r.Load, r.Goodput, r.P50ms, r.P99ms, r.PeakRSSMB, r.Survived, r.Valid, notes)
+		load := fmt.Sprintf("%.1f", r.Load)
+		if r.Workers > 0 {
+			load = fmt.Sprintf("%gx/%dw", r.Load, r.Workers)
+		}
+		fmt.Fprintf(w, "%-17s %5s %8.2f %8.1f %8.1f %8.1f %8v %6v %s\n", r.Variant, load, r.Goodput, r.P50ms, r.P99ms, r.PeakRSSMB, r.Survived, r.Valid, notes)
 	}
 	_ = codes.OK
 }

@@ -21,12 +21,13 @@ func TestFlagsRejectBadInput(t *testing.T) {
 	for _, args := range [][]string{
 		{"--loads", "0"}, {"--loads", "x"}, {"--variants", "nginx"}, {"--cost", "1ns"},
 		{"--step", "1s"}, {"--deadline", "1ms"}, {"--conns", "0"}, {"--scenario", "chaos"},
+		{"--stock", "10"}, {"--stock", "10x0"}, {"--stock", "0x50"}, {"--stock", "5x3000,x"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
 		}
 	}
-	if c, err := parseFlags(nil); err != nil || len(c.variants) != len(allVariants) || len(c.loads) != 5 {
+	if c, err := parseFlags(nil); err != nil || len(c.variants) != len(allVariants) || len(c.loads) != 5 || len(c.stock) != 3 {
 		t.Fatalf("defaults: %+v, %v", c, err)
 	}
 }
@@ -36,7 +37,7 @@ func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts backend processes")
 	}
-	cfg, err := parseFlags([]string{"--loads", "2", "--variants", "none,triage-admission", "--step", "2s", "--warmup", "0s", "--json", "--server-cpu", "", "--load-cpu", ""})
+	cfg, err := parseFlags([]string{"--loads", "2", "--variants", "none,triage-admission", "--stock", "2x50", "--step", "2s", "--warmup", "0s", "--json", "--server-cpu", "", "--load-cpu", ""})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,12 +49,12 @@ func TestSmoke(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
-	if rep.CapacityRPS <= 0 || len(rep.Results) != 2 {
+	if rep.CapacityRPS <= 0 || len(rep.Results) != 4 {
 		t.Fatalf("report %+v", rep)
 	}
 	for _, r := range rep.Results {
 		if r.Sent != r.Completed || r.Sent == 0 {
-			t.Errorf("%s: sent %d, completed %d", r.Variant, r.Sent, r.Completed)
+			t.Errorf("%s, %d workers: sent %d, completed %d", r.Variant, r.Workers, r.Sent, r.Completed)
 		}
 		if r.Variant == "triage-admission" && (!r.Survived || r.Untriaged != 0 || r.Goodput <= 0) {
 			t.Errorf("triage-admission: %+v", r)

@@ -1,0 +1,84 @@
+package triagehttp_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/triagehttp"
+)
+
+// Slow senders over HTTP (issue 20): clients that send their headers and
+// not their body hold no execution slot, so a well-behaved request beside
+// fifty of them is served at once by a task with a single slot; each of
+// them is answered 408 once the message timeout has passed, and no
+// handler runs for them.
+func TestSlowBodiesHoldNoSlot(t *testing.T) {
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1), admission.WithMessageTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ran atomic.Int64
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran.Add(1)
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%d bytes", len(b))
+	})))
+	defer srv.Close()
+
+	var slow []net.Conn
+	for i := 0; i < 50; i++ {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n")
+		slow = append(slow, c)
+	}
+	resp, err := http.Post(srv.URL, "text/plain", strings.NewReader(strings.Repeat("x", 100<<10)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != "102400 bytes" {
+		t.Fatalf("a request beside 50 slow bodies: %d %q", resp.StatusCode, body)
+	}
+	for i, c := range slow {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("slow body %d: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestTimeout {
+			t.Fatalf("slow body %d: %d, want 408", i, resp.StatusCode)
+		}
+	}
+	if n := ran.Load(); n != 1 {
+		t.Fatalf("%d handlers ran, want 1 (the well-behaved request)", n)
+	}
+	if s := ctl.Stats(); s.Executing != 0 || s.Pending != 0 {
+		t.Fatalf("after: %+v", s)
+	}
+	if _, err := triagehttp.Middleware(triagehttp.WithBodyBuffer(-1)); err == nil {
+		t.Error("a negative body buffer accepted")
+	}
+}
