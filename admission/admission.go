@@ -12,10 +12,10 @@
 //     pending requests, utilization signals with per-criticality thresholds,
 //     and the deadline decide at once, cheaply, whether the request may
 //     enter at all. When the task is full, an arriving request may take the
-//     place of a waiting one of lower criticality; one whose client holds
-//     no more than its share of the pending requests gets in within twice
-//     the room (ArriveWithinShare), so that one client's burst cannot lock
-//     the others out.
+//     place of a waiting one of lower criticality; one whose client
+//     already holds its share of the pending requests gets only the first
+//     half of the room (ArriveOverShare), so that one client's burst
+//     cannot lock the others out.
 //   - Scheduled (optional), when the request's own goroutine first runs:
 //     it no longer waits for the CPU, and until Start it holds no room, so
 //     that a request whose message has not arrived waits on its client.
@@ -664,18 +664,19 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	return c.arrive(t, l, attemptN, deadline, false)
 }
 
-// ArriveWithinShare is Arrive for a request whose client (to the gRPC
-// adapter, its connection) holds no more than its share of the requests
-// admitted and not yet running. Where the pending cap would refuse it, it
-// is still admitted while the task's pending requests are fewer than
-// twice the cap, so that one client's burst, which fills the task's room
-// until its requests run, cannot lock the other clients out. What then
-// waits for an execution slot is bounded as ever (WithQueueFactor).
-func (c *Controller) ArriveWithinShare(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
+// ArriveOverShare is Arrive for a request whose client already holds its
+// share of the requests admitted and not yet running (to the gRPC
+// adapter, ConnShare streams of its connection waiting for their
+// goroutines): it is admitted only into the first half of the task's
+// room, so that one client's burst, which fills the room until its
+// requests run, leaves the other half to the other clients. A client
+// alone still gets the whole task in time: its requests wait less, and
+// the pending cap grows.
+func (c *Controller) ArriveOverShare(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
 	return c.arrive(t, l, attemptN, deadline, true)
 }
 
-func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, withinShare bool) error {
+func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, overShare bool) error {
 	if !l.Valid() {
 		l = criticality.Default
 	}
@@ -717,11 +718,13 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 			return c.reject(l, Deadline, now)
 		}
 	}
-	if occ := c.occupancy(now) + c.reserved(l) + 1; occ > c.capFor(l) && !c.evictBelow(l) {
+	room := c.capFor(l)
+	if overShare {
+		room = (room + 1) / 2
+	}
+	if c.occupancy(now)+c.reserved(l)+1 > room && !c.evictBelow(l) {
 		c.capHit.Store(true)
-		if !withinShare || occ > 2*c.capFor(l) {
-			return c.reject(l, Concurrency, now)
-		}
+		return c.reject(l, Concurrency, now)
 	}
 	c.prestart.add(now / c.prestartEpoch)
 	c.hot.occ[l].Add(oneNotStarted)

@@ -166,66 +166,25 @@ func TestScheduledRequestsTakeNoRoomUntilStart(t *testing.T) {
 	}
 }
 
-// A request within its client's share (ArriveWithinShare) gets past a
-// full task, but not past twice its room; a plain arrival is refused the
-// whole time.
-func TestWithinShareGetsPastAFullTask(t *testing.T) {
-	f := clock.NewFake(epoch)
-	c := lateController(t, f, admission.SchedulerDelay)
-	room := fill(t, c)
-	var tk admission.Ticket
-	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err == nil {
-		t.Fatal("a plain arrival admitted into a full task")
-	}
-	extra := 0
-	for ; extra <= 2*room; extra++ {
+// A request whose client is over its share (ArriveOverShare) gets only
+// the first half of the room; plain arrivals then still get the rest.
+func TestOverShareGetsHalfTheRoom(t *testing.T) {
+	room := fill(t, lateController(t, clock.NewFake(epoch), admission.SchedulerDelay))
+	c := lateController(t, clock.NewFake(epoch), admission.SchedulerDelay)
+	over := 0
+	for ; over <= room; over++ {
 		var tk admission.Ticket
-		if err := c.ArriveWithinShare(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.ArriveOverShare(&tk, criticality.Critical, 0, time.Time{}); err != nil {
 			if reason(t, err) != admission.Concurrency {
 				t.Fatalf("refused for %v", err)
 			}
 			break
 		}
 	}
-	if extra != room {
-		t.Fatalf("room %d: %d more admitted within their share, want as many again", room, extra)
+	if want := (room + 1) / 2; over != want {
+		t.Fatalf("room %d: %d admitted over their share, want %d", room, over, want)
 	}
-	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err == nil {
-		t.Fatal("a plain arrival admitted past twice the room")
-	}
-}
-
-// Under ArrivalDelay, a request's delay ends when its goroutine runs
-// (Scheduled): the time it then waits for its message is its client's,
-// not a queue in the task. Without Scheduled it ends at Start.
-func TestArrivalDelayEndsWhenScheduled(t *testing.T) {
-	for _, scheduled := range []bool{true, false} {
-		f := clock.NewFake(epoch)
-		c := mustNew(t, admission.WithClock(f), admission.WithDelayMeasure(admission.ArrivalDelay), admission.WithInterval(100*time.Millisecond))
-		var tk admission.Ticket
-		if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
-		f.Advance(time.Millisecond)
-		if scheduled {
-			c.Scheduled(&tk)
-		}
-		f.Advance(50 * time.Millisecond) // the message comes
-		if err := c.Start(context.Background(), &tk); err != nil {
-			t.Fatal(err)
-		}
-		c.Done(&tk)
-		f.Advance(100 * time.Millisecond)
-		var next admission.Ticket
-		if err := c.Arrive(&next, criticality.Critical, 0, time.Time{}); err != nil { // the interval's adjustment
-			t.Fatal(err)
-		}
-		want := 51 * time.Millisecond
-		if scheduled {
-			want = time.Millisecond
-		}
-		if got := c.Stats().QueueDelay; got != want {
-			t.Errorf("scheduled %v: queue delay %v, want %v", scheduled, got, want)
-		}
+	if n := fill(t, c); n != room-over {
+		t.Fatalf("room %d, %d over share: %d more plain arrivals, want the rest", room, over, n)
 	}
 }

@@ -155,13 +155,12 @@ type Request struct {
 	// Group is the user group for group rules; fill it only when
 	// NeedsGroup.
 	Group string
-	// WithinShare says the request's connection holds no more than its
-	// share of the requests admitted and not yet running (the transport
-	// tracks its connections): admission control lets it past a full
-	// task, within twice the task's room
-	// (admission.Controller.ArriveWithinShare), so that one connection's
-	// burst cannot lock the others out.
-	WithinShare bool
+	// OverShare says the request's connection already holds its share of
+	// the requests admitted and not yet running (the transport tracks its
+	// connections): admission control admits it only into the first half
+	// of the task's room (admission.Controller.ArriveOverShare), so that
+	// one connection's burst cannot lock the others out.
+	OverShare bool
 	// HealthCheck marks a health check (the transport knows its methods):
 	// it is classified but answered whatever the load, outside isolation,
 	// quotas and admission, because it is how clients learn that a task is
@@ -260,7 +259,7 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	if d.Decay.After > 0 || f.decay != "" {
 		ctx, cancel, level = in.decay(ctx, d, f.decay)
 	}
-	h, err := in.admit(ctx, level, f, r.WithinShare, cancel != nil)
+	h, err := in.admit(ctx, level, f, r.OverShare, cancel != nil)
 	if err != nil {
 		if cancel != nil {
 			cancel()
@@ -298,9 +297,9 @@ func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) 
 
 // admit reserves quota and asks admission control; a refusal allocates
 // nothing (the ticket lives on the stack until the request is admitted).
-// withinShare is Request.WithinShare; cancels says the Handle will hold a decay's
+// overShare is Request.OverShare; cancels says the Handle will hold a decay's
 // cancel func.
-func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, withinShare, cancels bool) (*Handle, error) {
+func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, overShare, cancels bool) (*Handle, error) {
 	var res quota.Reservation
 	if in.quota != nil {
 		var err error
@@ -312,8 +311,8 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, withi
 	if in.admission != nil {
 		deadline, _ := ctx.Deadline()
 		var err error
-		if withinShare {
-			err = in.admission.ArriveWithinShare(&t, l, f.attempt, deadline)
+		if overShare {
+			err = in.admission.ArriveOverShare(&t, l, f.attempt, deadline)
 		} else {
 			err = in.admission.Arrive(&t, l, f.attempt, deadline)
 		}

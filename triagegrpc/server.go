@@ -40,6 +40,7 @@ type Server struct {
 	outOfQuota error
 	blackHole  error
 	group      func(context.Context, metadata.MD) string
+	connShare  int32 // 0: no share by connection
 }
 
 // ServerOption configures a Server.
@@ -51,6 +52,7 @@ type serverConfig struct {
 	lifecycle *lifecycle.Lifecycle
 	clock     clock.Clock
 	group     func(context.Context, metadata.MD) string
+	connShare int32
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -128,7 +130,7 @@ func WithServerClock(c clock.Clock) ServerOption {
 // NewServer returns a Server, or an error for an inconsistent
 // configuration.
 func NewServer(opts ...ServerOption) (*Server, error) {
-	var c serverConfig
+	c := serverConfig{connShare: DefaultConnShare}
 	for _, o := range opts {
 		o.applyServer(&c)
 	}
@@ -136,7 +138,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("triagegrpc: %w", err)
 	}
-	s := &Server{in: in, group: c.group, blackHole: compactStatus(intake.ErrBlackHoled).Err()}
+	s := &Server{in: in, group: c.group, connShare: c.connShare, blackHole: compactStatus(intake.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
 	clk := clock.OrReal(c.clock)
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: clock.SinceFunc(clk, clk.Now())}); t.enabled() {
@@ -203,19 +205,27 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 //     client and takes no room from the requests that can run. Without
 //     the handler, such a stream holds room until its message comes or
 //     it has been pending four target delays (admission.WithTargetDelay).
-//   - A stream that arrives while fewer than ConnShare others of its
-//     connection wait for their goroutines is within the connection's
-//     share (intake.Request.WithinShare), and gets in past a full task
-//     within twice its room, so that one connection's burst does not
-//     lock the others out.
+//   - A stream that arrives while WithConnShare (8) others of its connection
+//     wait for their goroutines is over the connection's share
+//     (intake.Request.OverShare), and gets only the first half of the
+//     task's room, so that one connection's burst does not lock the
+//     others out.
 //
 // It keeps one counter per connection, in the connection's context.
 func (s *Server) StatsHandler() stats.Handler { return streamStats{} }
 
-// ConnShare is how many of a connection's streams may wait for their
-// goroutines and its next stream still be within the connection's share
-// of a full task (StatsHandler).
-const ConnShare = 8
+// DefaultConnShare is how many of a connection's streams may wait for
+// their goroutines before its next stream is over the connection's share
+// of the task (StatsHandler, WithConnShare).
+const DefaultConnShare = 8
+
+// WithConnShare sets how many of a connection's streams may wait for their
+// goroutines before its next stream is over the connection's share of the
+// task and gets only half of its room (StatsHandler); 0 turns sharing by
+// connection off. Default DefaultConnShare.
+func WithConnShare(n int) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.connShare = int32(min(max(n, 0), 1<<30)) })
+}
 
 // streamStats is StatsHandler's handler. Each connection's context holds
 // the count of its streams the tap handle accepted whose goroutine has
@@ -259,7 +269,7 @@ func (streamStats) HandleConn(context.Context, stats.ConnStats) {}
 func (s *Server) TapHandle() tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		n := waitingOf(ctx)
-		c, err := s.accept(ctx, info.Header, info.FullMethodName, n != nil && n.Load() < ConnShare)
+		c, err := s.accept(ctx, info.Header, info.FullMethodName, n != nil && s.connShare > 0 && n.Load() >= s.connShare)
 		if err == nil && n != nil {
 			n.Add(1)
 		}
@@ -357,9 +367,9 @@ func isHealthCheck(fullMethod string) bool {
 
 // accept translates the request for the intake and its refusal for the
 // wire.
-func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string, withinShare bool) (context.Context, error) {
+func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string, overShare bool) (context.Context, error) {
 	r := intake.Request{
-		WithinShare: withinShare,
+		OverShare:   overShare,
 		Peer:        PeerOf(ctx),
 		Host:        single(md, ":authority"),
 		Path:        fullMethod,

@@ -14,55 +14,83 @@ import (
 	"github.com/triagehq/triage/triagegrpc"
 )
 
-// One connection's burst fills the task while its streams wait for their
-// goroutines; another connection still gets ConnShare streams in, and
-// its share back once their goroutines run (TagRPC), while the bursting
-// connection stays refused.
-func TestConnectionShareOfAFullTask(t *testing.T) {
+// shareServer is a Server with admission control on a fake clock, driven
+// through its tap handle and stats handler as grpc-go drives them.
+type shareServer struct {
+	sh stats.Handler
+	in tap.ServerInHandle
+}
+
+func newShareServer(t *testing.T, opts ...triagegrpc.ServerOption) shareServer {
+	t.Helper()
 	ctl, err := admission.New(admission.WithClock(clock.NewFake(time.Unix(0, 0))), admission.WithLimits(1, 1, 1), admission.WithInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl))
+	srv, err := triagegrpc.NewServer(append(opts, triagegrpc.WithAdmission(ctl))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh, in := srv.StatsHandler(), srv.TapHandle()
-	conn := func() context.Context { return sh.TagConn(context.Background(), &stats.ConnTagInfo{}) }
-	arrive := func(c context.Context) (context.Context, error) {
-		return in(c, &tap.Info{FullMethodName: "/pkg.Svc/Method", Header: metadata.MD{}})
-	}
+	return shareServer{srv.StatsHandler(), srv.TapHandle()}
+}
 
-	a := conn()
-	room := 0
-	for ; room < 1000; room++ {
-		if _, err := arrive(a); err != nil {
-			break
-		}
-	}
-	if room <= triagegrpc.ConnShare || room == 1000 {
-		t.Fatalf("one connection's burst: %d admitted", room)
-	}
+func (s shareServer) conn() context.Context {
+	return s.sh.TagConn(context.Background(), &stats.ConnTagInfo{})
+}
 
-	b := conn()
+func (s shareServer) arrive(conn context.Context) (context.Context, error) {
+	return s.in(conn, &tap.Info{FullMethodName: "/pkg.Svc/Method", Header: metadata.MD{}})
+}
+
+// burst opens streams on conn whose goroutines do not run until one is
+// refused, and returns them.
+func (s shareServer) burst(t *testing.T, conn context.Context) []context.Context {
+	t.Helper()
 	var streams []context.Context
-	for i := 0; i < triagegrpc.ConnShare; i++ {
-		s, err := arrive(b)
+	for len(streams) < 1000 {
+		c, err := s.arrive(conn)
 		if err != nil {
-			t.Fatalf("stream %d of another connection beside the burst: %v", i, err)
+			return streams
 		}
-		streams = append(streams, s)
+		streams = append(streams, c)
 	}
-	if _, err := arrive(b); err == nil {
-		t.Fatalf("a stream past the connection's share (%d waiting) admitted into a full task", triagegrpc.ConnShare)
+	t.Fatal("1000 streams and the task never filled")
+	return nil
+}
+
+// One connection's burst takes only half the task's room once it holds
+// its share of streams waiting for their goroutines; another connection
+// still gets its share in, and its room back as its goroutines run
+// (TagRPC), while the bursting connection stays refused.
+func TestConnectionShareOfAFullTask(t *testing.T) {
+	alone := newShareServer(t, triagegrpc.WithConnShare(0))
+	room := len(alone.burst(t, alone.conn()))
+	if room < 2*triagegrpc.DefaultConnShare {
+		t.Fatalf("room %d: too small for the test", room)
 	}
-	for _, s := range streams {
-		sh.TagRPC(s, &stats.RPCTagInfo{FullMethodName: "/pkg.Svc/Method"})
+
+	s := newShareServer(t)
+	a := s.burst(t, s.conn())
+	if want := (room + 1) / 2; len(a) != want {
+		t.Fatalf("room %d: one connection's burst took %d, want %d", room, len(a), want)
 	}
-	if _, err := arrive(b); err != nil {
+	b := s.conn()
+	streams := s.burst(t, b)
+	if want := min(triagegrpc.DefaultConnShare, room-len(a)); len(streams) != want {
+		t.Fatalf("room %d, %d taken by a burst: another connection got %d, want %d", room, len(a), len(streams), want)
+	}
+	for _, c := range streams {
+		s.sh.TagRPC(c, &stats.RPCTagInfo{FullMethodName: "/pkg.Svc/Method"})
+	}
+	if _, err := s.arrive(b); err != nil {
 		t.Fatalf("once its streams' goroutines ran: %v", err)
 	}
-	if _, err := arrive(a); err == nil {
-		t.Fatal("the bursting connection admitted past the full task")
+	if _, err := s.arrive(s.conn()); err != nil {
+		t.Fatalf("a third connection: %v", err)
+	}
+	// Over its share, the bursting connection gets nothing past half the
+	// room, though the task has room.
+	if _, err := s.arrive(a[0]); err == nil {
+		t.Fatal("the bursting connection admitted past half the room")
 	}
 }

@@ -202,10 +202,18 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 		if err != nil {
 			return nil, nil, err
 		}
-		srv, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl),
-			triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})))
+		sopts := []triagegrpc.ServerOption{triagegrpc.WithAdmission(ctl),
+			triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}}))}
+		if v, err := strconv.Atoi(os.Getenv("TRIAGE_BENCH_CONNSHARE")); err == nil {
+			sopts = append(sopts, triagegrpc.WithConnShare(v))
+		}
+		srv, err := triagegrpc.NewServer(sopts...)
 		if err != nil {
 			return nil, nil, err
+		}
+		if os.Getenv("TRIAGE_BENCH_NOSTATS") == "1" { // the Server's options but its stats handler
+			return []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor()),
+				grpc.MaxConcurrentStreams(triagegrpc.DefaultMaxConcurrentStreams)}, ctl, nil
 		}
 		return srv.ServerOptions(), ctl, nil
 	}
@@ -213,10 +221,18 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 }
 
 // admissionOptions reads experiment knobs from the environment
-// (TRIAGE_BENCH_TOLERANCE, TRIAGE_BENCH_QUEUE, TRIAGE_BENCH_MAXWAIT); the
-// published numbers use none of them: the defaults are what users get.
+// (TRIAGE_BENCH_TOLERANCE, TRIAGE_BENCH_QUEUE, TRIAGE_BENCH_MAXWAIT,
+// TRIAGE_BENCH_TARGET, TRIAGE_BENCH_MEASURE=arrival; and
+// TRIAGE_BENCH_NOSTATS=1, TRIAGE_BENCH_CONNSHARE in serverOptions); the published numbers use none
+// of them: the defaults are what users get.
 func admissionOptions() []admission.Option {
 	var opts []admission.Option
+	if v, err := time.ParseDuration(os.Getenv("TRIAGE_BENCH_TARGET")); err == nil {
+		opts = append(opts, admission.WithTargetDelay(v))
+	}
+	if os.Getenv("TRIAGE_BENCH_MEASURE") == "arrival" {
+		opts = append(opts, admission.WithDelayMeasure(admission.ArrivalDelay))
+	}
 	if v, err := strconv.ParseFloat(os.Getenv("TRIAGE_BENCH_TOLERANCE"), 64); err == nil {
 		opts = append(opts, admission.WithTolerance(v))
 	}
