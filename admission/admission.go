@@ -292,12 +292,13 @@ func WithMessageTimeout(d time.Duration) Option {
 }
 
 // WithSaturation sets the signal that says whether the task's CPU is
-// saturated (work conservation): while it reads below 0.9, the pending
-// cap turns no request away, since a task with idle CPU has no queue of
-// runnable requests to bound; execution slots, their queue and the
-// deadline still apply. nil turns the rule off (the cap always applies).
-// Default: CPU{} (the process's CPU against its reservation) on the real
-// clock, none under WithClock.
+// saturated (work conservation): while it reads below 0.95, the pending
+// cap does not shrink, and grows while it turns requests away, since a
+// task with idle CPU has no queue of runnable requests to bound;
+// execution slots, their queue and the deadline still apply. nil turns
+// the rule off (the cap follows the delay alone). Default: the process's
+// CPU against its reservation, sampled every half interval (CPU{Interval:
+// WithInterval / 2}), on the real clock; none under WithClock.
 func WithSaturation(s Signal) Option {
 	return optionFunc(func(c *config) { c.saturation, c.saturationSet = s, true })
 }
