@@ -985,6 +985,9 @@ type Stats struct {
 	QueueDelay time.Duration
 	// Saturated says whether the pending cap applies (WithSaturation).
 	Saturated bool
+	// NotStarted is, per criticality, the requests admitted whose
+	// goroutine has not run (Scheduled) nor reached Start.
+	NotStarted [criticality.NumLevels]int64
 	// RetryShare is the share of retries among recent requests.
 	RetryShare float64
 	// Signals are the current utilizations, by signal name.
@@ -1012,6 +1015,9 @@ func (c *Controller) Stats() Stats {
 		PendingCap:  float64(c.pendingCap.Load()) / milli,
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 		QueueDelay:  time.Duration(c.lastDelay.Load()), Saturated: c.saturated.Load(),
+	}
+	for l := range s.NotStarted {
+		s.NotStarted[l] = c.notStarted(criticality.Level(l))
 	}
 	if w, _ := c.attempts.Sums(c.now()); w.A > 0 {
 		s.RetryShare = w.B / w.A

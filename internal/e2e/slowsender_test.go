@@ -13,6 +13,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -179,3 +180,45 @@ func (c tagCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Con
 func (tagCounter) HandleRPC(context.Context, stats.RPCStats)                         {}
 func (tagCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (tagCounter) HandleConn(context.Context, stats.ConnStats)                       {}
+
+// Streams to a method the server does not have are admitted at the tap
+// and never reach a handler (issue 21, item 2). With the Server's options
+// each leaves nothing behind: after 100,000 of them every count is at its
+// baseline. Installed without the stats handler, they leave their level's
+// count raised.
+func TestUnknownMethodsLeaveNoCounts(t *testing.T) {
+	for _, withStats := range []bool{true, false} {
+		s := startSlowServer(t, withStats)
+		ctx := criticality.NewContext(context.Background(), criticality.Sheddable)
+		calls := 100000
+		if !withStats {
+			calls = 1000
+		}
+		var wg sync.WaitGroup
+		var next atomic.Int64
+		for w := 0; w < 16; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= int64(calls) {
+					err := s.cc.Invoke(ctx, "/nope.Service/Nope", wrapperspb.String("x"), new(wrapperspb.StringValue))
+					if c := status.Code(err); c != codes.Unimplemented && c != codes.Unavailable {
+						t.Errorf("an unknown method: %v", err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		var st admission.Stats
+		waitFor(t, "the streams' goroutines to run", func() bool { st = s.ctl.Stats(); return st.Pending == 0 || !withStats })
+		leaked := st.NotStarted[criticality.Sheddable]
+		if withStats && (st.Pending != 0 || st.Executing != 0 || st.Queued != 0 || st.NotStarted != [criticality.NumLevels]int64{}) {
+			t.Fatalf("after %d calls to an unknown method: %+v", calls, st)
+		}
+		if !withStats && leaked == 0 {
+			t.Fatalf("without the stats handler, %d calls to an unknown method left nothing: the test cannot tell", calls)
+		}
+		t.Logf("stats handler %v: %d calls to an unknown method, %d SHEDDABLE left not started", withStats, calls, leaked)
+	}
+}
