@@ -223,6 +223,7 @@ func (e *Enforcer) Reserve(customer string, l criticality.Level) (Reservation, e
 	if !l.Valid() {
 		l = criticality.Default
 	}
+	customer = accounted(customer)
 	limit, hard := e.limits.Load().Limit(customer, l)
 	if math.IsInf(limit, 1) {
 		return Reservation{}, nil

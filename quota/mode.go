@@ -176,6 +176,7 @@ func (e *Enforcer) reservePessimistic(customer string, l criticality.Level, limi
 // Reservation, as from Admit, charges the whole cost). Call it once per
 // admitted request, instead of Usage.Add.
 func (e *Enforcer) Done(customer string, l criticality.Level, r Reservation, cpu time.Duration) {
+	customer = accounted(customer)
 	e.usage.Add(customer, l, cpu)
 	if e.budgets != nil {
 		e.budgets.settle(customer, r.cpu, cpu.Seconds())
@@ -185,6 +186,7 @@ func (e *Enforcer) Done(customer string, l criticality.Level, r Reservation, cpu
 // Cancel gives back what a request admitted by Reserve reserved, when it
 // will not run after all (a later stage refused it).
 func (e *Enforcer) Cancel(customer string, r Reservation) {
+	customer = accounted(customer)
 	if e.budgets != nil && r.cpu > 0 {
 		e.budgets.mu.Lock()
 		bg := e.budgets.byName[customer]

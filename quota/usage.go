@@ -13,8 +13,21 @@ import (
 	"github.com/triagehq/triage/internal/window"
 )
 
-// Other is the name under which Usage counts customers beyond its bound.
+// Other is the name under which Usage counts customers beyond its bound,
+// and requests that name no customer; the Enforcer holds them to Other's
+// limit.
 const Other = "(other)"
+
+// accounted is the name customer's requests are accounted under: a
+// request that names no customer (every untrusted caller's, by default)
+// counts under Other, so that it is measured and reported, under a name
+// the quota service accepts.
+func accounted(customer string) string {
+	if customer == "" {
+		return Other
+	}
+	return customer
+}
 
 // Usage is one task's CPU usage per customer and criticality over a
 // sliding window (default 4 s of 20 buckets: long enough that a customer
@@ -161,6 +174,7 @@ func (uo *usageOf) counter(l criticality.Level) (*window.Counter, bool) {
 }
 
 func (u *Usage) get(customer string, now int64) *usageOf {
+	customer = accounted(customer)
 	u.mu.RLock()
 	uo := u.byName[customer]
 	u.mu.RUnlock()
@@ -201,6 +215,7 @@ func (u *Usage) add(customer string, now int64) *usageOf {
 }
 
 func (u *Usage) lookup(customer string) *usageOf {
+	customer = accounted(customer)
 	u.mu.RLock()
 	uo := u.byName[customer]
 	u.mu.RUnlock()

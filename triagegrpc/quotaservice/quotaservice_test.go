@@ -125,3 +125,34 @@ func FuzzRefresh(f *testing.F) {
 		}
 	})
 }
+
+// A request that names no customer (every untrusted caller's) is accounted
+// under quota.Other, and the task's report still renews its lease (issue
+// 21, item 1: it used to be charged to "", which made the quota service
+// refuse every report from the task).
+func TestRequestsWithoutACustomerKeepTheLease(t *testing.T) {
+	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 1})
+	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
+	u, _ := quota.NewUsage()
+	u.Add("ads", criticality.Critical, time.Millisecond)
+	u.Add(quota.CustomerOf(context.Background()), criticality.Critical, time.Millisecond) // a request without a customer
+	u.Refused("")
+	l := quota.NewLeased(nil, nil)
+	c, err := quotaservice.NewClient(cc, "task-a", u, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.RefreshOnce(ctx); err != nil {
+		t.Fatalf("a report with a request that named no customer: %v", err)
+	}
+	for _, cu := range u.Snapshot() {
+		if cu.Customer == "" {
+			t.Fatalf("usage reported under the empty name: %+v", cu)
+		}
+	}
+	if u.Total(quota.Other) <= 0 {
+		t.Errorf("the request without a customer was not accounted under %s", quota.Other)
+	}
+}
