@@ -55,15 +55,8 @@ func maxOutstanding(rate float64, deadline time.Duration) int64 {
 // latency measured from each request's scheduled time, every call bounded
 // by deadline; it waits for every call to finish.
 func openLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float64, d, deadline time.Duration, mix []share, seed uint64) *phase {
-	p := &phase{duration: d}
-	n := int(rate * d.Seconds())
-	p.samples = make([]sample, n)
-	interval := time.Duration(float64(time.Second) / rate)
-	rng := rand.New(rand.NewPCG(seed, 1))
-	levels := make([]criticality.Level, n)
-	for i := range levels {
-		levels[i] = pick(mix, rng.Float64())
-	}
+	p, levels, interval := schedule(rate, d, mix, seed, 1)
+	n := len(levels)
 	var wg sync.WaitGroup
 	var outstanding atomic.Int64
 	limit := maxOutstanding(rate, deadline)
@@ -99,10 +92,7 @@ func openLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float6
 			out := new(wrapperspb.StringValue)
 			err := conns[i%len(conns)].Invoke(cctx, method, wrapperspb.String("x"), out)
 			end := time.Now()
-			s := sample{at: at, latency: end.Sub(sched), code: status.Code(err), level: levels[i]}
-			if _, ok := outcome.As(err); ok || errors.Is(err, outcome.ErrTaskOverloaded) {
-				s.triaged = true
-			}
+			s := sample{at: at, latency: end.Sub(sched), code: status.Code(err), level: levels[i], triaged: triaged(err)}
 			s.over = end.Sub(sched.Add(deadline))
 			p.samples[i] = s
 			atomic.AddInt64(&p.done, 1)
@@ -110,6 +100,24 @@ func openLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float6
 	}
 	wg.Wait()
 	return p
+}
+
+// schedule lays out a phase of rate calls per second for d: its samples,
+// each call's criticality drawn from mix, and the interval between calls.
+func schedule(rate float64, d time.Duration, mix []share, seed, stream uint64) (*phase, []criticality.Level, time.Duration) {
+	n := int(rate * d.Seconds())
+	rng := rand.New(rand.NewPCG(seed, stream))
+	levels := make([]criticality.Level, n)
+	for i := range levels {
+		levels[i] = pick(mix, rng.Float64())
+	}
+	return &phase{duration: d, samples: make([]sample, n)}, levels, time.Duration(float64(time.Second) / rate)
+}
+
+// triaged says whether err carries a triage overload outcome.
+func triaged(err error) bool {
+	_, ok := outcome.As(err)
+	return ok || errors.Is(err, outcome.ErrTaskOverloaded)
 }
 
 func pick(mix []share, u float64) criticality.Level {
@@ -173,15 +181,8 @@ func summarize(p *phase, from, to time.Duration) summary {
 // then. At most rate x d calls, each bounded by deadline; it waits for
 // every worker to finish.
 func workersLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float64, d, deadline time.Duration, workers int, mix []share, seed uint64) *phase {
-	p := &phase{duration: d}
-	n := int(rate * d.Seconds())
-	p.samples = make([]sample, n)
-	interval := time.Duration(float64(time.Second) / rate)
-	rng := rand.New(rand.NewPCG(seed, 2))
-	levels := make([]criticality.Level, n)
-	for i := range levels {
-		levels[i] = pick(mix, rng.Float64())
-	}
+	p, levels, interval := schedule(rate, d, mix, seed, 2)
+	n := len(levels)
 	var next atomic.Int64 // the next slot of the schedule
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -202,11 +203,8 @@ func workersLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate flo
 				err := cc.Invoke(cctx, method, wrapperspb.String("x"), new(wrapperspb.StringValue))
 				cancel()
 				end := time.Now()
-				s := sample{at: sent.Sub(start), latency: end.Sub(sent), code: status.Code(err), level: levels[i], over: end.Sub(sent.Add(deadline))}
-				if _, ok := outcome.As(err); ok || errors.Is(err, outcome.ErrTaskOverloaded) {
-					s.triaged = true
-				}
-				p.samples[i] = s
+				p.samples[i] = sample{at: sent.Sub(start), latency: end.Sub(sent), code: status.Code(err), level: levels[i],
+					over: end.Sub(sent.Add(deadline)), triaged: triaged(err)}
 				atomic.AddInt64(&p.sent, 1)
 				atomic.AddInt64(&p.done, 1)
 			}
