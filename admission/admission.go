@@ -389,10 +389,10 @@ type Controller struct {
 	recent     atomic.Int64 // the clock as the last sampled arrival read it
 	lastShed   atomic.Int64 // ns of a recent rejection (kept within interval/16)
 	_          [48]byte
-	// Requests between Arrive and Start are counted per second of arrival
+	// Requests between Arrive and Start are counted per epoch of arrival
 	// in a ring of four (the counts are in hot): a request that never
 	// reaches Start (its stream reset before the handler ran, an unknown
-	// method) stops counting after three to four seconds, without any
+	// method) stops counting after three to four epochs, without any
 	// per-request callback.
 	prestart      prestartRing
 	prestartEpoch int64
@@ -506,9 +506,8 @@ func New(opts ...Option) (*Controller, error) {
 		ctl.obs = Nop{}
 	}
 	ctl.hot = new(hotLine)
-	ctl.prestart.counts = &ctl.hot.prestart
+	ctl.prestart.init(&ctl.hot.prestart, &ctl.lv)
 	ctl.limit.Store(int64(c.initialLimit))
-	ctl.prestart.cur.Store(math.MinInt64 / 2)
 	ctl.pendingCap.Store(milli * (2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit))))
 	ctl.nextAdjust.Store(int64(c.interval))
 	ctl.lastShed.Store(math.MinInt64 / 2)
@@ -537,92 +536,153 @@ const (
 type hotLine struct {
 	// executing counts the requests holding an execution slot.
 	executing atomic.Int64
-	// occ is, per criticality, the requests between Arrive and Start
-	// (notStarted, the low 32 bits, signed) and between Start and Done
-	// (started, the high 32 bits): Start moves a request from one to the
-	// other with one add.
-	occ [criticality.NumLevels]atomic.Int64
-	// prestart counts admitted requests not yet started, by second of
-	// arrival (see prestartRing).
-	prestart [prestartSlots]atomic.Int32
-	_        [8]byte
+	// prestart counts the admitted requests not yet started, per epoch of
+	// arrival (a slot of prestartRing) and criticality: four signed 16-bit
+	// counts per word, one per level (see slotCount).
+	prestart [prestartSlots]atomic.Int64
+	// started counts, per criticality, the requests between Start and
+	// Done.
+	started [criticality.NumLevels]atomic.Int32
+	_       [8]byte
 }
 
-// Packed per-criticality occupancy: see hotLine.occ.
-const (
-	oneNotStarted = 1
-	oneStarted    = 1 << 32
-	startMove     = oneStarted - oneNotStarted
-)
+// levelUnit is one request of level l in a prestart word.
+func levelUnit(l criticality.Level) int64 { return 1 << (16 * uint(l)) }
 
-// unpackOcc splits a hotLine.occ word into its two counts.
-func unpackOcc(v int64) (notStarted, started int64) {
-	notStarted = int64(int32(v))
-	return notStarted, (v - notStarted) >> 32
+// A prestart word holds four signed 16-bit counts, each added into the
+// word at its place, so the word is their weighted sum whatever their
+// signs (a count may dip below zero for a moment when a removal races
+// with a rotation). Adding slotBias makes every place non-negative, so
+// that each count is read with a shift and a mask.
+const slotBias = 0x8000_8000_8000_8000
+
+// slotLevel decodes the count of level l from a prestart word.
+func slotLevel(w int64, l criticality.Level) int64 {
+	return int64((uint64(w)+slotBias)>>(16*uint(l))&0xffff) - 1<<15
 }
+
+// slotTotal decodes the sum of a prestart word's four counts.
+func slotTotal(w int64) int64 {
+	u := uint64(w) + slotBias
+	s := u&0x0000_ffff_0000_ffff + u>>16&0x0000_ffff_0000_ffff
+	return int64(s&0xffff_ffff+s>>32) - 4<<15
+}
+
+// maxSlotCount bounds the requests of one level admitted and not started
+// in one epoch, so that a count never leaves its 16 bits (concurrent
+// arrivals may each pass the check at once: the margin covers them).
+const maxSlotCount = 1<<15 - 1<<11
 
 // prestartRing counts admitted requests that have not reached Start, by
-// second of arrival, in four slots. The counts sit in the Controller's hot
-// line; the slots' seconds and the sum of the complete seconds (older,
-// recomputed at every rotation) are read-mostly, so that reading the total
-// is four loads and counting is one atomic add.
+// epoch of arrival and criticality, in four slots of the Controller's hot
+// line: counting is one atomic add. A slot four or more epochs old is
+// dropped at the first arrival of a new epoch: its requests (their stream
+// was reset before the handler ran, or the method is unknown) stop
+// counting, towards the pending cap and among their level's not-started
+// requests alike, and their level's eviction debt is cut to what is left.
+// The slots are the only record of requests not started, so nothing else
+// needs correcting when one is dropped.
 type prestartRing struct {
 	cur    atomic.Int64
-	older  atomic.Int64
 	rot    sync.Mutex
 	epochs [prestartSlots]atomic.Int64
-	counts *[prestartSlots]atomic.Int32
+	counts *[prestartSlots]atomic.Int64
+	lv     *[criticality.NumLevels]levelCounters
 }
 
-// rotate makes e the current second, dropping what arrived four or more
-// seconds ago (requests that never started: their count ends there).
+// noEpoch marks a dropped slot.
+const noEpoch = math.MinInt64
+
+func (r *prestartRing) init(counts *[prestartSlots]atomic.Int64, lv *[criticality.NumLevels]levelCounters) {
+	r.counts, r.lv = counts, lv
+	r.cur.Store(math.MinInt64 / 2)
+	for i := range r.epochs {
+		r.epochs[i].Store(noEpoch)
+	}
+}
+
+// rotate makes e the current epoch, dropping the slots of epochs four or
+// more before it.
 func (r *prestartRing) rotate(e int64) {
 	r.rot.Lock()
 	defer r.rot.Unlock()
 	if e <= r.cur.Load() {
 		return
 	}
-	i := e % prestartSlots
-	r.counts[i].Store(0)
-	r.epochs[i].Store(e)
-	var older int64
+	dropped := false
 	for i := range r.epochs {
 		if ep := r.epochs[i].Load(); ep > e-prestartSlots && ep < e {
-			older += int64(r.counts[i].Load())
+			continue
+		}
+		// Also a dropped slot: an add racing with its drop may have
+		// counted there.
+		if r.counts[i].Swap(0) != 0 {
+			dropped = true
+		}
+		r.epochs[i].Store(noEpoch)
+	}
+	r.epochs[e%prestartSlots].Store(e)
+	r.cur.Store(e)
+	if !dropped {
+		return
+	}
+	for l := range r.lv {
+		left := max(r.level(criticality.Level(l)), 0)
+		for {
+			owed := r.lv[l].owed.Load()
+			if owed <= left || r.lv[l].owed.CompareAndSwap(owed, left) {
+				break
+			}
 		}
 	}
-	r.older.Store(older)
-	r.cur.Store(e)
 }
 
-func (r *prestartRing) add(e int64) {
+// add counts an arrival of level l in epoch e, or in the current epoch if
+// e's slot is gone (a stale clock reading), and returns the epoch it was
+// counted in; false if the slot already holds maxSlotCount requests of
+// level l. A rotation between the check and the add counts the request in
+// the slot's next epoch, where it stops counting an epoch or so late.
+func (r *prestartRing) add(e int64, l criticality.Level) (int64, bool) {
 	if e > r.cur.Load() {
 		r.rotate(e)
 	}
+	if r.epochs[e%prestartSlots].Load() != e {
+		e = r.cur.Load()
+	}
+	w := &r.counts[e%prestartSlots]
+	if slotLevel(w.Load(), l) >= maxSlotCount {
+		return 0, false
+	}
+	w.Add(levelUnit(l))
+	return e, true
+}
+
+// remove takes a request of level l counted in epoch e out of the slots.
+// If its slot was dropped meanwhile, it is no longer counted: nothing to
+// do.
+func (r *prestartRing) remove(e int64, l criticality.Level) {
 	if i := e % prestartSlots; r.epochs[i].Load() == e {
-		r.counts[i].Add(1)
+		r.counts[i].Add(-levelUnit(l))
 	}
 }
 
-func (r *prestartRing) remove(e int64) {
-	i := e % prestartSlots
-	if r.epochs[i].Load() != e {
-		return // dropped with its second
-	}
-	r.counts[i].Add(-1)
-	if e != r.cur.Load() {
-		r.older.Add(-1)
-	}
-}
-
+// total is the requests counted, once the ring is at epoch e.
 func (r *prestartRing) total(e int64) int64 {
 	if e > r.cur.Load() {
 		r.rotate(e)
 	}
-	cur := r.cur.Load()
-	n := r.older.Load()
-	if i := cur % prestartSlots; r.epochs[i].Load() == cur {
-		n += int64(r.counts[i].Load())
+	var n int64
+	for i := range r.counts {
+		n += slotTotal(r.counts[i].Load())
+	}
+	return n
+}
+
+// level is the requests of level l counted.
+func (r *prestartRing) level(l criticality.Level) int64 {
+	var n int64
+	for i := range r.counts {
+		n += slotLevel(r.counts[i].Load(), l)
 	}
 	return n
 }
@@ -638,6 +698,7 @@ func (c *Controller) occupancy(now int64) int64 {
 // pointer to Start and Done; the zero Ticket is not admitted.
 type Ticket struct {
 	arrive, started int64
+	epoch           int64 // of the prestart ring it was counted in
 	level           criticality.Level
 	state           uint8
 	sampled         bool // measured: delay before Start, service time
@@ -727,9 +788,12 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		c.capHit.Store(true)
 		return c.reject(l, Concurrency, now)
 	}
-	c.prestart.add(now / c.prestartEpoch)
-	c.hot.occ[l].Add(oneNotStarted)
-	*t = Ticket{arrive: now, level: l, state: ticketPending, sampled: sampled}
+	e, ok := c.prestart.add(now/c.prestartEpoch, l)
+	if !ok {
+		c.capHit.Store(true)
+		return c.reject(l, Concurrency, now)
+	}
+	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled}
 	return nil
 }
 
@@ -753,15 +817,11 @@ type levelCounters struct {
 
 // levelOccupancy is the requests of level l admitted and not done.
 func (c *Controller) levelOccupancy(l criticality.Level) int64 {
-	notStarted, started := unpackOcc(c.hot.occ[l].Load())
-	return max(notStarted, 0) + started
+	return max(c.notStarted(l), 0) + int64(c.hot.started[l].Load())
 }
 
 // notStarted is the requests of level l between Arrive and Start.
-func (c *Controller) notStarted(l criticality.Level) int64 {
-	n, _ := unpackOcc(c.hot.occ[l].Load())
-	return n
-}
+func (c *Controller) notStarted(l criticality.Level) int64 { return c.prestart.level(l) }
 
 // reserved is the room a request of level l must leave free for the more
 // critical ones: their usual occupancy, less what they occupy now. Lower
@@ -770,7 +830,9 @@ func (c *Controller) notStarted(l criticality.Level) int64 {
 func (c *Controller) reserved(l criticality.Level) int64 {
 	var r int64
 	for h := l + 1; h < criticality.NumLevels; h++ {
-		r += max((c.lv[h].usual.Load()+999)/1000-c.levelOccupancy(h), 0)
+		if u := (c.lv[h].usual.Load() + 999) / 1000; u > 0 {
+			r += max(u-c.levelOccupancy(h), 0)
+		}
 	}
 	return r
 }
@@ -820,10 +882,10 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 	scheduled := t.state == ticketScheduled
 	switch t.state {
 	case ticketPending:
-		c.prestart.remove(t.arrive / c.prestartEpoch)
-		c.hot.occ[t.level].Add(startMove)
+		c.prestart.remove(t.epoch, t.level)
+		c.hot.started[t.level].Add(1)
 	case ticketScheduled:
-		c.hot.occ[t.level].Add(oneStarted)
+		c.hot.started[t.level].Add(1)
 	default:
 		return errors.New("admission: Start without Arrive")
 	}
@@ -886,12 +948,11 @@ func (c *Controller) Done(t *Ticket) {
 			c.svcCount.Add(1)
 		}
 		c.release()
-		c.hot.occ[t.level].Add(-oneStarted)
+		c.hot.started[t.level].Add(-1)
 	case ticketInside:
-		c.hot.occ[t.level].Add(-oneStarted)
+		c.hot.started[t.level].Add(-1)
 	case ticketPending:
-		c.prestart.remove(t.arrive / c.prestartEpoch)
-		c.hot.occ[t.level].Add(-oneNotStarted)
+		c.prestart.remove(t.epoch, t.level)
 	case ticketScheduled:
 	default:
 		return
@@ -922,8 +983,7 @@ func (c *Controller) Scheduled(t *Ticket) {
 	if t.state != ticketPending {
 		return
 	}
-	c.prestart.remove(t.arrive / c.prestartEpoch)
-	c.hot.occ[t.level].Add(-oneNotStarted)
+	c.prestart.remove(t.epoch, t.level)
 	t.state = ticketScheduled
 	if t.sampled {
 		c.addDelay(c.now() - t.arrive)

@@ -456,3 +456,48 @@ func TestProbeDelaysAndDoesNotShed(t *testing.T) {
 	}
 	c.Done(&d)
 }
+
+// Phantoms (issue 21, item 2): requests admitted at arrival whose handler
+// never runs (calls to an unknown method through a tap-only install) stop
+// counting among their level's not-started requests when they stop
+// counting towards the pending cap, so that a later burst of more critical
+// requests cannot displace them and then make real requests of their
+// level pay the debt.
+func TestPhantomsLeaveNoDebt(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f))
+	base := c.Stats().NotStarted
+	for range 20000 {
+		var tk admission.Ticket
+		c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}) // never started, never done
+		f.Advance(time.Millisecond)
+	}
+	f.Advance(5 * time.Second)
+	if got := c.Stats().NotStarted; got != base {
+		t.Errorf("20,000 requests that never started, 5 s later: not started by level %v, want %v", got, base)
+	}
+	// A burst of CRITICAL requests past the cap, then done.
+	var burst []admission.Ticket
+	for range 1000 {
+		var tk admission.Ticket
+		if c.Arrive(&tk, criticality.Critical, 0, time.Time{}) == nil {
+			burst = append(burst, tk)
+		}
+	}
+	for i := range burst {
+		c.Start(context.Background(), &burst[i])
+		c.Done(&burst[i])
+	}
+	f.Advance(time.Second)
+	for i := range 32 {
+		var tk admission.Ticket
+		if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}); err != nil {
+			t.Fatalf("idle task, SHEDDABLE request %d refused at arrival: %v", i, err)
+		}
+		if err := c.Start(context.Background(), &tk); err != nil {
+			t.Fatalf("idle task, SHEDDABLE request %d refused at Start: %v", i, err)
+		}
+		c.Done(&tk)
+		f.Advance(10 * time.Millisecond)
+	}
+}

@@ -3,6 +3,8 @@ package admission
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/triagehq/triage/criticality"
 )
 
 // Every counter each request writes sits on one 64-byte line: hotLine is
@@ -23,14 +25,25 @@ func TestHotLineIsOneCacheLine(t *testing.T) {
 	}
 }
 
-// The packed occupancy decodes both counts, also a negative not-started
-// count (which the counting never produces; levelOccupancy clamps it
-// anyway) without corrupting the started count.
-func TestUnpackOcc(t *testing.T) {
-	for _, tc := range []struct{ ns, st int64 }{{0, 0}, {3, 5}, {-1, 2}, {-7, 0}, {1 << 20, 1 << 20}} {
-		v := tc.st*oneStarted + tc.ns*oneNotStarted
-		if ns, st := unpackOcc(v); ns != tc.ns || st != tc.st {
-			t.Fatalf("pack(%d, %d) unpacks to (%d, %d)", tc.ns, tc.st, ns, st)
+// A prestart word decodes into its four counts whatever their signs, and
+// the counts stay independent at the bound.
+func TestSlotCounts(t *testing.T) {
+	for _, want := range [][criticality.NumLevels]int64{
+		{}, {1, 2, 3, 4}, {-1, 0, 0, 0}, {0, -1, 5, 0}, {3, 0, -2, -1},
+		{maxSlotCount, maxSlotCount, maxSlotCount, maxSlotCount}, {-2048, maxSlotCount, -1, maxSlotCount},
+	} {
+		var w int64
+		for l, n := range want {
+			w += n * levelUnit(criticality.Level(l))
+		}
+		var got [criticality.NumLevels]int64
+		var sum int64
+		for l, n := range want {
+			got[l] = slotLevel(w, criticality.Level(l))
+			sum += n
+		}
+		if got != want || slotTotal(w) != sum {
+			t.Errorf("counts %v encode and decode to %v, total %d", want, got, slotTotal(w))
 		}
 	}
 }

@@ -76,7 +76,13 @@ func (r Report) Validate() error {
 // the few it has heard from would hand them nearly whole limits. So it
 // hands each task back the share it reports holding (or, without one, the
 // safe share, 1/Tasks) until the lease is over; a restarted quota service
-// changes no limit.
+// changes no limit. A claimed share is believed only up to what the
+// task's reported demand justifies (a quarter more than demand/limit) and
+// what the other tasks' claims leave (of 1, or 1.05 in ModeOptimistic for
+// the floors), never cut below the safe share; past learning, a task's
+// claim counts (ModePessimistic) only up to what this Allocator granted it.
+// So a task that lies about its share takes no other task's room; one
+// that lies about its demand gets what that demand would get.
 //
 // Bounded: at most MaxTasks tasks (default 10,000; a task unheard of for a
 // lease is forgotten, and a new task beyond the bound is refused with
@@ -101,15 +107,22 @@ type Allocator struct {
 	// holding sums, per customer, the shares the live tasks may hold
 	// (ModePessimistic only; see taskState.hold).
 	holding map[string]float64
+	// learned sums, per customer, the shares handed back in learning mode
+	// (see taskState.learned); nil once learning is over.
+	learned map[string]float64
 }
 
 type taskState struct {
 	last     int64
 	customer []CustomerUsage
 	// hold is, per customer, the share the task may be enforcing now: the
-	// larger of the share last granted and the share it last reported
-	// (ModePessimistic only).
-	hold map[string]float64
+	// larger of the share last granted and the share it last reported,
+	// believed only up to the share last granted (ModePessimistic only).
+	hold    map[string]float64
+	granted map[string]float64
+	// learned is, per customer, the share handed back to the task in
+	// learning mode.
+	learned map[string]float64
 }
 
 // ErrTooManyTasks is returned by Refresh when MaxTasks live tasks are
@@ -260,12 +273,14 @@ func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func
 		held[c.Customer] = c.Share
 	}
 	learning := now < int64(a.lease)
+	if learning && a.learned == nil {
+		a.learned = map[string]float64{}
+	} else if !learning {
+		a.learned, t.learned = nil, nil
+	}
 	share := func(customer string) float64 {
-		if learning { // hand back what the task holds, else the safe share
-			if h := held[customer]; h > 0 {
-				return h
-			}
-			return 1 / float64(p.tasks)
+		if learning {
+			return a.learn(p, t, customer, held[customer], mine[customer])
 		}
 		d := a.total[customer]
 		if d <= 1e-9 {
@@ -280,24 +295,86 @@ func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func
 	if a.mode != ModePessimistic {
 		return share
 	}
+	prev := t.granted
+	t.granted = make(map[string]float64, len(prev))
 	return func(customer string) float64 {
 		room := max(0, 1-a.holding[customer])
 		s := min(share(customer), room)
-		h := max(s, held[customer])
+		// A share the task says it holds is believed up to what this
+		// Allocator last granted it or, while learning, up to what learn
+		// believed of it: no task can claim the others' room.
+		claim := min(held[customer], prev[customer])
+		if learning {
+			claim = s
+		}
+		h := max(s, claim)
 		t.hold[customer] = h
 		a.holding[customer] += h
+		t.granted[customer] = s
 		return s
 	}
 }
 
+// learnCap bounds the sum of the shares of one customer handed back in
+// learning mode: 1 in ModePessimistic; in ModeOptimistic 1 plus the 5% of
+// floors the tasks without demand may hold.
+func (a *Allocator) learnCap() float64 {
+	if a.mode == ModePessimistic {
+		return 1
+	}
+	return 1.05
+}
+
+// learn is a task's share of a customer in learning mode: the share it
+// reports holding (or, without one, the safe share, 1/Tasks), believed
+// up to what its demand justifies (a quarter more than demand/limit) and
+// what the other tasks have left of learnCap, and never cut below the
+// safe share: a task that claims a whole limit takes at most what its
+// demand could use and the others have not claimed. a.mu is held.
+func (a *Allocator) learn(p *Policy, t *taskState, customer string, held, demand float64) float64 {
+	safe := 1 / float64(p.tasks)
+	if held <= 0 {
+		return safe
+	}
+	if t.learned == nil {
+		t.learned = map[string]float64{}
+	}
+	others := a.learned[customer] - t.learned[customer]
+	justified := a.learnCap() - others
+	lim, ok := p.customers[customer]
+	if !ok {
+		lim = p.def
+	}
+	if cpu := lim.cpu; cpu > 0 && !math.IsInf(cpu, 1) {
+		justified = min(justified, 1.25*demand/cpu)
+	}
+	h := min(held, max(safe, justified))
+	a.learned[customer] = others + h
+	t.learned[customer] = h
+	return h
+}
+
+// LeaseNamedCustomers is how many customers a policy may name for every
+// lease to carry all of them; past it, a lease carries only the customers
+// its task reported (Lease.Partial), so that its size follows the task's
+// customers, not the policy's (at most MaxReportCustomers grants, about
+// 2 MB on the wire).
+const LeaseNamedCustomers = 1000
+
 // leaseFor builds the lease of a task that reported r: a grant for every
-// customer of the policy and every other customer it reported.
+// customer it reported and, unless the policy names more than
+// LeaseNamedCustomers, every customer of the policy.
 func (a *Allocator) leaseFor(p *Policy, r Report, share func(string) float64) Lease {
 	ls := Lease{Duration: a.lease, Refresh: a.refresh, Fallback: p.fallback, Tasks: p.tasks,
 		Default: grantOf("", p.def, 1/float64(len(a.tasks)))}
-	names := p.Customers()
+	var names []string
+	if len(p.customers) <= LeaseNamedCustomers {
+		names = p.Customers()
+	} else {
+		ls.Partial = true
+	}
 	for _, c := range r.Customers {
-		if !p.Known(c.Customer) {
+		if ls.Partial || !p.Known(c.Customer) {
 			names = append(names, c.Customer)
 		}
 	}
@@ -373,10 +450,18 @@ func (a *Allocator) sweep(now int64) {
 	clear(a.used)
 	clear(a.demanding)
 	clear(a.holding)
+	if a.learned != nil {
+		clear(a.learned)
+	}
 	for _, t := range a.tasks {
 		a.account(t.customer, +1)
 		for c, h := range t.hold {
 			a.holding[c] += h
+		}
+		if a.learned != nil {
+			for c, h := range t.learned {
+				a.learned[c] += h
+			}
 		}
 	}
 }

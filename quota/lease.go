@@ -37,6 +37,12 @@ type Lease struct {
 	// under Safe, each limit divided by Tasks.
 	Fallback Fallback
 	Tasks    int
+	// Partial says that Grants names only the customers the task reported
+	// (the policy names more than LeaseNamedCustomers): a customer not in
+	// Grants may be one the policy names, so the task enforces for it its
+	// bootstrap policy's limit with Default's share if that policy names
+	// it, else Default.
+	Partial bool
 }
 
 func (g Grant) limit(l criticality.Level) float64 {
@@ -148,6 +154,9 @@ func (l *Leased) Limit(customer string, lv criticality.Level) (float64, bool) {
 	g, ok := st.grants[customer]
 	if !ok {
 		g = st.lease.Default
+		if st.lease.Partial && l.boot != nil && l.boot.Known(customer) {
+			g = grantOf(customer, l.boot.customers[customer], g.Share)
+		}
 	}
 	lim := g.limit(lv)
 	if int64(l.since()) < st.expires {

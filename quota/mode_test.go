@@ -233,3 +233,56 @@ func TestAllocatorPessimisticSharesNeverExceedOne(t *testing.T) {
 		}
 	}
 }
+
+// A task cannot claim the others' room by lying about the share it holds
+// (issue 21, item 3): in pessimistic mode a reported share is believed up
+// to what the Allocator last granted that task, and in learning mode
+// (both modes) shares handed back are capped so that a claim of the whole
+// limit takes only what the other tasks have not claimed, never their
+// safe share.
+func TestAllocatorBoundsClaimedShares(t *testing.T) {
+	p, _ := New(Config{Tasks: 2, Customers: map[string]Limit{"a": {CPU: 4}}})
+	grant := func(a *Allocator, task string, demand, claim float64) float64 {
+		t.Helper()
+		ls, err := a.Refresh(Report{Task: task, Customers: []CustomerUsage{{Customer: "a", Demand: demand, Share: claim}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return shareOf(ls, "a")
+	}
+	// Pessimistic, past learning: x and y split a by demand, then x lies.
+	clk := clock.NewFake(time.Unix(0, 0))
+	a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(ModePessimistic), WithLease(5*time.Second), WithRefresh(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(6 * time.Second)
+	var gx, gy float64
+	for range 3 {
+		gx = grant(a, "x", 1, gx)
+		gy = grant(a, "y", 1, gy)
+	}
+	if gy < 0.4 {
+		t.Fatalf("y's share %.3f with half the demand", gy)
+	}
+	grant(a, "x", 1, 1) // x claims it holds the whole limit
+	if got := grant(a, "y", 1, gy); got < gy-1e-9 {
+		t.Errorf("pessimistic: after x claimed a share of 1, y's share fell from %.3f to %.3f", gy, got)
+	}
+	// Learning mode, both modes: x claims the whole limit first, with a
+	// quarter of it in demand.
+	for _, mode := range []Mode{ModeOptimistic, ModePessimistic} {
+		a, err := NewAllocator(p, WithAllocatorClock(clock.NewFake(time.Unix(0, 0))), WithAllocatorMode(mode))
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := grant(a, "x", 1, 1)
+		y := grant(a, "y", 1, 0.5)
+		if y < 0.5-1e-9 || x+y > a.learnCap()+0.5+1e-9 {
+			t.Errorf("%v, learning: x claimed 1 and got %.3f, y claimed 0.5 and got %.3f", mode, x, y)
+		}
+		if x2 := grant(a, "x", 1, 1); x2 > a.learnCap()-y+1e-9 {
+			t.Errorf("%v, learning: x claimed 1 again and got %.3f beside y's %.3f", mode, x2, y)
+		}
+	}
+}

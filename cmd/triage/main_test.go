@@ -82,33 +82,7 @@ func TestProxyCommand(t *testing.T) {
 	defer backend.Stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	var errb syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- run(ctx, []string{"proxy", "--listen", "127.0.0.1:0", "--backends", blis.Addr().String(), "--trust", "127.0.0.1/32"}, pw, &errb)
-		pw.Close()
-	}()
-	first := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(pr)
-		if sc.Scan() {
-			first <- sc.Text()
-		}
-		close(first)
-		io.Copy(io.Discard, pr)
-	}()
-	var addr string
-	select {
-	case line := <-first:
-		m := regexp.MustCompile(`listening on (127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(line)
-		if m == nil {
-			t.Fatalf("first line %q; stderr %q", line, errb.String())
-		}
-		addr = m[1]
-	case <-time.After(10 * time.Second):
-		t.Fatalf("the proxy did not start: %q", errb.String())
-	}
+	addr, done, errb := startCommand(t, ctx, "proxy", "--listen", "127.0.0.1:0", "--backends", blis.Addr().String(), "--trust", "127.0.0.1/32")
 	cc, err := grpc.NewClient(addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
@@ -139,6 +113,40 @@ func TestProxyCommand(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q", bad, code, e.String())
 		}
 	}
+}
+
+// startCommand runs the triage command args until ctx ends, and returns
+// the loopback address its first line of output says it listens on, the
+// channel of its exit status, and its standard error.
+func startCommand(t *testing.T, ctx context.Context, args ...string) (string, chan int, *syncBuffer) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	errb := new(syncBuffer)
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, args, pw, errb)
+		pw.Close()
+	}()
+	first := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		if sc.Scan() {
+			first <- sc.Text()
+		}
+		close(first)
+		io.Copy(io.Discard, pr)
+	}()
+	select {
+	case line := <-first:
+		m := regexp.MustCompile(`listening on (127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("%s: first line %q; stderr %q", args[0], line, errb.String())
+		}
+		return m[1], done, errb
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not start: %q", args[0], errb.String())
+	}
+	return "", nil, nil
 }
 
 // syncBuffer is a strings.Builder safe for a writer and a reader at once.

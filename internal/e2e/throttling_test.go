@@ -48,7 +48,7 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qs := grpc.NewServer(quotapb.ServerOption())
+	qs := grpc.NewServer()
 	quotapb.RegisterQuotaServer(qs, quotaservice.NewService(alloc))
 	qaddr := listenAndServe(t, qs)
 	qcc, err := grpc.NewClient("passthrough:///"+qaddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},

@@ -22,7 +22,7 @@ import (
 func ExampleClient() {
 	policy, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2})
 	alloc, _ := quota.NewAllocator(policy)
-	gs := grpc.NewServer(quotapb.ServerOption())
+	gs := grpc.NewServer()
 	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(alloc))
 	lis, _ := net.Listen("tcp", "127.0.0.1:0")
 	go gs.Serve(lis)

@@ -16,31 +16,81 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
+	"github.com/triagehq/triage/trust"
 )
 
 // Service serves the quota service's protocol (quotapb.Quota) over a
 // quota.Allocator: `triage quota-server` is this plus a listener and a
 // policy file. A malformed report is refused with INVALID_ARGUMENT naming
 // the problem; a task beyond the Allocator's bound with
-// RESOURCE_EXHAUSTED. A Service is safe for concurrent use; its memory is
-// the Allocator's, bounded by its tasks and their reports.
+// RESOURCE_EXHAUSTED.
+//
+// Without WithTaskIdentities, a report's task id is believed as sent:
+// serve such a Service only to callers the network already vouches for.
+// With it, a caller reports only as the tasks its verified client
+// certificate names (see WithTaskIdentities), so that no caller can claim
+// another task's shares or fill the Allocator's task slots with made-up
+// tasks.
+//
+// A Service is safe for concurrent use; its memory is the Allocator's,
+// bounded by its tasks and their reports, plus the identity map.
 type Service struct {
 	quotapb.UnimplementedQuotaServer
 	alloc *quota.Allocator
+	bind  bool
+	tasks map[string]string
+}
+
+// ServiceOption configures a Service.
+type ServiceOption interface{ apply(*Service) }
+
+type serviceOptionFunc func(*Service)
+
+func (f serviceOptionFunc) apply(s *Service) { f(s) }
+
+// WithTaskIdentities binds task ids to callers' verified identities (the
+// URI and DNS SANs of a client certificate the server's TLS configuration
+// verified): a caller may report as the task tasks maps one of its
+// identities to, or, for an identity tasks does not list, as the identity
+// itself (a SPIFFE ID such as spiffe://prod/quota-task/db-0 is a valid
+// task id). A caller without a verified identity is refused with
+// UNAUTHENTICATED, a report as any other task with PERMISSION_DENIED. A
+// nil map binds every task to its identity. Use it with a server whose
+// TLS configuration requires and verifies client certificates.
+func WithTaskIdentities(tasks map[string]string) ServiceOption {
+	m := make(map[string]string, len(tasks))
+	for id, task := range tasks {
+		m[id] = task
+	}
+	return serviceOptionFunc(func(s *Service) { s.bind, s.tasks = true, m })
 }
 
 // NewService returns the service; register it with
-// quotapb.RegisterQuotaServer.
-func NewService(a *quota.Allocator) *Service { return &Service{alloc: a} }
+// quotapb.RegisterQuotaServer on any grpc.Server.
+func NewService(a *quota.Allocator, opts ...ServiceOption) *Service {
+	s := &Service{alloc: a}
+	for _, o := range opts {
+		o.apply(s)
+	}
+	return s
+}
 
 // Refresh implements quotapb.QuotaServer.
-func (s *Service) Refresh(_ context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
+func (s *Service) Refresh(ctx context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
+	if s.bind {
+		if err := s.authorize(ctx, req.GetTask()); err != nil {
+			return nil, err
+		}
+	}
 	r, err := reportFromProto(req)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -53,6 +103,29 @@ func (s *Service) Refresh(_ context.Context, req *quotapb.RefreshRequest) (*quot
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	return leaseToProto(ls), nil
+}
+
+// authorize checks that the caller's verified identity names task.
+func (s *Service) authorize(ctx context.Context, task string) error {
+	var ids []string
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			ids = trust.Identities(&info.State)
+		}
+	}
+	if len(ids) == 0 {
+		return status.Error(codes.Unauthenticated, "quotaservice: the caller has no verified client certificate")
+	}
+	for _, id := range ids {
+		if mapped, ok := s.tasks[id]; ok {
+			if mapped == task {
+				return nil
+			}
+		} else if id == task {
+			return nil
+		}
+	}
+	return status.Errorf(codes.PermissionDenied, "quotaservice: identity %.128q may not report as task %.128q", ids[0], task)
 }
 
 // reportFromProto decodes and validates a task's report.
@@ -90,7 +163,7 @@ func grantToProto(g quota.Grant) *quotapb.Grant {
 func leaseToProto(ls quota.Lease) *quotapb.RefreshResponse {
 	resp := &quotapb.RefreshResponse{
 		Default: grantToProto(ls.Default), LeaseMs: ls.Duration.Milliseconds(), RefreshMs: ls.Refresh.Milliseconds(),
-		Fallback: string(ls.Fallback), Tasks: int32(ls.Tasks), Grants: make([]*quotapb.Grant, 0, len(ls.Grants)),
+		Fallback: string(ls.Fallback), Tasks: int32(ls.Tasks), Partial: ls.Partial, Grants: make([]*quotapb.Grant, 0, len(ls.Grants)),
 	}
 	for _, g := range ls.Grants {
 		resp.Grants = append(resp.Grants, grantToProto(g))
@@ -126,7 +199,7 @@ func leaseFromProto(resp *quotapb.RefreshResponse) (quota.Lease, error) {
 	ls := quota.Lease{
 		Default: def, Duration: time.Duration(resp.GetLeaseMs()) * time.Millisecond,
 		Refresh:  time.Duration(resp.GetRefreshMs()) * time.Millisecond,
-		Fallback: quota.Fallback(resp.GetFallback()), Tasks: int(resp.GetTasks()),
+		Fallback: quota.Fallback(resp.GetFallback()), Tasks: int(resp.GetTasks()), Partial: resp.GetPartial(),
 		Grants: make([]quota.Grant, 0, len(resp.GetGrants())),
 	}
 	for _, g := range resp.GetGrants() {
@@ -207,14 +280,40 @@ func NewClient(cc grpc.ClientConnInterface, task string, u *quota.Usage, l *quot
 	return c, nil
 }
 
+// MaxMessageSize bounds a report and a lease on the wire, both ways. The
+// largest of either (quotapb.MaxEntries entries with names of the
+// longest) is about 2 MiB.
+const MaxMessageSize = 4 << 20
+
+// MaxStreams bounds the calls one connection may have in flight at the
+// service: a task makes one at a time.
+const MaxStreams = 16
+
+// ServerOptions returns the grpc.Server options the service is meant to
+// run with: messages up to MaxMessageSize, MaxStreams calls per
+// connection, and keepalive pings from clients at most every 10 s.
+// Transport security (grpc.Creds) is the caller's to add.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxMessageSize), grpc.MaxSendMsgSize(MaxMessageSize),
+		grpc.MaxConcurrentStreams(MaxStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
 // DialOptions returns dial options suited to the quota service: the
 // channel reconnects at least every refresh/2 (grpc's default backoff
-// grows to two minutes, far longer than a lease).
+// grows to two minutes, far longer than a lease), and messages up to
+// MaxMessageSize both ways. Transport security
+// (grpc.WithTransportCredentials) is the caller's to add.
 func DialOptions(refresh time.Duration) []grpc.DialOption {
 	bc := backoff.DefaultConfig
 	bc.BaseDelay = min(bc.BaseDelay, refresh/10)
 	bc.MaxDelay = max(refresh/2, time.Millisecond)
-	return []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: max(refresh/2, 100*time.Millisecond)})}
+	return []grpc.DialOption{
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: bc, MinConnectTimeout: max(refresh/2, 100*time.Millisecond)}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageSize), grpc.MaxCallSendMsgSize(MaxMessageSize)),
+	}
 }
 
 // Refreshes returns how many refreshes succeeded and failed.

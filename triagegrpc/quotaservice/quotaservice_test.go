@@ -2,9 +2,14 @@ package quotaservice_test
 
 import (
 	"context"
+	"crypto/tls"
+	"fmt"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/triagehq/triage/internal/testcert"
+	"google.golang.org/grpc/credentials"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -154,5 +159,176 @@ func TestRequestsWithoutACustomerKeepTheLease(t *testing.T) {
 	}
 	if u.Total(quota.Other) <= 0 {
 		t.Errorf("the request without a customer was not accounted under %s", quota.Other)
+	}
+}
+
+// The obvious way to embed the service works (issue 21, item 9): on a
+// grpc.Server made without any option, and on one given the Codec.
+func TestServiceOnAnyServer(t *testing.T) {
+	p, err := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range [][]grpc.ServerOption{nil, {quotapb.ServerOption()}} {
+		a, err := quota.NewAllocator(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer(opts...)
+		quotapb.RegisterQuotaServer(gs, quotaservice.NewService(a))
+		cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, gs))
+		u, _ := quota.NewUsage()
+		u.Add("ads", criticality.Critical, time.Millisecond)
+		l := quota.NewLeased(nil, nil)
+		c, err := quotaservice.NewClient(cc, "task-a", u, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = c.RefreshOnce(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("%d server options: %v", len(opts), err)
+		}
+		if lim, _ := l.Limit("ads", criticality.Critical); lim != 2 {
+			t.Errorf("%d server options: ads limit %v on the task, want 4/2", len(opts), lim)
+		}
+	}
+}
+
+// mtlsQuotaServer serves the service over TLS that requires and verifies
+// client certificates, with task ids bound to identities.
+func mtlsQuotaServer(t *testing.T, ca *testcert.CA, binds map[string]string) string {
+	t.Helper()
+	p, err := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := quota.NewAllocator(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Leaf("spiffe://test/quota-service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{leaf}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	gs := grpc.NewServer(append(quotaservice.ServerOptions(), grpc.Creds(credentials.NewTLS(cfg)))...)
+	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(a, quotaservice.WithTaskIdentities(binds)))
+	return loopback.ServeGRPC(t, gs)
+}
+
+// refreshAs reports as task over a connection with the given client
+// certificate (none: nil).
+func refreshAs(t *testing.T, addr string, ca *testcert.CA, cert *tls.Certificate, task string) error {
+	t.Helper()
+	cfg := &tls.Config{RootCAs: ca.Pool}
+	if cert != nil {
+		cfg.Certificates = []tls.Certificate{*cert}
+	}
+	cc := loopback.DialGRPC(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Fail fast (no WaitForReady): a refused handshake is UNAVAILABLE at
+	// once.
+	_, err := quotapb.NewQuotaClient(cc).Refresh(ctx, &quotapb.RefreshRequest{Task: task})
+	return err
+}
+
+// The quota service refuses a caller without a valid certificate, and a
+// valid caller that reports as another task (issue 21, item 3): task ids
+// are bound to verified identities, as themselves or through the
+// operator's map.
+func TestQuotaServiceAuthenticatesTasks(t *testing.T) {
+	ca, err := testcert.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := testcert.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := func(ca *testcert.CA, uri string) *tls.Certificate {
+		c, err := ca.Leaf(uri)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &c
+	}
+	addr := mtlsQuotaServer(t, ca, map[string]string{"spiffe://test/host-7": "db-7"})
+	a := leaf(ca, "spiffe://test/db-0")
+	for _, tc := range []struct {
+		name string
+		cert *tls.Certificate
+		task string
+		want codes.Code
+	}{
+		{"its own identity", a, "spiffe://test/db-0", codes.OK},
+		{"another task", a, "spiffe://test/db-1", codes.PermissionDenied},
+		{"mapped identity", leaf(ca, "spiffe://test/host-7"), "db-7", codes.OK},
+		{"mapped identity as itself", leaf(ca, "spiffe://test/host-7"), "spiffe://test/host-7", codes.PermissionDenied},
+		{"no certificate", nil, "spiffe://test/db-0", codes.Unavailable},
+		{"certificate of another CA", leaf(other, "spiffe://test/db-0"), "spiffe://test/db-0", codes.Unavailable},
+	} {
+		err := refreshAs(t, addr, ca, tc.cert, tc.task)
+		if got := status.Code(err); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+// Leases keep renewing with 100,000 customers in the policy (issue 21,
+// item 4): past quota.LeaseNamedCustomers a lease carries only the
+// customers its task reported, so it stays small; a customer the lease
+// does not name but the task's own copy of the policy does is held to its
+// policy limit with the default share, not to the default limit.
+func TestLeasesRenewWithManyCustomers(t *testing.T) {
+	cs := make(map[string]quota.Limit, 100000)
+	for i := range 100000 {
+		cs[fmt.Sprintf("customer-%06d", i)] = quota.Limit{CPU: 1 + float64(i%7)}
+	}
+	cfg := quota.Config{Customers: cs, Tasks: 2, Default: quota.Limit{CPU: 0.5}}
+	addr, _ := quotaServer(t, cfg)
+	p, err := quota.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
+	u, _ := quota.NewUsage()
+	u.Add("customer-000003", criticality.Critical, time.Millisecond)
+	l := quota.NewLeased(nil, p)
+	c, err := quotaservice.NewClient(cc, "task-a", u, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for round := range 3 {
+		if err := c.RefreshOnce(ctx); err != nil {
+			t.Fatalf("refresh %d: %v", round, err)
+		}
+	}
+	ls, _ := l.Current()
+	if !ls.Partial || len(ls.Grants) > 10 {
+		t.Errorf("lease: partial %v, %d grants", ls.Partial, len(ls.Grants))
+	}
+	share := ls.Default.Share
+	granted := -1.0
+	for _, g := range ls.Grants {
+		if g.Customer == "customer-000003" {
+			granted = g.Share
+		}
+	}
+	for _, tc := range []struct {
+		customer string
+		want     float64
+	}{
+		{"customer-000003", 4 * granted}, // reported: granted
+		{"customer-000005", 6 * share},   // named, not reported: its policy limit
+		{"stranger", 0.5 * share},        // not named: the default
+	} {
+		if got, _ := l.Limit(tc.customer, criticality.Critical); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: limit %v, want %v", tc.customer, got, tc.want)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // RefreshRequest: a task's report (quota.proto).
@@ -37,6 +38,7 @@ type RefreshResponse struct {
 	RefreshMs int64    // 4
 	Fallback  string   // 5
 	Tasks     int32    // 6
+	Partial   bool     // 7
 }
 
 // Grant: one customer's limit and the task's share of it.
@@ -125,6 +127,13 @@ func (r *RefreshResponse) GetFallback() string {
 		return ""
 	}
 	return r.Fallback
+}
+
+func (r *RefreshResponse) GetPartial() bool {
+	if r == nil {
+		return false
+	}
+	return r.Partial
 }
 
 func (r *RefreshResponse) GetTasks() int32 {
@@ -245,6 +254,9 @@ func (r *RefreshResponse) Marshal() []byte {
 	b = appendVarint(b, 4, uint64(r.GetRefreshMs()))
 	b = appendString(b, 5, r.GetFallback())
 	b = appendVarint(b, 6, uint64(int64(r.GetTasks()))) // int32: sign-extended, as protobuf
+	if r.GetPartial() {
+		b = appendVarint(b, 7, 1)
+	}
 	return b
 }
 
@@ -264,6 +276,18 @@ func (g *Grant) Marshal() []byte {
 // Decoding.
 
 var errWire = errors.New("quotapb: malformed wire data")
+
+// Decoding bounds: a message with more entries is refused as it is
+// decoded, before the excess is allocated, so that a message's memory
+// stays within a small multiple of its wire size.
+const (
+	// MaxEntries bounds the customers of a RefreshRequest and the grants
+	// of a RefreshResponse: what a task can track (quota.MaxCustomers),
+	// plus quota.Other.
+	MaxEntries = 10001
+	// MaxValues bounds a repeated double: one value per criticality.
+	MaxValues = 4
+)
 
 // field is one decoded field: its number and type, and its value (v for
 // varint and fixed64, raw for length-delimited).
@@ -311,14 +335,21 @@ func (fd field) str() (string, error) {
 	return string(fd.raw), nil
 }
 
-// doubles appends a repeated double field, packed or not.
+// doubles appends a repeated double field, packed or not, of at most
+// MaxValues values in all.
 func (fd field) doubles(to []float64) ([]float64, error) {
 	switch fd.typ {
 	case protowire.Fixed64Type:
+		if len(to) >= MaxValues {
+			return nil, errTooMany(fd.num, MaxValues)
+		}
 		return append(to, math.Float64frombits(fd.v)), nil
 	case protowire.BytesType:
 		if len(fd.raw)%8 != 0 {
 			return nil, errWire
+		}
+		if len(to)+len(fd.raw)/8 > MaxValues {
+			return nil, errTooMany(fd.num, MaxValues)
 		}
 		for b := fd.raw; len(b) > 0; b = b[8:] {
 			v, _ := protowire.ConsumeFixed64(b)
@@ -331,6 +362,10 @@ func (fd field) doubles(to []float64) ([]float64, error) {
 
 func (fd field) double() float64 { return math.Float64frombits(fd.v) }
 
+func errTooMany(num protowire.Number, n int) error {
+	return fmt.Errorf("quotapb: field %d: more than %d entries", num, n)
+}
+
 // Unmarshal decodes b into r, replacing its contents.
 func (r *RefreshRequest) Unmarshal(b []byte) error {
 	*r = RefreshRequest{}
@@ -339,6 +374,9 @@ func (r *RefreshRequest) Unmarshal(b []byte) error {
 		case fd.num == 1 && fd.typ == protowire.BytesType:
 			r.Task, err = fd.str()
 		case fd.num == 2 && fd.typ == protowire.BytesType:
+			if len(r.Customers) >= MaxEntries {
+				return errTooMany(fd.num, MaxEntries)
+			}
 			c := new(CustomerUsage)
 			if err = c.Unmarshal(fd.raw); err == nil {
 				r.Customers = append(r.Customers, c)
@@ -372,6 +410,9 @@ func (r *RefreshResponse) Unmarshal(b []byte) error {
 	return fields(b, func(fd field) (err error) {
 		switch {
 		case fd.num == 1 && fd.typ == protowire.BytesType:
+			if len(r.Grants) >= MaxEntries {
+				return errTooMany(fd.num, MaxEntries)
+			}
 			g := new(Grant)
 			if err = g.Unmarshal(fd.raw); err == nil {
 				r.Grants = append(r.Grants, g)
@@ -391,6 +432,8 @@ func (r *RefreshResponse) Unmarshal(b []byte) error {
 			r.Fallback, err = fd.str()
 		case fd.num == 6 && fd.typ == protowire.VarintType:
 			r.Tasks = int32(fd.v)
+		case fd.num == 7 && fd.typ == protowire.VarintType:
+			r.Partial = fd.v != 0
 		}
 		return err
 	})
@@ -456,8 +499,11 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return fmt.Errorf("quotapb: cannot unmarshal %T", v)
 }
 
-// ServerOption gives a grpc.Server the Codec. A server on which
-// RegisterQuotaServer is called needs it.
+// ServerOption gives a grpc.Server the Codec.
+//
+// Deprecated: no server needs it any
+// more (RegisterQuotaServer's handler decodes the messages itself, under
+// whichever codec the server has); it is kept for existing callers.
 func ServerOption() grpc.ServerOption { return grpc.ForceServerCodecV2(Codec{}) }
 
 // The service.
@@ -483,10 +529,21 @@ func (UnimplementedQuotaServer) Refresh(context.Context, *RefreshRequest) (*Refr
 	return nil, status.Error(codes.Unimplemented, "method Refresh not implemented")
 }
 
-// RegisterQuotaServer registers srv on s, which must have been created
-// with ServerOption.
+// RegisterQuotaServer registers srv on s, any grpc.Server: the messages
+// reach the server's codec (gRPC's "proto" codec, or Codec) as protobuf
+// messages whose fields are all unknown, and are decoded here, so no
+// server option is needed. Interceptors see *RefreshRequest and
+// *RefreshResponse.
 func RegisterQuotaServer(s grpc.ServiceRegistrar, srv QuotaServer) {
 	s.RegisterService(&serviceDesc, srv)
+}
+
+// carry is what the server's codec reads and writes: a message with no
+// fields, whose unknown fields are the wire bytes of ours.
+func carry(m wireMessage) *emptypb.Empty {
+	e := new(emptypb.Empty)
+	e.ProtoReflect().SetUnknown(m.Marshal())
+	return e
 }
 
 var serviceDesc = grpc.ServiceDesc{
@@ -495,17 +552,28 @@ var serviceDesc = grpc.ServiceDesc{
 	Methods: []grpc.MethodDesc{{
 		MethodName: "Refresh",
 		Handler: func(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-			in := new(RefreshRequest)
-			if err := dec(in); err != nil {
+			raw := new(emptypb.Empty)
+			if err := dec(raw); err != nil {
 				return nil, err
+			}
+			in := new(RefreshRequest)
+			if err := in.Unmarshal(raw.ProtoReflect().GetUnknown()); err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "quotapb: %v", err)
 			}
 			h := func(ctx context.Context, req any) (any, error) {
 				return srv.(QuotaServer).Refresh(ctx, req.(*RefreshRequest))
 			}
+			var out any
+			var err error
 			if interceptor == nil {
-				return h(ctx, in)
+				out, err = h(ctx, in)
+			} else {
+				out, err = interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: RefreshMethod}, h)
 			}
-			return interceptor(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: RefreshMethod}, h)
+			if m, ok := out.(wireMessage); ok && err == nil {
+				return carry(m), nil
+			}
+			return out, err
 		},
 	}},
 	Metadata: "quota.proto",
