@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
@@ -37,6 +39,9 @@ type proxyFlags struct {
 	queueFactor             int
 	tolerance               float64
 	lbConfig                string
+	tls, backendTLS         tlsfiles.Files
+	backendServerName       string
+	unauthenticated         bool
 }
 
 // parseProxyFlags parses args, writing usage and errors to stderr; the
@@ -51,6 +56,11 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 	fs.IntVar(&f.clientID, "client-id", 0, "this proxy's client id for subsetting (proxies of one job use 0, 1, 2, ...)")
 	fs.StringVar(&f.policy, "policy", "weighted_round_robin", "load balancing policy: round_robin, least_loaded or weighted_round_robin")
 	trusted := fs.String("trust", "", "comma-separated networks (CIDR) whose criticality, attempt and customer claims are believed; default: nobody's")
+	trustedIDs := fs.String("trust-identity", "", "comma-separated identities (URI or DNS SANs of client certificates that -tls-ca verified) whose claims are believed; default: nobody's")
+	f.tls.Register(fs, "", "batch clients")
+	f.backendTLS.Register(fs, "backend-", "the backends")
+	fs.StringVar(&f.backendServerName, "backend-tls-server-name", "", "name the backends' certificates must carry (default: each backend's host)")
+	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "serve callers without verified client certificates beyond loopback (without -tls-ca, the proxy listens only on loopback unless told this)")
 	fs.BoolVar(&f.noAdmission, "no-admission", false, "forward everything, without the proxy's own admission control (not recommended: the proxy is the fuse)")
 	fs.DurationVar(&f.maxWait, "max-wait", triagegrpc.DefaultProxyMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
 	fs.IntVar(&f.queueFactor, "queue-factor", triagegrpc.DefaultProxyQueueFactor, "the proxy's waiting queue, as a multiple of its execution limit (0-64)")
@@ -68,7 +78,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 		fmt.Fprintln(stderr, "triage proxy: "+msg)
 		return nil, 2, false
 	}
-	pol, err := trust.New(trust.Config{Networks: splitList(*trusted)})
+	pol, err := trust.New(trust.Config{Networks: splitList(*trusted), Identities: splitList(*trustedIDs)})
 	if err != nil {
 		fmt.Fprintf(stderr, "triage proxy: -trust: %v\n", err)
 		return nil, 2, false
@@ -100,6 +110,12 @@ func (f *proxyFlags) check(fs *flag.FlagSet) string {
 		return "-drain must be between 0 and 1h"
 	case f.subsetSize < 0 || f.subsetSize > len(f.addrs) || f.clientID < 0:
 		return fmt.Sprintf("-subset must be between 0 and the %d backends, -client-id >= 0", len(f.addrs))
+	case f.tls.CA != "" && f.unauthenticated:
+		return "-unauthenticated and -tls-ca contradict each other"
+	case f.tls.CA == "" && !f.unauthenticated && beyondLoopback(f.listen):
+		return fmt.Sprintf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-ca so that callers are authenticated, or -unauthenticated", f.listen)
+	case f.backendServerName != "" && !f.backendTLS.Set():
+		return "-backend-tls-server-name needs the backend TLS flags"
 	}
 	for _, a := range f.addrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {
@@ -175,14 +191,26 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 func (f *proxyFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.ClientConn, *grpc.Server, *lifecycle.Lifecycle, error) {
 	lb.Register(lb.WithMetrics(m.Balancers()))
 	r := manual.NewBuilderWithScheme("triage-proxy")
+	creds := insecure.NewCredentials()
+	if f.backendTLS.Set() {
+		cfg, err := f.backendTLS.Client()
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		creds = credentials.NewTLS(cfg)
+	}
 	var eps []resolver.Endpoint
 	for _, a := range f.addrs {
-		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+		name := f.backendServerName
+		if name == "" {
+			name, _, _ = net.SplitHostPort(a)
+		}
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a, ServerName: name}}})
 	}
 	r.InitialState(resolver.State{Endpoints: eps})
 	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy()) // the proxy does not retry: it is a fuse, not a retrying layer
 	cc, err := grpc.NewClient(r.Scheme()+":///backends", append(client.DialOptions(), grpc.WithResolvers(r),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":`+f.lbConfig+`}]}`))...)
 	if err != nil {
 		return nil, nil, nil, err
@@ -220,7 +248,15 @@ func (f *proxyFlags) server(cc *grpc.ClientConn, m *triageprom.Metrics, reg *pro
 	if err != nil {
 		return nil, nil, err
 	}
-	gs := grpc.NewServer(append(ts.ServerOptions(), px.ServerOptions()...)...)
+	opts := append(ts.ServerOptions(), px.ServerOptions()...)
+	if f.tls.Set() {
+		cfg, err := f.tls.Server()
+		if err != nil {
+			return nil, nil, err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	gs := grpc.NewServer(opts...)
 	healthpb.RegisterHealthServer(gs, hs)
 	return gs, lc, nil
 }

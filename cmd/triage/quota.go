@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/triagehq/triage/internal/tlsfiles"
+	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"

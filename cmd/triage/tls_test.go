@@ -3,11 +3,17 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -116,6 +122,86 @@ func TestQuotaServerTLS(t *testing.T) {
 		var o, e strings.Builder
 		if code := run(context.Background(), append([]string{"quota-server", "-config", policy}, tc.args...), &o, &e); code != 2 || !strings.Contains(e.String(), tc.want) {
 			t.Errorf("%q: exit %d, stderr %q, want 2 and %q", tc.args, code, e.String(), tc.want)
+		}
+	}
+}
+
+// triage proxy over mTLS both ways: batch clients present certificates
+// that -tls-ca verifies, and a client's criticality is believed because
+// its identity is in -trust-identity; the proxy presents its own
+// certificate to a backend that trusts it by identity. An untrusted
+// identity's claim is ignored, and a client without a certificate is
+// refused.
+func TestProxyTLS(t *testing.T) {
+	ca, err := testcert.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	os.WriteFile(caFile, ca.PEM(), 0o600)
+	_, _, backendPair := writeLeaf(t, ca, dir, "backend", "spiffe://test/backend")
+	proxyCert, proxyKey, _ := writeLeaf(t, ca, dir, "proxy", "spiffe://test/proxy")
+	_, _, batch := writeLeaf(t, ca, dir, "batch", "spiffe://test/batch-client")
+	_, _, stranger := writeLeaf(t, ca, dir, "stranger", "spiffe://test/stranger")
+
+	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Identities: []string{"spiffe://test/proxy"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bcfg := &tls.Config{Certificates: []tls.Certificate{backendPair}, ClientCAs: ca.Pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	backend := grpc.NewServer(append(bs.ServerOptions(), grpc.Creds(credentials.NewTLS(bcfg)))...)
+	relay.Register(backend, &relay.Tier{Name: "backend"})
+	blis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(blis)
+	defer backend.Stop()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, done, errb := startCommand(t, ctx, "proxy", "-listen", "127.0.0.1:0", "-backends", blis.Addr().String(),
+		"-tls-cert", proxyCert, "-tls-key", proxyKey, "-tls-ca", caFile, "-trust-identity", "spiffe://test/batch-client",
+		"-backend-tls-cert", proxyCert, "-backend-tls-key", proxyKey, "-backend-tls-ca", caFile, "-drain", "0s")
+	call := func(cert *tls.Certificate) (string, error) {
+		cfg := &tls.Config{RootCAs: ca.Pool}
+		if cert != nil {
+			cfg.Certificates = []tls.Certificate{*cert}
+		}
+		cc, err := grpc.NewClient(addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		cctx, ccancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.SheddablePlus), 5*time.Second)
+		defer ccancel()
+		return relay.Invoke(cctx, cc, "x")
+	}
+	if got, err := call(&batch); err != nil || got != "backend:SHEDDABLE_PLUS/0" {
+		t.Errorf("trusted client: %q, %v", got, err)
+	}
+	if got, err := call(&stranger); err != nil || got != "backend:"+criticality.Default.String()+"/0" {
+		t.Errorf("untrusted identity: %q, %v; want its claim ignored", got, err)
+	}
+	if _, err := call(nil); status.Code(err) != codes.Unavailable {
+		t.Errorf("client without a certificate: %v", err)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d: %s", code, errb.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the proxy did not stop")
+	}
+	for _, bad := range [][]string{
+		{"-listen", "0.0.0.0:0"}, {"-tls-ca", caFile, "-unauthenticated"}, {"-backend-tls-server-name", "x"},
+	} {
+		var o, e strings.Builder
+		if code := run(context.Background(), append([]string{"proxy", "-backends", "127.0.0.1:1"}, bad...), &o, &e); code != 2 || e.Len() == 0 {
+			t.Errorf("%q: exit %d, stderr %q", bad, code, e.String())
 		}
 	}
 }
