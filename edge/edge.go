@@ -393,10 +393,11 @@ func pathMatch(prefix, path string) bool {
 type Observer interface {
 	// Classified reports one decision.
 	Classified(d Decision)
-	// Stripped reports that a triage key sent by an untrusted peer was
+	// Stripped reports that a triage key sent by an untrusted peer, or
+	// one spelled with an underscore by any peer (wire.Folded), was
 	// removed. key is the registered key name, or "unregistered" for any
-	// other key with the triage- prefix (never the raw name: it is
-	// attacker-chosen).
+	// other key with the triage- or triage_ prefix (never the raw name: it
+	// is attacker-chosen).
 	Stripped(key string)
 }
 

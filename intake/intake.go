@@ -225,6 +225,17 @@ func strip(h map[string][]string, obs edge.Observer) {
 	}
 }
 
+// dropFolded deletes from a trusted peer's h the triage keys spelled with
+// an underscore (wire.Folded), reporting each to obs.
+func dropFolded(h map[string][]string, obs edge.Observer) {
+	for k := range h {
+		if wire.Folded(k) {
+			obs.Stripped("unregistered")
+			delete(h, k)
+		}
+	}
+}
+
 // Accept runs r through the pipeline: trust, stripping, classification,
 // decay, customer, client type, quota reservation and admission. It
 // returns the accepted request's Handle, whose context is ctx plus what
@@ -236,6 +247,7 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	er := edge.Request{Trusted: trusted, Host: r.Host, Path: r.Path, Group: r.Group}
 	var f facts
 	if trusted {
+		dropFolded(r.Header, in.classifier.Observer())
 		r.trustedFacts(&er, &f)
 	} else {
 		strip(r.Header, in.classifier.Observer())

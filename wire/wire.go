@@ -96,7 +96,16 @@ func Lookup(name string) (Key, bool) {
 }
 
 // IsTriage reports whether name (a metadata key or header name, any case)
-// belongs to triage: it starts with Prefix. It does not allocate.
+// belongs to triage: it starts with Prefix, or with Prefix spelled with an
+// underscore ("triage_"), which servers and gateways that fold '_' into
+// '-' (CGI and WSGI-style environments, some proxies) would read as
+// triage's. It does not allocate.
 func IsTriage(name string) bool {
-	return len(name) >= len(Prefix) && strings.EqualFold(name[:len(Prefix)], Prefix)
+	n := len(Prefix) - 1
+	return len(name) > n && strings.EqualFold(name[:n], Prefix[:n]) && (name[n] == '-' || name[n] == '_')
 }
+
+// Folded reports whether name is a triage key spelled with an underscore
+// anywhere: never triage's own spelling, so the edge drops it whoever
+// sends it, as Envoy's headers_with_underscores_action does.
+func Folded(name string) bool { return IsTriage(name) && strings.IndexByte(name, '_') >= 0 }

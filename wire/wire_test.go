@@ -45,9 +45,23 @@ func TestIsTriage(t *testing.T) {
 		"x-triage-foo":       false,
 		"":                   false,
 		"content-type":       false,
+		"Triage_Criticality": true,
+		"triage_":            true,
+		"triage.criticality": false,
+		"triagecriticality":  false,
 	} {
 		if got := wire.IsTriage(name); got != want {
 			t.Errorf("IsTriage(%q) = %v, want %v", name, got, want)
+		}
+	}
+	for name, want := range map[string]bool{
+		"Triage_Criticality": true,
+		"triage-customer_id": true,
+		"triage-criticality": false,
+		"x_triage-foo":       false,
+	} {
+		if got := wire.Folded(name); got != want {
+			t.Errorf("Folded(%q) = %v, want %v", name, got, want)
 		}
 	}
 }
