@@ -86,14 +86,21 @@ func WithHeadroom(h float64) EnforcerOption {
 
 // budgets are a pessimistic Enforcer's per-customer budgets. Bounded like
 // the Usage: at most its MaxTracked customers by name, every further one
-// in the Other budget.
+// in the Other budget; while full, budgets idle for budgetIdle are dropped
+// (at most once a second), so that new customers get budgets of their own
+// again. A dropped budget held at most one request's debt, repaid long
+// before at any rate that matters.
 type budgets struct {
 	mu       sync.Mutex
 	max      int
 	headroom float64
 	burst    float64 // seconds
 	byName   map[string]*budget
+	sweepAt  int64 // ns
 }
+
+// budgetIdle is how long a budget goes unused before it may be dropped.
+const budgetIdle = 10 * time.Second
 
 type budget struct {
 	tokens float64 // CPU-seconds; negative is debt
@@ -104,6 +111,14 @@ type budget struct {
 func (b *budgets) get(customer string, now int64) *budget {
 	bg := b.byName[customer]
 	if bg == nil {
+		if len(b.byName) >= b.max && now >= b.sweepAt {
+			b.sweepAt = now + int64(time.Second)
+			for name, old := range b.byName {
+				if now-old.at > int64(budgetIdle) {
+					delete(b.byName, name)
+				}
+			}
+		}
 		if len(b.byName) >= b.max {
 			customer = Other
 			if bg = b.byName[Other]; bg != nil {

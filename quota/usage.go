@@ -45,7 +45,9 @@ func accounted(customer string) string {
 // tracked customer has been idle for a whole window and is dropped (the
 // map then holds at most MaxTracked+1 entries, each of fixed size). Add
 // takes a read lock, three atomic adds and the customer's own lock for a
-// known customer.
+// known customer, and for an untracked one while the map is full; the map
+// is swept for idle customers at most once a bucket, so a flood of new
+// names costs O(1) per request.
 type Usage struct {
 	since  func() time.Duration
 	width  int64
@@ -55,6 +57,10 @@ type Usage struct {
 	all    *window.Counter // A: CPU µs of every customer
 	mu     sync.RWMutex
 	byName map[string]*usageOf
+	// sweepAt is when the tracked customers may next be swept for idle
+	// ones while the map is full (at most once a bucket), ns.
+	sweepAt atomic.Int64
+	scanned int // entries visited by sweeps (tests)
 }
 
 type usageOf struct {
@@ -177,6 +183,9 @@ func (u *Usage) get(customer string, now int64) *usageOf {
 	customer = accounted(customer)
 	u.mu.RLock()
 	uo := u.byName[customer]
+	if uo == nil && len(u.byName) >= u.max && now < u.sweepAt.Load() {
+		uo = u.byName[Other] // full, and swept within the bucket
+	}
 	u.mu.RUnlock()
 	if uo == nil {
 		uo = u.add(customer, now)
@@ -195,8 +204,10 @@ func (u *Usage) add(customer string, now int64) *usageOf {
 	if uo := u.byName[customer]; uo != nil {
 		return uo
 	}
-	if len(u.byName) >= u.max {
+	if len(u.byName) >= u.max && now >= u.sweepAt.Load() {
+		u.sweepAt.Store(now + u.width)
 		for name, uo := range u.byName { // drop the idle
+			u.scanned++
 			if now-uo.last.Load() > u.width*int64(u.n) {
 				delete(u.byName, name)
 			}

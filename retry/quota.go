@@ -3,6 +3,7 @@ package retry
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/criticality"
@@ -12,7 +13,8 @@ import (
 )
 
 // MaxQuotaThrottles bounds the customers a Policy keeps an out-of-quota
-// throttle for; the requests of further customers share one more.
+// throttle for; customers idle for a QuotaThrottleWindow make room, and
+// beyond the bound the requests of further customers share one more.
 const MaxQuotaThrottles = 256
 
 // QuotaThrottleWindow is the history of a customer's out-of-quota
@@ -34,23 +36,44 @@ const QuotaThrottleWindow = 10 * time.Second
 // accepted (the backend was not overloaded) for the criticality's.
 //
 // A known customer's throttle is found without a lock (sync.Map); a new
-// one takes the lock once.
+// one takes the lock once. At the bound, customers idle for a whole
+// QuotaThrottleWindow (whose throttles hold nothing any more) are dropped,
+// at most once a second, so that a new customer gets a throttle of its
+// own; only while every tracked customer is active do new ones share the
+// overflow throttle.
 type quotaThrottles struct {
 	newThrottle func() (*throttle.Throttle, error)
-	byCustomer  sync.Map // customer -> *throttle.Throttle
+	byCustomer  sync.Map // customer -> *quotaEntry
 	mu          sync.Mutex
 	n           int
+	sweptAt     int64 // ns
 	other       *throttle.Throttle
 }
 
-func (q *quotaThrottles) get(customer string) *throttle.Throttle {
-	if t, ok := q.byCustomer.Load(customer); ok {
-		return t.(*throttle.Throttle)
+type quotaEntry struct {
+	t    *throttle.Throttle
+	last atomic.Int64 // ns of its last use, to within a second
+}
+
+func (q *quotaThrottles) get(customer string, now time.Time) *throttle.Throttle {
+	ns := now.UnixNano()
+	if e, ok := q.byCustomer.Load(customer); ok {
+		return e.(*quotaEntry).touch(ns)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if t, ok := q.byCustomer.Load(customer); ok {
-		return t.(*throttle.Throttle)
+	if e, ok := q.byCustomer.Load(customer); ok {
+		return e.(*quotaEntry).touch(ns)
+	}
+	if q.n >= MaxQuotaThrottles && ns-q.sweptAt >= int64(time.Second) {
+		q.sweptAt = ns
+		q.byCustomer.Range(func(k, v any) bool {
+			if ns-v.(*quotaEntry).last.Load() > int64(QuotaThrottleWindow) {
+				q.byCustomer.Delete(k)
+				q.n--
+			}
+			return true
+		})
 	}
 	if q.n >= MaxQuotaThrottles {
 		if q.other == nil {
@@ -62,9 +85,20 @@ func (q *quotaThrottles) get(customer string) *throttle.Throttle {
 	if err != nil {
 		return nil
 	}
-	q.byCustomer.Store(customer, t)
+	e := &quotaEntry{t: t}
+	e.last.Store(ns)
+	q.byCustomer.Store(customer, e)
 	q.n++
 	return t
+}
+
+// touch records a use at ns (a store at most once a second) and returns
+// the throttle.
+func (e *quotaEntry) touch(ns int64) *throttle.Throttle {
+	if ns-e.last.Load() >= int64(time.Second) {
+		e.last.Store(ns)
+	}
+	return e.t
 }
 
 // customerOf is the request's customer (quota.CustomerOf).
@@ -86,7 +120,7 @@ func (p *Policy) allow(ctx context.Context, l criticality.Level, now time.Time) 
 	var tk ticket
 	if p.quotas != nil {
 		if c := customerOf(ctx); c != "" {
-			if t := p.quotas.get(c); t != nil {
+			if t := p.quotas.get(c, now); t != nil {
 				var ok bool
 				if tk.customer, ok = t.AllowAt(l, now); !ok {
 					return tk, false

@@ -2,6 +2,7 @@ package retry_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -49,5 +50,45 @@ func TestOutOfQuotaThrottlesOnlyThatCustomer(t *testing.T) {
 	}
 	if throttled["abuser"] < 1000 {
 		t.Errorf("the out-of-quota customer was throttled only %d times of 2000", throttled["abuser"])
+	}
+}
+
+// Per-customer throttles at their bound (issue 21, item 7): after 256
+// customers have come and gone, a new customer that runs out of quota
+// still gets a throttle of its own once the old ones have been idle for a
+// window, instead of sharing the overflow throttle with every customer
+// seen since, so one abuser among the overflow does not throttle the
+// others.
+func TestQuotaThrottlesEvictIdleCustomers(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	draws := 0.0
+	p, err := retry.New(retry.WithClock(f), retry.WithRandom(func() float64 { draws += 0.37; return draws - float64(int(draws)) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctxOf := func(customer string) context.Context {
+		return quota.NewContext(criticality.NewContext(context.Background(), criticality.Critical), customer)
+	}
+	for i := range retry.MaxQuotaThrottles + 10 {
+		p.Do(ctxOf(fmt.Sprintf("old-%d", i)), func(context.Context) error { return nil })
+	}
+	f.Advance(retry.QuotaThrottleWindow + 2*time.Second)
+	throttled := map[string]int{}
+	for range 2000 {
+		for _, c := range []string{"abuser", "gmail"} {
+			err := p.Do(ctxOf(c), func(context.Context) error {
+				if c == "abuser" {
+					return &outcome.Error{Kind: outcome.OutOfQuota}
+				}
+				return nil
+			})
+			if oe, ok := outcome.As(err); ok && oe.Local {
+				throttled[c]++
+			}
+		}
+		f.Advance(10 * time.Millisecond)
+	}
+	if throttled["gmail"] != 0 || throttled["abuser"] < 1000 {
+		t.Errorf("after %d idle customers: throttled locally %v; want the abuser alone", retry.MaxQuotaThrottles+10, throttled)
 	}
 }
