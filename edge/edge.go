@@ -23,10 +23,12 @@ package edge
 import (
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 	"time"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/hostport"
 )
 
 // RuleKind names what a rule matches on. It is also the "rule" label of
@@ -320,6 +322,7 @@ func (c *Classifier) Classify(r *Request) Decision {
 
 func (c *Classifier) classify(r *Request) Decision {
 	d := Decision{Level: c.def, Rule: Default, Trusted: r.Trusted}
+	p, cleaned := r.Path, false
 	for i := range c.rules {
 		ru := &c.rules[i]
 		switch ru.kind {
@@ -339,7 +342,10 @@ func (c *Classifier) classify(r *Request) Decision {
 				continue
 			}
 		case PathPrefix:
-			if !pathMatch(ru.path, r.Path) {
+			if !cleaned {
+				p, cleaned = cleanPath(p), true
+			}
+			if !pathMatch(ru.path, p) {
 				continue
 			}
 		case Group:
@@ -354,27 +360,26 @@ func (c *Classifier) classify(r *Request) Decision {
 }
 
 func hostMatch(ru *rule, host string) bool {
-	host = stripPort(host)
+	host = hostport.Host(host)
 	if ru.wild {
 		return len(host) > len(ru.host) && strings.EqualFold(host[len(host)-len(ru.host):], ru.host)
 	}
 	return strings.EqualFold(host, ru.host)
 }
 
-// stripPort removes a trailing ":port" and the brackets of an IPv6 literal,
-// without allocating.
-func stripPort(h string) string {
-	if strings.HasPrefix(h, "[") {
-		if i := strings.IndexByte(h, ']'); i > 0 {
-			return h[1:i]
-		}
-		return h
+// cleanPath is the path an application will route: "." and ".."
+// segments resolved and repeated slashes folded (path.Clean), so that
+// "/checkout/../admin" is not under "/checkout". It allocates only for a
+// path that needs cleaning.
+func cleanPath(p string) string {
+	if !strings.Contains(p, "//") && !strings.Contains(p, "/.") {
+		return p
 	}
-	if i := strings.LastIndexByte(h, ':'); i >= 0 && strings.IndexByte(h, ':') == i {
-		return h[:i]
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
 	}
-	h = strings.TrimSuffix(h, ".")
-	return h
+	return c
 }
 
 func pathMatch(prefix, path string) bool {

@@ -161,3 +161,32 @@ func TestDecayRules(t *testing.T) {
 		}
 	}
 }
+
+// Path rules match the path the application will route (issue 21, item
+// 10): "/checkout/../x" is "/x", not under "/checkout", and "//checkout"
+// or "/./checkout" are "/checkout". Host rules read a host with a port and
+// a trailing dot as the host: "pay.example.com.:443" is "pay.example.com".
+func TestRulesMatchCleanedPathsAndHosts(t *testing.T) {
+	c := edge.MustNew(edge.Config{Default: "SHEDDABLE", Rules: []edge.RuleConfig{
+		{PathPrefix: "/checkout", Criticality: "CRITICAL_PLUS"},
+		{Host: "pay.example.com", Criticality: "CRITICAL"},
+	}})
+	for _, tc := range []struct {
+		host, path string
+		want       criticality.Level
+	}{
+		{"", "/checkout/../admin", criticality.Sheddable},
+		{"", "/checkout/%2e%2e/admin", criticality.CriticalPlus}, // not decoded here: a literal segment under /checkout
+		{"", "//checkout/x", criticality.CriticalPlus},
+		{"", "/./checkout", criticality.CriticalPlus},
+		{"", "/x/../checkout/y", criticality.CriticalPlus},
+		{"", "/checkout", criticality.CriticalPlus},
+		{"pay.example.com.:443", "/", criticality.Critical},
+		{"PAY.example.com.", "/", criticality.Critical},
+		{"[::1]:443", "/", criticality.Sheddable},
+	} {
+		if d := c.Classify(&edge.Request{Host: tc.host, Path: tc.path}); d.Level != tc.want {
+			t.Errorf("host %q path %q: %v, want %v", tc.host, tc.path, d.Level, tc.want)
+		}
+	}
+}

@@ -94,8 +94,10 @@ func WithIsolation(t *isolate.Table) Option { return optionFunc(func(in *Intake)
 
 // WithCustomerFromIdentity makes the peer's verified mTLS identity (its
 // first identity, see trust.Peer) the customer of requests without a
-// trusted triage-customer. Default: only a trusted peer's triage-customer
-// names a customer; others have none.
+// trusted triage-customer, if it is a valid customer name of at most
+// wire.CustomerMaxLen bytes (the most triage-customer carries to the next
+// hop). Default: only a trusted peer's triage-customer names a customer;
+// others have none.
 func WithCustomerFromIdentity() Option {
 	return optionFunc(func(in *Intake) { in.customerID = true })
 }
@@ -252,7 +254,7 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	} else {
 		strip(r.Header, in.classifier.Observer())
 	}
-	if f.customer == "" && in.customerID && len(r.Peer.Identities) > 0 {
+	if f.customer == "" && in.customerID && len(r.Peer.Identities) > 0 && len(r.Peer.Identities[0]) <= wire.CustomerMaxLen {
 		f.customer = quota.Customer(r.Peer.Identities[0])
 	}
 	d := in.classifier.Classify(&er)

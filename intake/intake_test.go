@@ -3,6 +3,7 @@ package intake_test
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,4 +109,29 @@ func TestStartFailureGivesBackTheQuotaReservation(t *testing.T) {
 		}
 	}
 	holder.Finish()
+}
+
+// A customer named by the peer's identity is held to the length a
+// propagated customer may have (wire.CustomerMaxLen), so that the next
+// hop, which reads it from triage-customer, accounts it under the same
+// name (issue 21, item 10).
+func TestIdentityCustomerFitsThePropagatedLength(t *testing.T) {
+	in, err := intake.New(intake.WithCustomerFromIdentity())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ id, want string }{
+		{"spiffe://prod/svc/frontend", "spiffe://prod/svc/frontend"},
+		{"spiffe://prod/" + strings.Repeat("x", 100), ""},
+	} {
+		r := intake.Request{Path: "/svc/M", Peer: trust.Peer{Identities: []string{tc.id}}, Header: map[string][]string{}}
+		h, err := in.Accept(context.Background(), &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := quota.CustomerOf(h); got != tc.want {
+			t.Errorf("identity of %d bytes: customer %q, want %q", len(tc.id), got, tc.want)
+		}
+		h.Finish()
+	}
 }

@@ -28,6 +28,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/triagehq/triage/internal/hostport"
 )
 
 // Route is where a client type's requests go.
@@ -261,14 +263,7 @@ func validName(s string) error {
 // normalHost lower-cases host and drops a port and a trailing dot. It
 // allocates only for upper-case input.
 func normalHost(h string) string {
-	if strings.HasPrefix(h, "[") {
-		if i := strings.IndexByte(h, ']'); i > 0 {
-			h = h[1:i]
-		}
-	} else if i := strings.LastIndexByte(h, ':'); i >= 0 && strings.IndexByte(h, ':') == i {
-		h = h[:i]
-	}
-	h = strings.TrimSuffix(h, ".")
+	h = hostport.Host(h)
 	for i := 0; i < len(h); i++ {
 		if c := h[i]; c >= 'A' && c <= 'Z' {
 			return strings.ToLower(h)

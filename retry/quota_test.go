@@ -92,3 +92,36 @@ func TestQuotaThrottlesEvictIdleCustomers(t *testing.T) {
 		t.Errorf("after %d idle customers: throttled locally %v; want the abuser alone", retry.MaxQuotaThrottles+10, throttled)
 	}
 }
+
+// A server's Retry-After is honoured only up to the Policy's longest
+// backoff (issue 21, item 10): asked to wait an hour before retrying a
+// request without a deadline, the Policy gives up at once ("overloaded;
+// don't retry", with the server's RetryAfter) instead of holding the
+// caller for an hour.
+func TestLongRetryAfterEndsTheRetries(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	p, err := retry.New(retry.WithClock(f), retry.WithRandom(func() float64 { return 0.5 }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts := 0
+	var got error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		got = p.Do(criticality.NewContext(context.Background(), criticality.Critical), func(context.Context) error {
+			attempts++
+			return &outcome.Error{Kind: outcome.TaskOverloaded, RetryAfter: time.Hour}
+		})
+	}()
+	if f.BlockUntil(1, done) {
+		for f.BlockUntil(1, done) {
+			f.Advance(time.Hour) // let the old behaviour finish
+		}
+		t.Fatalf("the Policy waited on the clock for the server's hour (attempts %d)", attempts)
+	}
+	oe, ok := outcome.As(got)
+	if attempts != 1 || !ok || oe.Kind != outcome.DontRetry || oe.RetryAfter != time.Hour {
+		t.Errorf("%d attempts, %v", attempts, got)
+	}
+}

@@ -17,6 +17,9 @@
 //   - Between attempts the Policy waits an exponential backoff with full
 //     jitter (a uniformly random time up to the exponential bound), or the
 //     server's RetryAfter if longer, and never past the request's deadline.
+//     A RetryAfter longer than the longest backoff (WithBackoff's max,
+//     default 1 s) ends the retries: the caller gets "overloaded; don't
+//     retry" with the server's RetryAfter, instead of being held.
 //   - Each attempt carries its number in the request metadata
 //     (attempt.NewOutgoingContext: 0, 1, 2), for the backend's histograms.
 //   - When the Policy gives up on an overloaded backend (attempts used up,
@@ -359,6 +362,9 @@ func (p *Policy) retriable(ctx context.Context, err error) bool {
 func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, last error) error {
 	wait := p.backoff(n)
 	if oe, ok := outcome.As(last); ok && oe.RetryAfter > wait {
+		if oe.RetryAfter > p.maxWait {
+			return giveUp(last, "the server asks to wait longer than the longest backoff")
+		}
 		wait = oe.RetryAfter
 	}
 	now := p.now()

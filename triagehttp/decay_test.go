@@ -56,7 +56,7 @@ func TestDecayStartsAtTheEdgeAndTravels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &triagehttp.Transport{Clock: f}
+	tr := &triagehttp.Transport{Clock: f, Internal: []string{"127.0.0.1"}}
 	var hop string
 	var wait time.Duration
 	edgeSrv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -34,7 +34,7 @@ func TestQuotaOverLoopback(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}))
 	defer down.Close()
-	client := &http.Client{Transport: &triagehttp.Transport{}}
+	client := &http.Client{Transport: &triagehttp.Transport{Internal: []string{"127.0.0.1"}}}
 
 	p, err := quota.New(quota.Config{Default: quota.Limit{CPU: 100}, Customers: map[string]quota.Limit{"capped": {CPU: 0.05, Hard: true}}})
 	if err != nil {

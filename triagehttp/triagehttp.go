@@ -29,6 +29,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/triagehq/triage/admission"
@@ -38,6 +39,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/hostport"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
@@ -251,6 +253,15 @@ func (b *prefixedBody) Close() error { return b.body.Close() }
 // PeerOf returns what the server knows about the caller: the IP address of
 // r.RemoteAddr and, when the TLS client certificate was verified, its URI
 // and DNS SANs.
+//
+// It trusts r.RemoteAddr. Behind a proxy or load balancer that terminates
+// connections, that is the proxy's address, so a network trusted for the
+// proxy is trusted for everyone the proxy forwards; and middleware that
+// rewrites RemoteAddr from X-Forwarded-For (or PROXY protocol that nobody
+// checks) lets callers choose the address trust decides on. Trust such
+// proxies by identity (mTLS) or only if they strip triage's headers
+// themselves, and never rewrite RemoteAddr from a header before this
+// middleware.
 func PeerOf(r *http.Request) trust.Peer {
 	var p trust.Peer
 	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
@@ -264,8 +275,11 @@ var lameDuckValue = []string{"1"}
 
 // Transport is an http.RoundTripper that writes the request context's
 // criticality (criticality.Of) and outgoing attempt counter
-// (attempt.Outgoing) into the request headers, replacing any triage headers
-// already there, and, with a Policy, applies the client-side defences of
+// (attempt.Outgoing) into the headers of requests to the hosts it is told
+// are internal (Internal), replacing any triage headers already there,
+// and sends requests to every other host without triage headers at all
+// (criticality, customer names and attempt counts are nobody else's
+// business); with a Policy, it applies the client-side defences of
 // package retry: adaptive throttling, up to three attempts of a request the
 // backend answered "task overloaded" (503 with Triage-Outcome), the
 // per-client retry budget and backoff. It is safe for concurrent use.
@@ -292,6 +306,27 @@ type Transport struct {
 	// (criticality.WithDecay), sent in Triage-Criticality-Decay. Nil
 	// means the real clock.
 	Clock clock.Clock
+	// Internal lists the hosts that get triage's headers: a name matches
+	// the request's host exactly (case-insensitive, port and trailing dot
+	// ignored), and a name starting with "." matches every host under it
+	// (".svc.cluster.local"). Requests to any other host carry no triage
+	// header. Empty: no host does.
+	Internal []string
+}
+
+// internal reports whether requests to host get triage's headers.
+func (t *Transport) internal(host string) bool {
+	host = hostport.Host(host)
+	for _, h := range t.Internal {
+		if strings.HasPrefix(h, ".") {
+			if len(host) > len(h) && strings.EqualFold(host[len(host)-len(h):], h) {
+				return true
+			}
+		} else if strings.EqualFold(host, hostport.Host(h)) {
+			return true
+		}
+	}
+	return false
 }
 
 // RoundTrip implements http.RoundTripper. The caller's request is not
@@ -305,12 +340,12 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	tr.Wait()
 	defer tr.Resume()
 	if t.Policy == nil {
-		return base.RoundTrip(withHeaders(r, r.Context(), t.Clock))
+		return base.RoundTrip(withHeaders(r, r.Context(), t.Clock, t.internal(r.URL.Host)))
 	}
 	var resp *http.Response
 	first := true
 	call := func(ctx context.Context) error {
-		out := withHeaders(r, ctx, t.Clock)
+		out := withHeaders(r, ctx, t.Clock, t.internal(r.URL.Host))
 		if !first && r.GetBody != nil {
 			body, err := r.GetBody()
 			if err != nil {
@@ -352,15 +387,18 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return nil, err
 }
 
-// withHeaders clones r for ctx with the triage headers of ctx
-// (criticality as of now, its decay if still ahead, attempt, and the
-// customer when there is one).
-func withHeaders(r *http.Request, ctx context.Context, clk clock.Clock) *http.Request {
+// withHeaders clones r for ctx without any triage header and, for an
+// internal host, with the triage headers of ctx (criticality as of now,
+// its decay if still ahead, attempt, and the customer when there is one).
+func withHeaders(r *http.Request, ctx context.Context, clk clock.Clock, internal bool) *http.Request {
 	out := r.Clone(ctx)
 	for k := range out.Header {
 		if wire.IsTriage(k) {
 			delete(out.Header, k)
 		}
+	}
+	if !internal {
+		return out
 	}
 	level := criticality.Of(ctx)
 	if dc, ok := criticality.DecayOf(ctx); ok {

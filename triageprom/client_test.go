@@ -29,7 +29,7 @@ func TestClientMetricsOverLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Transport: &triagehttp.Transport{Policy: p}}
+	hc := &http.Client{Transport: &triagehttp.Transport{Policy: p, Internal: []string{"127.0.0.1"}}}
 	for i := 0; i < 20; i++ {
 		resp, err := hc.Get(backend.URL)
 		if err == nil {

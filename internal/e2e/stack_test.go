@@ -466,19 +466,30 @@ func TestHTTPTransportPropagates(t *testing.T) {
 	}))}
 	go hs.Serve(lis)
 	defer hs.Close()
-	c := &http.Client{Transport: &triagehttp.Transport{Base: &http.Transport{DialContext: dialerFrom(internalIP).DialContext}}, Timeout: 10 * time.Second}
-	ctx := criticality.NewContext(context.Background(), criticality.SheddablePlus)
-	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+lis.Addr().String()+"/", nil)
-	req.Header.Set("Triage-Criticality", "CRITICAL_PLUS") // stale, forwarded by mistake
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if got := <-seen; got != "SHEDDABLE_PLUS|[SHEDDABLE_PLUS]" {
-		t.Fatalf("server saw %q", got)
-	}
-	if req.Header.Get("Triage-Criticality") != "CRITICAL_PLUS" {
-		t.Error("Transport modified the caller's request")
+	// Only to hosts marked internal: any other host gets no triage header
+	// at all (issue 21, item 10).
+	for _, tc := range []struct {
+		internal []string
+		want     string
+	}{
+		{[]string{internalIP}, "SHEDDABLE_PLUS|[SHEDDABLE_PLUS]"},
+		{[]string{"backend.internal", ".svc.cluster.local"}, criticality.Default.String() + "|[]"},
+		{nil, criticality.Default.String() + "|[]"},
+	} {
+		c := &http.Client{Transport: &triagehttp.Transport{Base: &http.Transport{DialContext: dialerFrom(internalIP).DialContext}, Internal: tc.internal}, Timeout: 10 * time.Second}
+		ctx := criticality.NewContext(context.Background(), criticality.SheddablePlus)
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+lis.Addr().String()+"/", nil)
+		req.Header.Set("Triage-Criticality", "CRITICAL_PLUS") // stale, forwarded by mistake
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := <-seen; got != tc.want {
+			t.Errorf("internal %v: server saw %q, want %q", tc.internal, got, tc.want)
+		}
+		if req.Header.Get("Triage-Criticality") != "CRITICAL_PLUS" {
+			t.Error("Transport modified the caller's request")
+		}
 	}
 }
