@@ -710,8 +710,13 @@ func (e *Endpoint) score(now int64, cfg *config) float64 {
 		return 0
 	}
 	u := l.Utilization + cfg.errorPenalty*l.EPS/l.QPS
-	return l.QPS / u
+	return min(l.QPS/u, maxScore)
 }
+
+// maxScore bounds a capability score (queries per second per unit of
+// utilization), so that a report of enormous rate at a vanishing
+// utilization yields a finite weight, and sums of weights stay finite.
+const maxScore = 1e12
 
 // UpdateWeights recomputes the capability scores and the schedule now,
 // without waiting for the period.

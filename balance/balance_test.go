@@ -406,3 +406,20 @@ func TestWeightsUpdateFromReport(t *testing.T) {
 		t.Fatalf("weights %v %v after the period, want 800 and 200 without picks", eps[0].Weight(), eps[1].Weight())
 	}
 }
+
+// A load report of enormous rate at a vanishing utilization (from a
+// broken or hostile backend) gives a finite weight, and the schedule
+// still holds both endpoints (found by FuzzLoadReport in triagegrpc/lb).
+func TestExtremeReportGivesFiniteWeight(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	_, eps := newBalancer(t, clk, 2, WithPolicy(WeightedRoundRobin), WithBlackout(0))
+	report(eps[0], 1e300, 0, 1e-300)
+	report(eps[1], 100, 0, 0.5)
+	clk.Advance(1100 * time.Millisecond)
+	report(eps[0], 1e300, 0, 1e-300)
+	for _, e := range eps {
+		if w := e.Weight(); math.IsInf(w, 0) || math.IsNaN(w) || w <= 0 {
+			t.Errorf("weight %v", w)
+		}
+	}
+}

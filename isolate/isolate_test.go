@@ -10,7 +10,7 @@ import (
 	"github.com/triagehq/triage/isolate"
 )
 
-func table(t *testing.T) *isolate.Table {
+func table(t testing.TB) *isolate.Table {
 	t.Helper()
 	tb, err := isolate.New(isolate.Config{
 		Clients: []isolate.Client{
