@@ -86,7 +86,9 @@ func (r Report) Validate() error {
 //
 // Bounded: at most MaxTasks tasks (default 10,000; a task unheard of for a
 // lease is forgotten, and a new task beyond the bound is refused with
-// ErrTooManyTasks), each with at most MaxReportCustomers customers.
+// ErrTooManyTasks), each with at most MaxReportCustomers customers, and
+// at most MaxEntries customer entries over all of them (default
+// DefaultMaxEntries).
 // Refresh takes one lock; it is safe for concurrent use.
 type Allocator struct {
 	since    func() time.Duration
@@ -94,6 +96,9 @@ type Allocator struct {
 	refresh  time.Duration
 	maxTasks int
 	policy   atomic.Pointer[Policy]
+	// entries counts the customer entries of the live tasks' reports,
+	// bounded by maxEntries.
+	entries, maxEntries int
 
 	mu    sync.Mutex
 	tasks map[string]*taskState
@@ -126,7 +131,8 @@ type taskState struct {
 }
 
 // ErrTooManyTasks is returned by Refresh when MaxTasks live tasks are
-// known and another one reports.
+// known and another one reports, or when a report would take the
+// customer entries of all live tasks past the bound (WithMaxEntries).
 var ErrTooManyTasks = errors.New("quota: too many tasks")
 
 // AllocatorOption configures an Allocator.
@@ -139,6 +145,7 @@ func (f allocatorOptionFunc) apply(c *allocatorConfig) { f(c) }
 type allocatorConfig struct {
 	lease, refresh time.Duration
 	maxTasks       int
+	maxEntries     int
 	clock          clock.Clock
 	mode           Mode
 }
@@ -161,6 +168,19 @@ func WithMaxTasks(n int) AllocatorOption {
 	return allocatorOptionFunc(func(c *allocatorConfig) { c.maxTasks = n })
 }
 
+// DefaultMaxEntries bounds the customer entries of all live tasks'
+// reports together (about 100 bytes each: 1 GB at the bound), so that the
+// Allocator's memory is bounded by this, not by MaxTasks times
+// MaxReportCustomers.
+const DefaultMaxEntries = 10_000_000
+
+// WithMaxEntries bounds the customer entries of all live tasks' reports
+// together: a report that would exceed it is refused with ErrTooManyTasks.
+// Default DefaultMaxEntries.
+func WithMaxEntries(n int) AllocatorOption {
+	return allocatorOptionFunc(func(c *allocatorConfig) { c.maxEntries = n })
+}
+
 // WithAllocatorMode sets the throttling mode. In ModePessimistic the
 // shares of each customer's limit held by the live tasks never sum to more
 // than 1: demand is split without the extra floor, and a task's share is
@@ -179,7 +199,7 @@ func WithAllocatorClock(c clock.Clock) AllocatorOption {
 
 // NewAllocator returns an Allocator for policy p.
 func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
-	c := allocatorConfig{lease: 30 * time.Second, refresh: 5 * time.Second, maxTasks: 10000}
+	c := allocatorConfig{lease: 30 * time.Second, refresh: 5 * time.Second, maxTasks: 10000, maxEntries: DefaultMaxEntries}
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -192,12 +212,15 @@ func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
 	if c.maxTasks < 1 || c.maxTasks > MaxCustomers {
 		return nil, errors.New("quota: max tasks out of range")
 	}
+	if c.maxEntries < MaxReportCustomers {
+		return nil, fmt.Errorf("quota: max entries below one report's %d", MaxReportCustomers)
+	}
 	if c.mode > ModePessimistic {
 		return nil, fmt.Errorf("quota: unknown throttling mode %d", c.mode)
 	}
 	clk := clock.OrReal(c.clock)
 	a := &Allocator{
-		since: clock.SinceFunc(clk, clk.Now()), lease: c.lease, refresh: c.refresh, maxTasks: c.maxTasks,
+		since: clock.SinceFunc(clk, clk.Now()), lease: c.lease, refresh: c.refresh, maxTasks: c.maxTasks, maxEntries: c.maxEntries,
 		mode: c.mode, holding: map[string]float64{},
 		tasks: map[string]*taskState{}, total: map[string]float64{}, demanding: map[string]int{}, used: map[string]*[criticality.NumLevels]float64{},
 	}
@@ -242,6 +265,13 @@ func (a *Allocator) record(r Report, now int64) (*taskState, error) {
 		a.sweep(now)
 	}
 	t := a.tasks[r.Task]
+	old := 0
+	if t != nil {
+		old = len(t.customer)
+	}
+	if a.entries-old+len(r.Customers) > a.maxEntries {
+		return nil, ErrTooManyTasks
+	}
 	if t == nil {
 		if len(a.tasks) >= a.maxTasks {
 			return nil, ErrTooManyTasks
@@ -249,6 +279,7 @@ func (a *Allocator) record(r Report, now int64) (*taskState, error) {
 		t = &taskState{}
 		a.tasks[r.Task] = t
 	}
+	a.entries += len(r.Customers) - old
 	if a.mode == ModePessimistic {
 		a.release(t)
 	}
@@ -443,6 +474,7 @@ func (a *Allocator) sweep(now int64) {
 	a.swept = now
 	for name, t := range a.tasks {
 		if now-t.last > int64(a.lease) {
+			a.entries -= len(t.customer)
 			delete(a.tasks, name)
 		}
 	}

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -284,5 +285,48 @@ func TestAllocatorBoundsClaimedShares(t *testing.T) {
 		if x2 := grant(a, "x", 1, 1); x2 > a.learnCap()-y+1e-9 {
 			t.Errorf("%v, learning: x claimed 1 again and got %.3f beside y's %.3f", mode, x2, y)
 		}
+	}
+}
+
+// The Allocator's memory is bounded by its customer entries over all live
+// tasks, not by tasks times customers: a report that would pass the bound
+// is refused, and a task forgotten after its lease gives its entries back.
+func TestAllocatorBoundsEntries(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	p, _ := New(Config{Tasks: 2})
+	a, err := NewAllocator(p, WithAllocatorClock(clk), WithMaxEntries(MaxReportCustomers+5), WithLease(5*time.Second), WithRefresh(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func(task string, n int) error {
+		r := Report{Task: task}
+		for i := range n {
+			r.Customers = append(r.Customers, CustomerUsage{Customer: fmt.Sprintf("c%d", i), Demand: 1})
+		}
+		_, err := a.Refresh(r)
+		return err
+	}
+	if err := report("big", MaxReportCustomers); err != nil {
+		t.Fatal(err)
+	}
+	if err := report("small", 5); err != nil {
+		t.Fatalf("within the bound: %v", err)
+	}
+	if err := report("third", 1); !errors.Is(err, ErrTooManyTasks) {
+		t.Fatalf("past the bound: %v", err)
+	}
+	if err := report("big", 10); err != nil { // shrinking is always allowed
+		t.Fatal(err)
+	}
+	if err := report("third", 1); err != nil {
+		t.Fatalf("after big shrank: %v", err)
+	}
+	clk.Advance(6 * time.Second)
+	report("small", 1) // big and third are forgotten
+	if err := report("other", MaxReportCustomers); err != nil {
+		t.Fatalf("after the others were forgotten: %v", err)
+	}
+	if _, err := NewAllocator(p, WithMaxEntries(10)); err == nil {
+		t.Error("a bound below one report accepted")
 	}
 }

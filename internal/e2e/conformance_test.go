@@ -120,6 +120,26 @@ var conformanceRows = []conformanceRow{
 		want: seen{Level: criticality.Critical}},
 	{name: "untrusted spoofs in upper case", path: "/x/y", header: [][2]string{{"TRIAGE-CRITICALITY", "CRITICAL_PLUS"}},
 		want: seen{Level: criticality.Critical}},
+	// The hostile-peer spellings (issue 21): none changes how an untrusted
+	// caller's request is treated, and none reaches the handler.
+	{name: "untrusted underscore spellings", path: "/x/y", header: [][2]string{
+		{"triage_criticality", "CRITICAL_PLUS"}, {"triage_customer", "acme"}, {"triage_attempt", "2"}, {"triage-criticality_decay", "1:SHEDDABLE"}},
+		want: seen{Level: criticality.Critical}},
+	{name: "untrusted -bin key", path: "/x/y", header: [][2]string{{"triage-criticality-bin", "CRITICAL_PLUS"}},
+		want: seen{Level: criticality.Critical}},
+	{name: "untrusted duplicates", path: "/x/y", header: [][2]string{
+		{"triage-criticality", "CRITICAL_PLUS"}, {"triage-criticality", "CRITICAL_PLUS"}, {"triage-customer", "a"}, {"triage-customer", "b"}},
+		want: seen{Level: criticality.Critical}},
+	{name: "untrusted oversize values", path: "/x/y", header: [][2]string{
+		{"triage-criticality", strings.Repeat("CRITICAL_PLUS", 600)}, {"triage-customer", strings.Repeat("a", 7000)}},
+		want: seen{Level: criticality.Critical}},
+	{name: "untrusted thousands of triage keys", path: "/x/y", header: manyKeys(500), want: seen{Level: criticality.Critical}},
+	{name: "trusted underscore spelling dropped, not believed", trusted: true, path: "/x/y", header: [][2]string{
+		{"triage_criticality", "SHEDDABLE"}, {"triage_customer", "acme"}},
+		want: seen{Level: criticality.Critical}},
+	{name: "trusted oversize values ignored", trusted: true, path: "/x/y", header: [][2]string{
+		{"triage-criticality", strings.Repeat("S", 200)}, {"triage-customer", strings.Repeat("a", 65)}},
+		want: seen{Level: criticality.Critical, TriageKeys: []string{"triage-criticality", "triage-customer"}}},
 	{name: "trusted keys believed", trusted: true, path: "/x/y", header: [][2]string{
 		{"triage-criticality", "SHEDDABLE_PLUS"}, {"triage-attempt", "2"}, {"triage-customer", "acme"}},
 		want: seen{Level: criticality.SheddablePlus, Attempt: 2, Customer: "acme",
@@ -158,6 +178,15 @@ var conformanceRows = []conformanceRow{
 		want: seen{Level: criticality.Critical}},
 	{name: "not a health check: another method of its service", trusted: true, path: "/grpc.health.v1.Health/Other",
 		header: [][2]string{{"triage-criticality", "SHEDDABLE"}}, want: seen{Outcome: outcome.TaskOverloaded}},
+}
+
+// manyKeys is n distinct triage keys.
+func manyKeys(n int) [][2]string {
+	out := make([][2]string, n)
+	for i := range out {
+		out[i] = [2]string{fmt.Sprintf("triage-k%d", i), "CRITICAL_PLUS"}
+	}
+	return out
 }
 
 // recorder is the handler side: what the last request saw.
