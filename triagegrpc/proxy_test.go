@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/triagehq/triage/admission"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -200,3 +203,54 @@ func BenchmarkProxy(b *testing.B) {
 		})
 	}
 }
+
+// The proxy's fuse holds for methods under the health service's name that
+// the health service does not have (issue 21, item 5): with admission
+// refusing everything, the proxy's own health Check still answers, while
+// /grpc.health.v1.Health/Nope is refused by the proxy's admission and
+// never reaches the backend.
+func TestProxyHealthPrefixDoesNotPassTheFuse(t *testing.T) {
+	var reached atomic.Int64
+	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := grpc.NewServer(append(bs.ServerOptions(), grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		reached.Add(1)
+		return nil
+	}))...)
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	px, err := triagegrpc.NewProxy(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := admission.New(admission.WithSignal(overloaded{}, admission.DefaultThresholds()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...)
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	conn := loopback.DialGRPC(t, loopback.ServeGRPC(t, srv))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("the proxy's health Check under full shedding: %v, %v", r, err)
+	}
+	err = conn.Invoke(ctx, "/grpc.health.v1.Health/Nope", &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
+	if oe, ok := triagegrpc.FromStatus(status.Convert(err)); !ok || !oe.Kind.Overload() {
+		t.Errorf("an unknown method under the health service's name: %v, want refused by the proxy's admission", err)
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("%d calls reached the backend", n)
+	}
+}
+
+// overloaded is a utilization signal past every threshold.
+type overloaded struct{}
+
+func (overloaded) Name() string         { return "overloaded" }
+func (overloaded) Utilization() float64 { return 2 }

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
@@ -203,5 +206,38 @@ func TestProxyTLS(t *testing.T) {
 		if code := run(context.Background(), append([]string{"proxy", "-backends", "127.0.0.1:1"}, bad...), &o, &e); code != 2 || e.Len() == 0 {
 			t.Errorf("%q: exit %d, stderr %q", bad, code, e.String())
 		}
+	}
+}
+
+// SIGTERM cannot hang the quota service (issue 21, item 6): a health
+// Watch stream that its client never closes is cut once the drain and
+// the bounded graceful stop are over.
+func TestQuotaServerStopsDespiteOpenStreams(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "quota.yaml")
+	os.WriteFile(policy, []byte("customers: {ads: {cpu: 2}}\n"), 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, done, errb := startCommand(t, ctx, "quota-server", "-config", policy, "-listen", "127.0.0.1:0", "-drain", "0s")
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	w, err := healthpb.NewHealthClient(cc).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d: %s", code, errb.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the quota service did not stop with a Watch open")
 	}
 }
