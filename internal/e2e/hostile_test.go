@@ -261,3 +261,83 @@ func TestQuotaServiceUnderHostileCallers(t *testing.T) {
 		t.Errorf("live heap grew %d bytes, bound %d", grown, floodBound)
 	}
 }
+
+// The batch proxy under a flood of 20,000 calls, each to a method name
+// of its own and for a customer of its own, from a trusted and an
+// untrusted caller: every call is forwarded and answered, and the live
+// heap of the proxy and its backend together grows by less than
+// floodBound.
+func TestProxyFloodStaysBounded(t *testing.T) {
+	const n = 10000
+	var reached atomic.Int64
+	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{internalIP + "/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := grpc.NewServer(append(bs.ServerOptions(), grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
+		var in emptypb.Empty
+		if err := ss.RecvMsg(&in); err != nil {
+			return err
+		}
+		reached.Add(1)
+		return ss.SendMsg(&emptypb.Empty{})
+	}))...)
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	px, err := triagegrpc.NewProxy(cc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{trustedIP + "/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...)
+	lis, err := net.Listen("tcp", trustedIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conns := map[string]*grpc.ClientConn{}
+	for _, src := range []string{trustedIP, untrustedIP} {
+		d := loopback.Dialer(src, 5*time.Second)
+		c, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns[src] = c
+	}
+	before := heapAfterGC()
+	var wg sync.WaitGroup
+	var next, failed atomic.Int64
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)); i <= 2*n; i = int(next.Add(1)) {
+				src := trustedIP
+				if i%2 == 0 {
+					src = untrustedIP
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ctx = metadata.AppendToOutgoingContext(ctx, "triage-customer", fmt.Sprintf("customer-%d", i))
+				err := conns[src].Invoke(ctx, fmt.Sprintf("/flood.Svc%d/Method%d", i%1000, i), &emptypb.Empty{}, &emptypb.Empty{})
+				cancel()
+				if err != nil && failed.Add(1) == 1 {
+					t.Errorf("call %d: %v", i, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	grown := int64(heapAfterGC()) - int64(before)
+	t.Logf("proxy: %d calls forwarded, live heap of proxy and backend grew %.1f MiB (bound %d MiB)", reached.Load(), float64(grown)/(1<<20), floodBound>>20)
+	if reached.Load() != 2*n {
+		t.Errorf("%d of %d calls reached the backend", reached.Load(), 2*n)
+	}
+	if grown > floodBound {
+		t.Errorf("live heap grew %d bytes, bound %d", grown, floodBound)
+	}
+}
