@@ -49,7 +49,8 @@ import (
 	"github.com/triagehq/triage/clock"
 )
 
-// ErrNoEndpoint is returned by Pick when no endpoint is healthy.
+// ErrNoEndpoint is returned by Pick when no endpoint is healthy or in
+// lame duck.
 var ErrNoEndpoint = errors.New("balance: no healthy backend")
 
 // ErrFlowControl is returned by Pick when healthy endpoints exist but every
@@ -170,6 +171,13 @@ type config struct {
 // report load.
 func WithPolicy(p Policy) Option { return optionFunc(func(c *config) { c.policy = p }) }
 
+// DefaultLameDuckExpiry is how long a lame duck announcement keeps an
+// endpoint out of the rotation unless announced again: a task that warmed
+// up in lame duck and became ready gets traffic back after it, a task
+// still in lame duck renews the mark with its next answer (one request per
+// expiry per client, which it serves).
+const DefaultLameDuckExpiry = 5 * time.Second
+
 // WithMaxActive sets the flow-control cap: a backend with this many of the
 // client's requests active is not picked. Default 100 (the book: "for most
 // backends, 100 is a reasonable limit"). 0 disables the cap.
@@ -225,6 +233,10 @@ type Balancer struct {
 
 	update     sync.Mutex // held while recomputing weights
 	nextUpdate atomic.Int64
+	// lameDucks is at least the number of endpoints in LameDuck (exact
+	// after each expireLameDucks): while it is 0, picks look for no
+	// expired announcement.
+	lameDucks atomic.Int64
 }
 
 type endpointSet struct {
@@ -342,8 +354,10 @@ func (b *Balancer) SetEndpoints(ids []string) ([]*Endpoint, error) {
 func (b *Balancer) Endpoints() []*Endpoint { return b.set.Load().eps }
 
 // Pick returns the endpoint for the next request and counts it active;
-// call its Done when the request ends. It returns ErrNoEndpoint when no
-// endpoint is healthy, ErrFlowControl when every healthy one is at the cap.
+// call its Done when the request ends. When no endpoint is healthy it
+// picks one in lame duck (they still serve); it returns ErrNoEndpoint
+// when there is none of either, ErrFlowControl when every healthy one is
+// at the cap.
 func (b *Balancer) Pick() (*Endpoint, error) {
 	s := b.set.Load()
 	n := len(s.eps)
@@ -355,16 +369,10 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 	// reads, about one pick in 64.
 	next := b.rr.Add(1)
 	if next&63 == 0 {
-		now := b.readClock()
-		if epoch := now / int64(b.cfg.errorWindow); epoch > b.errEpoch.Load() {
-			b.decayErrors(s.eps, epoch)
-		}
-		if b.cfg.policy == WeightedRoundRobin && now >= b.nextUpdate.Load() {
-			b.updateWeights(now)
-			s = b.set.Load()
-		}
+		s = b.tick(s)
 	}
 	var e *Endpoint
+	crossed := false // skips moved the position past a multiple of 64
 	switch b.cfg.policy {
 	case LeastLoaded:
 		e = b.leastLoaded(s, next)
@@ -375,9 +383,12 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 				break
 			}
 		}
-		e = b.roundRobin(s.eps, next)
+		e, crossed = b.roundRobin(s.eps, next)
 	default:
-		e = b.roundRobin(s.eps, next)
+		e, crossed = b.roundRobin(s.eps, next)
+	}
+	if crossed {
+		s = b.tick(s)
 	}
 	if e == nil {
 		for _, x := range s.eps {
@@ -385,7 +396,9 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 				return nil, ErrFlowControl
 			}
 		}
-		return nil, ErrNoEndpoint
+		if e = b.lameDuckPick(s.eps, next); e == nil {
+			return nil, ErrNoEndpoint
+		}
 	}
 	e.w.Add(oneActive)
 	e.picks.Add(1)
@@ -393,20 +406,82 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 	return e, nil
 }
 
+// lameDuckPick is the pick when no endpoint is healthy: lame duck tasks
+// still serve, so a request goes to one of them (round robin from start,
+// under the flow-control cap) rather than fail. It first lets expired
+// announcements go.
+func (b *Balancer) lameDuckPick(eps []*Endpoint, start uint64) *Endpoint {
+	if b.lameDucks.Load() == 0 {
+		return nil
+	}
+	b.expireLameDucks(eps, b.readClock())
+	n := uint64(len(eps))
+	for i := range n {
+		e := eps[(start+i)%n]
+		if e.State() == LameDuck || e.eligible(b.cfg.maxActive) {
+			if b.cfg.maxActive == 0 || e.Active() < b.cfg.maxActive {
+				return e
+			}
+		}
+	}
+	return nil
+}
+
+// expireLameDucks makes Healthy the endpoints whose lame duck
+// announcement is older than DefaultLameDuckExpiry, and recounts the
+// others.
+func (b *Balancer) expireLameDucks(eps []*Endpoint, now int64) {
+	var left int64
+	for _, e := range eps {
+		if e.State() != LameDuck {
+			continue
+		}
+		if now-e.lameAt.Load() >= int64(DefaultLameDuckExpiry) {
+			e.expireLameDuck()
+		} else {
+			left++
+		}
+	}
+	b.lameDucks.Store(left)
+}
+
+// tick is the periodic work of picks, about one in 64: it reads the
+// clock, lets expired lame duck announcements go, decays errors and
+// recomputes weights when their period is over. It returns the endpoint
+// set to pick from.
+func (b *Balancer) tick(s *endpointSet) *endpointSet {
+	now := b.readClock()
+	if b.lameDucks.Load() > 0 {
+		b.expireLameDucks(s.eps, now)
+	}
+	if epoch := now / int64(b.cfg.errorWindow); epoch > b.errEpoch.Load() {
+		b.decayErrors(s.eps, epoch)
+	}
+	if b.cfg.policy == WeightedRoundRobin && now >= b.nextUpdate.Load() {
+		b.updateWeights(now)
+		return b.set.Load()
+	}
+	return s
+}
+
 // roundRobin returns the first eligible endpoint from position start,
 // and moves the position past it, so that skipped endpoints do not hand
-// their turns to the next eligible one.
-func (b *Balancer) roundRobin(eps []*Endpoint, start uint64) *Endpoint {
+// their turns to the next eligible one. crossed says the move passed a
+// multiple of 64, where the position would have called tick: skips must
+// not starve the periodic work (with every other endpoint skipped, the
+// position would only ever be odd).
+func (b *Balancer) roundRobin(eps []*Endpoint, start uint64) (e *Endpoint, crossed bool) {
 	n := uint64(len(eps))
 	for i := range n {
 		if e := eps[(start+i)%n]; e.eligible(b.cfg.maxActive) {
 			if i > 0 {
-				b.rr.Add(i)
+				after := b.rr.Add(i)
+				crossed = after>>6 != (after-i)>>6
 			}
-			return e
+			return e, crossed
 		}
 	}
-	return nil
+	return nil, false
 }
 
 // leastLoaded is round robin among the eligible endpoints with the fewest
@@ -539,6 +614,7 @@ type Endpoint struct {
 	firstReport int64 // ns since the Balancer's start; 0: none
 	lastReport  int64
 	weight      atomic.Uint64 // float64 bits; 0: none
+	lameAt      atomic.Int64  // when it was last put in LameDuck, ns since the Balancer's start
 }
 
 // SetValue attaches v to the endpoint, for the adapter (the gRPC adapter
@@ -584,8 +660,28 @@ func (e *Endpoint) Weight() float64 { return math.Float64frombits(e.weight.Load(
 
 // SetState sets the endpoint's state: the adapter's view of the
 // connection (Refusing, Healthy) and of lame duck announcements.
+//
+// LameDuck lasts DefaultLameDuckExpiry from the last SetState(LameDuck),
+// then the endpoint is Healthy again (a task that still is in lame duck
+// says so with its next answer).
 func (e *Endpoint) SetState(s State) {
+	if s == LameDuck {
+		e.lameAt.Store(e.b.readClock())
+		e.b.lameDucks.Add(1)
+	}
+	e.setState(s, false)
+}
+
+// expireLameDuck makes a LameDuck endpoint Healthy, unless its state
+// changed meanwhile.
+func (e *Endpoint) expireLameDuck() { e.setState(Healthy, true) }
+
+func (e *Endpoint) setState(s State, onlyFromLameDuck bool) {
 	e.b.update.Lock() // orders state changes with their bit
+	if onlyFromLameDuck && State(e.state.Load()) != LameDuck {
+		e.b.update.Unlock()
+		return
+	}
 	old := State(e.state.Swap(uint32(s)))
 	for {
 		w := e.w.Load()

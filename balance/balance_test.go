@@ -45,10 +45,64 @@ func TestRoundRobinSkipsUnhealthyAndLameDuck(t *testing.T) {
 	if counts["t0"] != 50 || counts["t3"] != 50 || len(counts) != 2 {
 		t.Fatalf("picks %v, want t0 and t3 50 each", counts)
 	}
+	eps[2].SetState(Refusing)
 	eps[0].SetState(LameDuck)
 	eps[3].SetState(LameDuck)
+	// Every reachable endpoint in lame duck: they still serve, so picks go
+	// to them rather than fail (issue 22, item 3), never to the refusing
+	// one.
+	counts = map[string]int{}
+	for range 30 {
+		e, err := b.Pick()
+		if err != nil {
+			t.Fatalf("all lame duck: %v", err)
+		}
+		counts[e.ID()]++
+		e.Done(false)
+	}
+	if counts["t2"] != 0 || len(counts) != 3 {
+		t.Fatalf("all lame duck: picks %v, want t0, t1 and t3", counts)
+	}
+	for _, e := range eps {
+		e.SetState(Refusing)
+	}
 	if _, err := b.Pick(); err != ErrNoEndpoint {
-		t.Fatalf("all lame duck: %v", err)
+		t.Fatalf("all refusing: %v", err)
+	}
+}
+
+// A lame duck announcement expires (issue 22, item 3): a task that
+// started in lame duck (warm-up) and then became ready, announced only by
+// response trailers, gets traffic again DefaultLameDuckExpiry after the
+// last announcement instead of never; a task still in lame duck renews the
+// mark with its next answer.
+func TestLameDuckExpires(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	b, eps := newBalancer(t, clk, 2)
+	eps[1].SetState(LameDuck)
+	pick := func(n int) map[string]int {
+		counts := map[string]int{}
+		for range n {
+			e, err := b.Pick()
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[e.ID()]++
+			e.Done(false)
+		}
+		return counts
+	}
+	if c := pick(200); c["t1"] != 0 {
+		t.Fatalf("lame duck picked: %v", c)
+	}
+	clk.Advance(DefaultLameDuckExpiry + time.Millisecond)
+	if c := pick(200); c["t1"] < 80 {
+		t.Fatalf("after the lame duck mark expired: %v", c)
+	}
+	eps[1].SetState(LameDuck) // announced again
+	clk.Advance(DefaultLameDuckExpiry / 2)
+	if c := pick(200); c["t1"] != 0 {
+		t.Fatalf("renewed lame duck picked: %v", c)
 	}
 }
 

@@ -37,6 +37,7 @@ import (
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/isolate"
+	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/subset"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/internal/backenderr"
@@ -403,7 +404,11 @@ type picker struct {
 	core, sac *balance.Balancer
 }
 
-var errFlowControl = status.Error(codes.Unavailable, "triage: every backend in the subset is at the client's flow-control cap")
+// errFlowControl is the answer when every backend has the client's
+// MaxActive requests: task overloaded (UNAVAILABLE), the client's own
+// judgement that the backends are full, so that its throttle counts it as
+// a rejection and its retry policy treats it as an overload.
+var errFlowControl = triagegrpc.Status(&outcome.Error{Kind: outcome.TaskOverloaded, Reason: "every backend in the subset is at the client's flow-control cap"}).Err()
 
 var (
 	errBlackHole    = triagegrpc.Status(intake.ErrBlackHoled).Err()
@@ -443,9 +448,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 			return balancer.PickResult{}, errFlowControl
 		}
 		if perr != nil {
-			// Every ready backend is in lame duck: the call waits for a
-			// new picker (grpc-go blocks on ErrNoSubConnAvailable until
-			// the state changes or the deadline).
+			// No backend is ready (lame duck ones are picked when no
+			// other is): the call waits for a new picker (grpc-go blocks
+			// on ErrNoSubConnAvailable until the state changes or the
+			// deadline).
 			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 		}
 		d, _ = e.Value().(*endpointData)

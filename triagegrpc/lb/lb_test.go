@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/triagegrpc"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/resolver"
@@ -18,8 +21,8 @@ import (
 )
 
 // With every backend at the client's flow-control cap, a call fails at
-// once with UNAVAILABLE instead of waiting in the client until its
-// deadline; when a request finishes, calls go through again.
+// once with UNAVAILABLE, task overloaded, instead of waiting in the client
+// until its deadline; when a request finishes, calls go through again.
 func TestBalancerFlowControlFailsFast(t *testing.T) {
 	lb.Register()
 	entered, release := make(chan struct{}, 1), make(chan struct{})
@@ -47,6 +50,11 @@ func TestBalancerFlowControlFailsFast(t *testing.T) {
 	_, err := relay.Invoke(ctx, cc, "x")
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "flow-control cap") || time.Since(start) > 5*time.Second {
 		t.Fatalf("at the cap: %v after %v, want UNAVAILABLE at once", err, time.Since(start))
+	}
+	// The refusal is an overload answer, so that the client's throttle
+	// counts it as a rejection, not as an accept (issue 22, item 3).
+	if oe, ok := triagegrpc.FromStatus(status.Convert(err)); !ok || oe.Kind != outcome.TaskOverloaded {
+		t.Errorf("at the cap: %v reads as %v, want task overloaded", err, oe)
 	}
 	close(release)
 	if err := <-held; err != nil {
