@@ -59,6 +59,12 @@ func TestDrillShortened(t *testing.T) {
 			Seconds  []struct {
 				CriticalRejected map[string]int `json:"critical_rejected"`
 			} `json:"seconds"`
+			Ledger struct {
+				Sent     [4]uint64 `json:"sent"`
+				Answered [4]uint64 `json:"answered"`
+				Twice    uint64    `json:"answered_twice"`
+				Late     uint64    `json:"late"`
+			} `json:"ledger"`
 		} `json:"runs"`
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
@@ -70,6 +76,14 @@ func TestDrillShortened(t *testing.T) {
 	}
 	if len(res.Runs) != 2 || !res.Runs[0].Protection || res.Runs[1].Protection || res.ProvisionedRate != 100 {
 		t.Fatalf("result.json: %d runs, provisioned %v", len(res.Runs), res.ProvisionedRate)
+	}
+	// The ledger balances in both runs: every request sent was answered
+	// once, none later than 250 ms past the user's timeout.
+	for _, r := range res.Runs {
+		l := r.Ledger
+		if l.Sent != l.Answered || l.Twice != 0 || l.Late != 0 || l.Sent == [4]uint64{} {
+			t.Errorf("%s: ledger %+v does not balance", r.Name, l)
+		}
 	}
 	with, without := res.Runs[0], res.Runs[1]
 	if len(with.Phases) != 5 || with.Attempts[0] == 0 {

@@ -169,12 +169,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res := &Result{ProvisionedRate: ProvisionedRate, Dir: o.Out}
 	perRun := o.Duration / time.Duration(len(o.Runs))
+	var unbalanced []error // the runs go on, and are written, before the drill fails
 	for _, protect := range o.Runs {
 		r, err := runOnce(ctx, o, protect, perRun, v)
 		if r != nil {
 			res.Runs = append(res.Runs, r)
 		}
-		if err != nil {
+		if errors.Is(err, errLedger) {
+			v.printf("  %v\n", err)
+			unbalanced = append(unbalanced, err)
+		} else if err != nil {
 			return res, err
 		}
 	}
@@ -182,7 +186,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return res, err
 	}
 	v.printf("\n%s\nresult: %s\nreport: %s\n", res.Summary(), filepath.Join(o.Out, "result.json"), filepath.Join(o.Out, "report.html"))
-	return res, nil
+	return res, errors.Join(unbalanced...)
 }
 
 // proc is one process of the stack.
@@ -338,6 +342,10 @@ func (s *stack) stopAll() {
 	}
 	wg.Wait()
 }
+
+// errLedger is wrapped by the error of a run whose ledger does not
+// balance.
+var errLedger = errors.New("drill: the ledger does not balance")
 
 func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *view) (*RunResult, error) {
 	name, quotaSvc := "with triage", ", quota service"
@@ -527,6 +535,9 @@ func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 			dr.actions.Wait()
 			dr.run.finish(time.Since(dr.start))
 			dr.v.printf("== run %q done: goodput %.2f of the provisioned rate, %d task deaths\n", dr.run.Name, dr.run.GoodputFrac, dr.run.TasksDied)
+			if err := dr.run.Ledger.Check(); err != nil {
+				return dr.run, fmt.Errorf("%w: run %q: %v", errLedger, dr.run.Name, err)
+			}
 			return dr.run, nil
 		case <-tick.C:
 			el := time.Since(dr.start)

@@ -84,3 +84,25 @@ func TestReportIsSelfContained(t *testing.T) {
 		}
 	}
 }
+
+// The ledger balances only when every request sent was answered once and
+// in time, and says what does not balance.
+func TestLedgerCheck(t *testing.T) {
+	ok := Ledger{Sent: [4]uint64{5, 1, 0, 2}, Answered: [4]uint64{5, 1, 0, 2}}
+	if err := ok.Check(); err != nil {
+		t.Fatalf("balanced ledger: %v", err)
+	}
+	for _, tc := range []struct {
+		l    Ledger
+		want string
+	}{
+		{Ledger{Sent: [4]uint64{5}, Answered: [4]uint64{4}}, "SHEDDABLE: 5 sent, 4 answered"},
+		{Ledger{Sent: [4]uint64{0, 0, 0, 1}, Answered: [4]uint64{0, 0, 0, 2}}, "CRITICAL_PLUS: 1 sent, 2 answered"},
+		{Ledger{Twice: 1}, "1 answered twice"},
+		{Ledger{Late: 3}, "3 answered more than 250ms past the timeout"},
+	} {
+		if err := tc.l.Check(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.l, err, tc.want)
+		}
+	}
+}

@@ -82,32 +82,46 @@ func (lg *load) fire(ctx context.Context, c class, start time.Time) {
 			lg.unrecorded(ctx, c)
 			return
 		}
+		answered := false
+		answer := func(ok, degraded bool, reason string) {
+			if answered {
+				lg.res.answeredTwice()
+				return
+			}
+			answered = true
+			lg.res.answered(el, c.level, ok, degraded, reason, time.Since(sent))
+		}
+		defer func() {
+			if !answered {
+				answer(false, false, "no answer recorded")
+			}
+		}()
 		req, err := http.NewRequestWithContext(ctx, "GET", lg.url+c.path, nil)
 		if err != nil {
+			answer(false, false, "request not built")
 			return
 		}
 		req.Header.Set("X-Api-Key", c.key)
 		resp, err := lg.client.Do(req)
-		took := time.Since(sent)
 		if err != nil {
 			reason := "connection failed"
 			if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Timeout") {
 				reason = "user gave up (2 s)"
 			}
-			lg.res.answered(el, c.level, false, false, reason, took)
+			answer(false, false, reason)
 			return
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusOK {
-			lg.res.answered(el, c.level, true, resp.Header.Get("X-Degraded") == "1", "", took)
+			answer(true, resp.Header.Get("X-Degraded") == "1", "")
 			return
 		}
 		reason := resp.Header.Get("Triage-Outcome")
 		if reason == "" {
 			reason = fmt.Sprintf("HTTP %d", resp.StatusCode)
 		}
-		lg.res.answered(el, c.level, false, false, reason, took)
+		answer(false, false, reason)
 	}()
 }
 

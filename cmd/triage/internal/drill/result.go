@@ -2,6 +2,7 @@ package drill
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -41,11 +42,47 @@ type RunResult struct {
 	Attempts [4]uint64 `json:"db_attempts"`
 	Notes    []string  `json:"notes,omitempty"`
 	Seconds  []Second  `json:"seconds"`
+	// Ledger accounts for every request the run sent.
+	Ledger Ledger `json:"ledger"`
 
 	mu       sync.Mutex
 	tasks    []string
 	lastAtt  map[string][4]uint64
 	phaseIdx []int // the second each phase starts
+}
+
+// Ledger is a run's account of its requests (the warm-up's aside), by
+// criticality: every request sent is answered exactly once (a response,
+// an overload outcome, or the user giving up at the timeout), and none is
+// answered more than LedgerSlack after the user's timeout.
+type Ledger struct {
+	Sent     [4]uint64 `json:"sent"`
+	Answered [4]uint64 `json:"answered"`
+	Twice    uint64    `json:"answered_twice"`
+	Late     uint64    `json:"late"`
+}
+
+// LedgerSlack is how long past the user's timeout an answer may come.
+const LedgerSlack = 250 * time.Millisecond
+
+// Check returns what does not balance, or nil.
+func (l Ledger) Check() error {
+	var errs []string
+	for lv := range l.Sent {
+		if l.Sent[lv] != l.Answered[lv] {
+			errs = append(errs, fmt.Sprintf("%v: %d sent, %d answered", criticality.Level(lv), l.Sent[lv], l.Answered[lv]))
+		}
+	}
+	if l.Twice > 0 {
+		errs = append(errs, fmt.Sprintf("%d answered twice", l.Twice))
+	}
+	if l.Late > 0 {
+		errs = append(errs, fmt.Sprintf("%d answered more than %v past the timeout", l.Late, LedgerSlack))
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 // PhaseResult is one phase of a run.
@@ -93,12 +130,24 @@ func (r *RunResult) second(el time.Duration) *Second {
 func (r *RunResult) sent(el time.Duration, l criticality.Level) {
 	r.mu.Lock()
 	r.second(el).Sent[l]++
+	r.Ledger.Sent[l]++
+	r.mu.Unlock()
+}
+
+// answeredTwice counts a request answered a second time.
+func (r *RunResult) answeredTwice() {
+	r.mu.Lock()
+	r.Ledger.Twice++
 	r.mu.Unlock()
 }
 
 func (r *RunResult) answered(el time.Duration, l criticality.Level, ok, degraded bool, reason string, took time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.Ledger.Answered[l]++
+	if took > requestTimeout+LedgerSlack {
+		r.Ledger.Late++
+	}
 	s := r.second(el)
 	if ok {
 		s.OK[l]++
