@@ -95,14 +95,7 @@ func TestProxyCommand(t *testing.T) {
 		t.Errorf("through the proxy: %q, %v", got, err)
 	}
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("exit %d: %s", code, errb.String())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the proxy did not stop")
-	}
+	waitExit(t, done, errb, 10*time.Second, "the proxy did not stop")
 	for _, bad := range [][]string{
 		{"proxy"}, {"proxy", "--backends", "nohostport"}, {"proxy", "--backends", "127.0.0.1:1", "--subset", "2"},
 		{"proxy", "--backends", "127.0.0.1:1", "--trust", "300.1.1.1/8"}, {"proxy", "--backends", "127.0.0.1:1", "--policy", "random"},
@@ -147,6 +140,20 @@ func startCommand(t *testing.T, ctx context.Context, args ...string) (string, ch
 		t.Fatalf("%s did not start: %q", args[0], errb.String())
 	}
 	return "", nil, nil
+}
+
+// waitExit waits up to within for a command started by startCommand to
+// exit 0; failing says what did not happen.
+func waitExit(t *testing.T, done chan int, errb *syncBuffer, within time.Duration, failing string) {
+	t.Helper()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d: %s", code, errb.String())
+		}
+	case <-time.After(within):
+		t.Fatal(failing)
+	}
 }
 
 // syncBuffer is a strings.Builder safe for a writer and a reader at once.

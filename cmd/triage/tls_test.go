@@ -103,14 +103,7 @@ func TestQuotaServerTLS(t *testing.T) {
 		}
 	}
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("exit %d: %s", code, errb.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the quota service did not stop")
-	}
+	waitExit(t, done, errb, 15*time.Second, "the quota service did not stop")
 
 	for _, tc := range []struct {
 		args []string
@@ -191,14 +184,7 @@ func TestProxyTLS(t *testing.T) {
 		t.Errorf("client without a certificate: %v", err)
 	}
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("exit %d: %s", code, errb.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("the proxy did not stop")
-	}
+	waitExit(t, done, errb, 15*time.Second, "the proxy did not stop")
 	for _, bad := range [][]string{
 		{"-listen", "0.0.0.0:0"}, {"-tls-ca", caFile, "-unauthenticated"}, {"-backend-tls-server-name", "x"},
 	} {
@@ -232,12 +218,5 @@ func TestQuotaServerStopsDespiteOpenStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Errorf("exit %d: %s", code, errb.String())
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the quota service did not stop with a Watch open")
-	}
+	waitExit(t, done, errb, 30*time.Second, "the quota service did not stop with a Watch open")
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
@@ -291,17 +290,11 @@ func conformanceGRPC(t *testing.T) func(*testing.T, conformanceRow) seen {
 		if cc := conns[key]; cc != nil {
 			return cc
 		}
-		d := loopback.Dialer(src, 5*time.Second)
-		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) })}
+		var opts []grpc.DialOption
 		if host != "" {
 			opts = append(opts, grpc.WithAuthority(host))
 		}
-		cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cc.Close() })
+		cc := dialFrom(t, src, lis.Addr().String(), opts...)
 		conns[key] = cc
 		return cc
 	}

@@ -36,6 +36,20 @@ import (
 // client types and tasks, malformed protobuf. Each server runs in this
 // process on loopback, so its heap is measured directly.
 
+// dialFrom is a plaintext connection to addr from the loopback address
+// src (whose trust the server decides), closed with the test.
+func dialFrom(t *testing.T, src, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	d := loopback.Dialer(src, 5*time.Second)
+	cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) })}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
 // heapAfterGC is the live heap, in bytes.
 func heapAfterGC() uint64 {
 	runtime.GC()
@@ -97,17 +111,7 @@ func TestFloodsOfDistinctCustomersStayBounded(t *testing.T) {
 				}
 				go gs.Serve(lis)
 				t.Cleanup(gs.Stop)
-				conns := map[string]*grpc.ClientConn{}
-				for _, src := range []string{trustedIP, untrustedIP} {
-					d := loopback.Dialer(src, 5*time.Second)
-					cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-						grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { cc.Close() })
-					conns[src] = cc
-				}
+				conns := map[string]*grpc.ClientConn{trustedIP: dialFrom(t, trustedIP, lis.Addr().String()), untrustedIP: dialFrom(t, untrustedIP, lis.Addr().String())}
 				send = func(src string, i int) error {
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					defer cancel()
@@ -298,17 +302,7 @@ func TestProxyFloodStaysBounded(t *testing.T) {
 	}
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
-	conns := map[string]*grpc.ClientConn{}
-	for _, src := range []string{trustedIP, untrustedIP} {
-		d := loopback.Dialer(src, 5*time.Second)
-		c, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		conns[src] = c
-	}
+	conns := map[string]*grpc.ClientConn{trustedIP: dialFrom(t, trustedIP, lis.Addr().String()), untrustedIP: dialFrom(t, untrustedIP, lis.Addr().String())}
 	before := heapAfterGC()
 	var wg sync.WaitGroup
 	var next, failed atomic.Int64
