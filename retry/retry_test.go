@@ -3,6 +3,7 @@ package retry_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,12 +178,21 @@ func TestBudgetRefusesBeyondTenPercent(t *testing.T) {
 // timerLog is a clock that records the duration of every timer it makes.
 type timerLog struct {
 	*clock.Fake
+	mu    sync.Mutex
 	waits []time.Duration
 }
 
 func (c *timerLog) NewTimer(d time.Duration) clock.Timer {
+	c.mu.Lock()
 	c.waits = append(c.waits, d)
+	c.mu.Unlock()
 	return c.Fake.NewTimer(d)
+}
+
+func (c *timerLog) log() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.waits...)
 }
 
 // Backoff waits on the clock, with full jitter below the exponential bound.
@@ -204,12 +214,16 @@ func TestBackoffWaitsOnTheClock(t *testing.T) {
 			t.Fatalf("Do returned %v before the backoff elapsed", err)
 		default:
 		}
-		c.Advance(time.Second)
+		// Advance by exactly the pending wait: a longer step would also
+		// fire the next backoff timer if the retry made it while the step
+		// was under way, and the loop would wait for it forever.
+		waits := c.log()
+		c.Advance(waits[len(waits)-1])
 	}
 	<-done
 	// bounds 100 ms, then 200 ms capped at 150 ms; jitter 0.5.
-	if n != 3 || len(c.waits) != 2 || c.waits[0] != 50*time.Millisecond || c.waits[1] != 75*time.Millisecond {
-		t.Fatalf("%d attempts, waits %v; want 3 and [50ms 75ms]", n, c.waits)
+	if w := c.log(); n != 3 || len(w) != 2 || w[0] != 50*time.Millisecond || w[1] != 75*time.Millisecond {
+		t.Fatalf("%d attempts, waits %v; want 3 and [50ms 75ms]", n, w)
 	}
 }
 
