@@ -369,7 +369,8 @@ type Controller struct {
 	_           [64]byte
 	limit       atomic.Int64
 	queued      atomic.Int64
-	saturated   atomic.Bool // the pending cap applies: see WithSaturation
+	away        atomic.Int64 // running requests waiting on a downstream call (Away)
+	saturated   atomic.Bool  // the pending cap applies: see WithSaturation
 	nextAdjust  atomic.Int64
 	expectedSvc atomic.Int64 // ns, last interval's mean service time
 	lastDelay   atomic.Int64 // ns, last interval's mean wait before Start
@@ -690,7 +691,7 @@ func (r *prestartRing) level(l criticality.Level) int64 {
 // occupancy is the requests admitted and not done: those not yet started
 // (arrived within the last three to four seconds), waiting and running.
 func (c *Controller) occupancy(now int64) int64 {
-	return c.prestart.total(now/c.prestartEpoch) + c.queued.Load() + c.hot.executing.Load()
+	return c.prestart.total(now/c.prestartEpoch) + c.queued.Load() + c.hot.executing.Load() + c.away.Load()
 }
 
 // Ticket follows one request from Arrive to Done. Adapters keep it with
@@ -699,6 +700,7 @@ func (c *Controller) occupancy(now int64) int64 {
 type Ticket struct {
 	arrive, started int64
 	epoch           int64 // of the prestart ring it was counted in
+	awayAt, awayFor int64 // sampled: the last Away, the time spent away before it
 	level           criticality.Level
 	state           uint8
 	sampled         bool // measured: delay before Start, service time
@@ -712,6 +714,7 @@ const (
 	ticketScheduled                  // its goroutine ran (Scheduled), Start not called
 	ticketInside                     // in Start: waiting, or rejected there
 	ticketRunning                    // holds an execution slot
+	ticketAway                       // running, waiting on a downstream call without a slot
 	ticketDone
 )
 
@@ -944,10 +947,17 @@ func (c *Controller) Done(t *Ticket) {
 	switch t.state {
 	case ticketRunning:
 		if t.sampled {
-			c.svcSum.Add(max(c.now()-t.started, 1))
-			c.svcCount.Add(1)
+			c.addService(t, c.now())
 		}
 		c.release()
+		c.hot.started[t.level].Add(-1)
+	case ticketAway:
+		if t.sampled {
+			now := c.now()
+			t.awayFor += now - t.awayAt
+			c.addService(t, now)
+		}
+		c.away.Add(-1)
 		c.hot.started[t.level].Add(-1)
 	case ticketInside:
 		c.hot.started[t.level].Add(-1)
@@ -958,6 +968,51 @@ func (c *Controller) Done(t *Ticket) {
 		return
 	}
 	t.state = ticketDone
+}
+
+// addService counts a sampled request's service time: from Start to now,
+// less its time away.
+func (c *Controller) addService(t *Ticket, now int64) {
+	c.svcSum.Add(max(now-t.started-t.awayFor, 1))
+	c.svcCount.Add(1)
+}
+
+// Away tells the Controller that a running request now waits on a call
+// to another service: it gives its execution slot to the next waiter
+// until Back, and the wait does not count in its service time, so that a
+// task whose handlers wait on slow downstreams neither runs out of slots
+// nor shrinks its limit for it (the downstream sheds its own load). The
+// request still counts among those the task holds (the pending cap and
+// its criticality's occupancy). triage's client adapters call it, through
+// the request's context, around every outgoing call (intake.Handle).
+//
+// Away and Back alternate, on one goroutine at a time, between Start and
+// Done; Away does nothing unless the request holds a slot, Back unless
+// it is away. Back takes a slot back at once, even past the limit: the
+// request was admitted and has work to finish.
+func (c *Controller) Away(t *Ticket) {
+	if t.state != ticketRunning {
+		return
+	}
+	t.state = ticketAway
+	if t.sampled {
+		t.awayAt = c.now()
+	}
+	c.away.Add(1)
+	c.release()
+}
+
+// Back ends a wait begun with Away.
+func (c *Controller) Back(t *Ticket) {
+	if t.state != ticketAway {
+		return
+	}
+	t.state = ticketRunning
+	if t.sampled {
+		t.awayFor += c.now() - t.awayAt
+	}
+	c.hot.executing.Add(1)
+	c.away.Add(-1)
 }
 
 // MessageTimeout is how long after its headers a request's message may
@@ -1035,6 +1090,8 @@ func (c *Controller) Degrade(l criticality.Level) bool {
 // Stats is a snapshot for metrics.
 type Stats struct {
 	Limit, Pending, Executing, Queued int64
+	// Away is the running requests waiting on downstream calls (Away).
+	Away int64
 	// PendingCap is the current bound on pending requests (before
 	// criticality headroom; fractional, see capFor).
 	PendingCap float64
@@ -1071,7 +1128,7 @@ func (c *Controller) Overloaded() bool {
 // Stats returns a snapshot.
 func (c *Controller) Stats() Stats {
 	s := Stats{
-		Limit: c.limit.Load(), Pending: c.occupancy(c.now()), Executing: c.hot.executing.Load(), Queued: c.queued.Load(),
+		Limit: c.limit.Load(), Pending: c.occupancy(c.now()), Executing: c.hot.executing.Load(), Queued: c.queued.Load(), Away: c.away.Load(),
 		PendingCap:  float64(c.pendingCap.Load()) / milli,
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 		QueueDelay:  time.Duration(c.lastDelay.Load()), Saturated: c.saturated.Load(),

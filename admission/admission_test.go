@@ -416,3 +416,63 @@ func TestDecayedWaitersRankBelowFreshSheddable(t *testing.T) {
 		t.Fatalf("freed slot went to %d (%v), want the oldest fresh SHEDDABLE (3)", r.i, r.err)
 	}
 }
+
+// A request waiting on a downstream call gives its execution slot to the
+// next waiter until it is back, still counts among the requests the task
+// holds, and its time away is not service time.
+func TestAwayGivesTheSlotToTheNextRequest(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour), admission.WithInterval(time.Second))
+	var a, b admission.Ticket
+	if err := c.Arrive(&a, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Arrive(&b, criticality.Sheddable, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	got := start(c, context.Background(), &b)
+	waitQueued(t, c, 1, f)
+	f.Advance(10 * time.Millisecond)
+	c.Away(&a) // a calls its downstream: b runs
+	if err := <-got; err != nil {
+		t.Fatalf("b: %v", err)
+	}
+	if s := c.Stats(); s.Executing != 1 || s.Away != 1 || s.Pending != 2 || s.Queued != 0 {
+		t.Fatalf("a away, b running: %+v", s)
+	}
+	c.Away(&a) // a second Away does nothing
+	f.Advance(500 * time.Millisecond)
+	c.Back(&a) // past the limit: a finishes its work
+	c.Back(&a)
+	if s := c.Stats(); s.Executing != 2 || s.Away != 0 || s.Pending != 2 {
+		t.Fatalf("a back: %+v", s)
+	}
+	f.Advance(10 * time.Millisecond)
+	c.Done(&a)
+	c.Done(&b)
+	if s := c.Stats(); s.Executing != 0 || s.Away != 0 || s.Pending != 0 {
+		t.Fatalf("after Done: %+v", s)
+	}
+	// Done while away gives back nothing twice.
+	var d admission.Ticket
+	c.Arrive(&d, criticality.Critical, 0, time.Time{})
+	c.Start(context.Background(), &d)
+	c.Away(&d)
+	c.Done(&d)
+	c.Back(&d) // after Done: nothing
+	if s := c.Stats(); s.Executing != 0 || s.Away != 0 || s.Pending != 0 {
+		t.Fatalf("after Done while away: %+v", s)
+	}
+	f.Advance(time.Second)
+	var probe admission.Ticket
+	c.Arrive(&probe, criticality.Critical, 0, time.Time{}) // runs the adjustment
+	c.Done(&probe)
+	// a: 10 ms + 10 ms of its own work around 500 ms away; b: from its
+	// slot at 10 ms to 520 ms; d: none (counted as 1 ns).
+	if got, want := c.Stats().ServiceTime, (20*time.Millisecond+510*time.Millisecond+1)/3; got != want {
+		t.Fatalf("service time %v, want %v", got, want)
+	}
+}

@@ -14,20 +14,36 @@ import (
 // least one is open (Wait/Resume). The server adapters keep one in the
 // request's context (TrackerFrom), and triage's gRPC client interceptor
 // and HTTP Transport mark their calls as waits, so a request is not
-// charged for the time its downstreams take. A nil *Tracker does nothing.
+// charged for the time its downstreams take. A Tracker may also tell a
+// Blocker (admission control, through intake) when the request starts and
+// stops waiting. A nil *Tracker does nothing.
 type Tracker struct {
 	mu    sync.Mutex
 	meter *Meter
+	also  Blocker
 	req   Request
 	waits int32
 	on    bool
 }
 
+// A Blocker is told, under the Tracker's lock, when its request begins
+// to wait on outgoing calls (Block) and when the last one ends (Unblock).
+type Blocker interface {
+	Block()
+	Unblock()
+}
+
 // Start begins measuring with m.
-func (t *Tracker) Start(m *Meter) {
+func (t *Tracker) Start(m *Meter) { t.StartWith(m, nil) }
+
+// StartWith begins measuring with m (nil: no CPU measurement) and telling
+// b (nil: nobody) about waits.
+func (t *Tracker) StartWith(m *Meter, b Blocker) {
 	t.mu.Lock()
-	t.meter, t.waits, t.on = m, 0, true
-	m.Begin(&t.req)
+	t.meter, t.also, t.waits, t.on = m, b, 0, true
+	if m != nil {
+		m.Begin(&t.req)
+	}
 	t.mu.Unlock()
 }
 
@@ -39,7 +55,12 @@ func (t *Tracker) Wait() {
 	t.mu.Lock()
 	if t.on {
 		if t.waits == 0 {
-			t.meter.Block(&t.req)
+			if t.meter != nil {
+				t.meter.Block(&t.req)
+			}
+			if t.also != nil {
+				t.also.Block()
+			}
 		}
 		t.waits++
 	}
@@ -54,14 +75,20 @@ func (t *Tracker) Resume() {
 	t.mu.Lock()
 	if t.on && t.waits > 0 {
 		if t.waits--; t.waits == 0 {
-			t.meter.Unblock(&t.req)
+			if t.meter != nil {
+				t.meter.Unblock(&t.req)
+			}
+			if t.also != nil {
+				t.also.Unblock()
+			}
 		}
 	}
 	t.mu.Unlock()
 }
 
-// Stop ends the measurement and returns the request's cost; later Waits
-// and Resumes do nothing.
+// Stop ends the measurement and returns the request's cost (0 without a
+// Meter); later Waits and Resumes do nothing, and the Blocker is not told
+// again.
 func (t *Tracker) Stop() time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -69,6 +96,9 @@ func (t *Tracker) Stop() time.Duration {
 		return 0
 	}
 	t.on = false
+	if t.meter == nil {
+		return 0
+	}
 	return t.meter.End(&t.req)
 }
 

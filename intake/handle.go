@@ -110,21 +110,32 @@ func (h *Handle) Start() error {
 			return err
 		}
 	}
-	if x.meter != nil {
-		x.cost.Start(x.meter)
+	if x.meter != nil || x.ctl != nil {
+		var b cost.Blocker
+		if x.ctl != nil {
+			b = x
+		}
+		x.cost.StartWith(x.meter, b)
 	}
 	return nil
 }
+
+// Block and Unblock tell admission control that the request waits on its
+// outgoing calls (admission.Controller.Away and Back); the cost Tracker
+// calls them under its lock.
+func (x *admitted) Block()   { x.ctl.Away(&x.ticket) }
+func (x *admitted) Unblock() { x.ctl.Back(&x.ticket) }
 
 // Finish ends a request whose handler ran: its execution slot goes back
 // and its CPU is charged to its customer.
 func (h *Handle) Finish() {
 	if x := h.x; x != nil {
+		used := x.cost.Stop() // first: no outgoing call touches the ticket after it
 		if x.ctl != nil {
 			x.ctl.Done(&x.ticket)
 		}
 		if x.meter != nil {
-			x.quota.Done(h.customer, criticality.Level(h.level), x.reserved, x.cost.Stop())
+			x.quota.Done(h.customer, criticality.Level(h.level), x.reserved, used)
 		}
 	}
 	h.stop()
@@ -157,7 +168,7 @@ func (h *Handle) Value(key any) any {
 	case handleKey:
 		return h
 	case reqctx.CostKey:
-		if h.x != nil && h.x.meter != nil {
+		if h.x != nil && (h.x.meter != nil || h.x.ctl != nil) {
 			return &h.x.cost
 		}
 		return nil

@@ -32,6 +32,17 @@
 //     seconds. In steady overload the two agree and the whole window's
 //     steadier estimate decides, which keeps the equilibrium as exact as the
 //     book's. WithShortWindow(0) gives the book's rule alone.
+//   - When demand falls, the whole window's counts describe traffic that is
+//     gone: after a surge of ten times the usual requests, its history
+//     would keep rejecting the usual requests for up to two minutes,
+//     although the backend accepted more than that per second all through
+//     the surge. So the whole window's estimate is also computed with the
+//     short window's request rate (plus two standard errors) in place of
+//     the whole window's, against the whole window's accept rate, and the
+//     lower of the two is used: the client sends at most K times what the
+//     backend accepted per second, whichever the demand. This needs no
+//     minimum of recent requests, so a client whose rate fell below
+//     ShortMin per short window recovers too.
 //
 // This package is the transport-free core; retry.Policy calls Allow before
 // each attempt and Done with its answer, and the gRPC and HTTP adapters
@@ -43,6 +54,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/clock"
@@ -94,8 +106,11 @@ type Throttle struct {
 	maxP     float64
 	shortMin float64
 	useShort bool
+	windowNS float64 // the whole window's span, ns
+	shortNS  float64 // the short window's span, ns
 	start    time.Time
-	startNS  int64 // start.UnixNano()
+	startNS  int64        // start.UnixNano()
+	firstNS  atomic.Int64 // the time of the first count, 0 before it
 	since    func() time.Duration
 	random   func() float64
 	levels   [criticality.NumLevels]level
@@ -195,6 +210,8 @@ func New(opts ...Option) (*Throttle, error) {
 		maxP:     c.maxP,
 		shortMin: float64(c.shortMin),
 		useShort: c.short != 0,
+		windowNS: float64(width) * float64(c.buckets),
+		shortNS:  float64(width) * float64(shortBuckets),
 		start:    clk.Now(),
 		random:   c.random,
 	}
@@ -247,8 +264,16 @@ func (t *Throttle) allow(l criticality.Level, ns int64) (Ticket, bool) {
 	if p <= 0 || t.random() >= p {
 		return Ticket{t: t, ns: ns, l: l}, true
 	}
-	lv.Add(ns, 1, 0)
+	t.count(lv, ns, 0)
 	return Ticket{}, false
+}
+
+// count adds a request to lv at ns, accepted or not.
+func (t *Throttle) count(lv *level, ns int64, acc uint32) {
+	if t.firstNS.Load() == 0 {
+		t.firstNS.CompareAndSwap(0, ns)
+	}
+	lv.Add(ns, 1, acc)
 }
 
 // Ticket is a request Allow let through, waiting for its answer. It is a
@@ -272,7 +297,7 @@ func (k Ticket) Done(accepted bool) {
 	if accepted {
 		acc = 1
 	}
-	k.t.levels[k.l].Add(k.ns, 1, acc)
+	k.t.count(&k.t.levels[k.l], k.ns, acc)
 }
 
 // Record counts a request of level l at time now that was sent without
@@ -301,8 +326,15 @@ const (
 // counts it used and whether they are the short window's.
 func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool) {
 	w, sw := lv.Sums(ns)
-	pl := rejectP(w.A, w.B, t.k)
-	if !t.useShort || sw.A < t.shortMin {
+	book := rejectP(w.A, w.B, t.k)
+	if !t.useShort {
+		return book, w.A, w.B, false
+	}
+	pl := book
+	if pl > 0 {
+		pl = min(pl, rejectP(t.recentDemand(sw.A, ns), w.B, t.k))
+	}
+	if sw.A < t.shortMin {
 		return pl, w.A, w.B, false
 	}
 	ps := rejectP(sw.A, sw.B, t.k)
@@ -312,10 +344,25 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 		return 0, sw.A, sw.B, true
 	}
 	se := t.k * math.Sqrt(sw.B+1) / (sw.A + 1)
-	if ps > pl+shortZ*se || ps < pl-recoverZ*se {
+	// Onset is judged against the book's estimate: after demand fell, the
+	// short window still holds the surge's local rejections for a while,
+	// and they are not a new overload.
+	if ps > book+shortZ*se || ps < pl-recoverZ*se {
 		return ps, sw.A, sw.B, true
 	}
 	return pl, w.A, w.B, false
+}
+
+// recentDemand returns the short window's requests, plus two standard
+// errors, scaled to the span the whole window's counts cover: the whole
+// window's request count if demand had always been what it is now.
+func (t *Throttle) recentDemand(shortReq float64, ns int64) float64 {
+	span := t.windowNS
+	if first := t.firstNS.Load(); first != 0 {
+		span = min(span, float64(ns-first))
+	}
+	span = max(span, t.shortNS)
+	return (shortReq + 2*math.Sqrt(shortReq+1)) * span / t.shortNS
 }
 
 // rejectP is the book's max(0, (requests - K*accepts) / (requests + 1)).

@@ -225,6 +225,42 @@ func TestRecoveryWithinSeconds(t *testing.T) {
 	}
 }
 
+// When a surge ends because demand falls, not because capacity returns, the
+// surge's history must not keep throttling the usual requests: the backend
+// accepted more than them per second all through the surge. Two clients
+// offer 10x the backend's capacity for 30 s, then a fifth of it (10 and
+// 2 requests a second per client; the latter is below ShortMin per short
+// window). Within 5 s of the drop, no request is rejected locally. The
+// book's rule alone keeps rejecting most of them for about two minutes.
+func TestDemandDropEndsThrottling(t *testing.T) {
+	const capacity = 100
+	for _, after := range []int{20, 4} {
+		for _, mode := range []struct {
+			name string
+			opts []throttle.Option
+			want func(local int) bool
+		}{
+			{"default", nil, func(local int) bool { return local == 0 }},
+			{"book-window-only", []throttle.Option{throttle.WithShortWindow(0)}, func(local int) bool { return local > 0 }},
+		} {
+			for seed := uint64(1); seed <= 4; seed++ {
+				clients := newClients(t, 2, seed, mode.opts...)
+				b := &backend{capacity: capacity}
+				run(clients, criticality.Sheddable, b, epoch, 30*time.Second, 10*capacity)
+				per := run(clients, criticality.Sheddable, b, epoch.Add(30*time.Second), 30*time.Second, after)
+				s := sum(per[5:])
+				if s.rejected != 0 {
+					t.Fatalf("%s, %d/s: the backend rejected %d below its capacity", mode.name, after, s.rejected)
+				}
+				if !mode.want(s.local) {
+					t.Errorf("%s, %d/s, seed %d: %d of %d requests rejected locally from 5 s to 30 s after demand fell; per second: %v",
+						mode.name, after, seed, s.local, s.local+s.accepted, locals(per))
+				}
+			}
+		}
+	}
+}
+
 func locals(ts []tally) []int {
 	out := make([]int, len(ts))
 	for i, t := range ts {

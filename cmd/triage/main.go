@@ -110,6 +110,7 @@ Flags:
 	serve := fs.String("serve", "", "also serve the live view as a web page on this address, e.g. 127.0.0.1:8080")
 	quiet := fs.Bool("quiet", false, "print one line a second instead of redrawing the live view")
 	only := fs.String("only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
+	rounds := fs.Int("rounds", 1, fmt.Sprintf("repeat the drill this many times (1-%d; each round lasts -duration) and report medians", drill.MaxRounds))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -122,6 +123,10 @@ Flags:
 	}
 	if *duration < 20*time.Second || *duration > time.Hour {
 		fmt.Fprintf(stderr, "triage demo: -duration must be between 20s and 1h, got %v\n", *duration)
+		return 2
+	}
+	if *rounds < 1 || *rounds > drill.MaxRounds {
+		fmt.Fprintf(stderr, "triage demo: -rounds must be between 1 and %d, got %d\n", drill.MaxRounds, *rounds)
 		return 2
 	}
 	var runs []bool
@@ -140,7 +145,7 @@ Flags:
 		fmt.Fprintf(stderr, "triage demo: %v\n", err)
 		return 1
 	}
-	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs,
+	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs, Rounds: *rounds,
 		Command: func(args ...string) *exec.Cmd { return exec.Command(self, args...) }}) // the environment is inherited
 	if err != nil && ctx.Err() != nil {
 		fmt.Fprintln(stderr, "triage demo: interrupted; every process it started is stopped")

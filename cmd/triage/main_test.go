@@ -41,6 +41,8 @@ func TestRunArguments(t *testing.T) {
 		{[]string{"demo", "-duration", "5s"}, 2, "between 20s and 1h"},
 		{[]string{"demo", "-duration", "x"}, 2, "invalid value"},
 		{[]string{"demo", "-only", "both"}, 2, "-only must be"},
+		{[]string{"demo", "-rounds", "0"}, 2, "-rounds must be"},
+		{[]string{"demo", "-rounds", "10"}, 2, "-rounds must be"},
 		{[]string{"demo", "extra"}, 2, "unexpected argument"},
 		{[]string{"demo", "-h"}, 0, ""},
 		{[]string{"serve"}, 2, "usage: triage serve"},

@@ -143,3 +143,61 @@ func TestAdmissionNeverLeaks(t *testing.T) {
 	close(g.release)
 	waitFor(t, "every request to end", func() bool { s := ctl.Stats(); return s.Pending == 0 && s.Executing == 0 && s.Queued == 0 })
 }
+
+// A tier whose handlers wait on the next tier (a frontend, a middle tier)
+// gives up its execution slots while they wait: with an execution limit
+// of one, four calls in flight at once all reach the next tier, which
+// answers only when all four have arrived. Before, the first call held
+// the only slot through its downstream call, and the others were refused
+// after the controller's maximum wait (or waited for ever).
+func TestHandlersWaitingDownstreamHoldNoSlot(t *testing.T) {
+	const n = 4
+	arrived := make(chan struct{}, n)
+	all := make(chan struct{})
+	var once sync.Once
+	var count sync.WaitGroup
+	count.Add(n)
+	go func() { count.Wait(); once.Do(func() { close(all) }) }()
+	down := serveB(t, func(ctx context.Context, _ string) error {
+		arrived <- struct{}{}
+		count.Done()
+		select {
+		case <-all:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	next := plainConn(t, down)
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := serveB(t, func(ctx context.Context, body string) error {
+		_, err := relay.Invoke(ctx, next, body)
+		return err
+	}, triagegrpc.WithAdmission(ctl))
+	cc := plainConn(t, front)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			ctx, cancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.Critical), 10*time.Second)
+			defer cancel()
+			_, err := relay.Invoke(ctx, cc, "x")
+			errs <- err
+		}()
+	}
+	for i := range n {
+		if err := <-errs; err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	if got := len(arrived); got != n {
+		t.Errorf("%d of %d calls reached the next tier", got, n)
+	}
+	once.Do(func() { close(all) })
+	waitFor(t, "the front's counters to settle", func() bool {
+		s := ctl.Stats()
+		return s.Executing == 0 && s.Away == 0 && s.Pending == 0
+	})
+}

@@ -59,7 +59,14 @@ type Options struct {
 	Quiet  bool
 	// Runs selects the runs: nil means both, protected first.
 	Runs []bool
+	// Rounds repeats the drill (each round lasting Duration); with two or
+	// more, the result also gives each run's medians over the rounds.
+	// Default 1, at most MaxRounds.
+	Rounds int
 }
+
+// MaxRounds bounds Options.Rounds.
+const MaxRounds = 9
 
 // ProvisionedRate is the rate the stack is provisioned for, requests per
 // second at the frontend: the DB tier (the bottleneck) runs at 40% of its
@@ -149,6 +156,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Runs == nil {
 		o.Runs = []bool{true, false}
 	}
+	if o.Rounds == 0 {
+		o.Rounds = 1
+	}
+	if o.Rounds < 1 || o.Rounds > MaxRounds {
+		return nil, fmt.Errorf("drill: rounds must be between 1 and %d", MaxRounds)
+	}
 	if o.Out == "" {
 		dir, err := os.MkdirTemp("", "triage-drill-")
 		if err != nil {
@@ -170,17 +183,26 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res := &Result{ProvisionedRate: ProvisionedRate, Dir: o.Out}
 	perRun := o.Duration / time.Duration(len(o.Runs))
 	var unbalanced []error // the runs go on, and are written, before the drill fails
-	for _, protect := range o.Runs {
-		r, err := runOnce(ctx, o, protect, perRun, v)
-		if r != nil {
-			res.Runs = append(res.Runs, r)
+	for round := 1; round <= o.Rounds; round++ {
+		for _, protect := range o.Runs {
+			r, err := runOnce(ctx, o, protect, perRun, v)
+			if r != nil {
+				if o.Rounds > 1 {
+					r.Round = round
+					r.Name = fmt.Sprintf("%s, round %d", r.Name, round)
+				}
+				res.Runs = append(res.Runs, r)
+			}
+			if errors.Is(err, errLedger) {
+				v.printf("  %v\n", err)
+				unbalanced = append(unbalanced, err)
+			} else if err != nil {
+				return res, err
+			}
 		}
-		if errors.Is(err, errLedger) {
-			v.printf("  %v\n", err)
-			unbalanced = append(unbalanced, err)
-		} else if err != nil {
-			return res, err
-		}
+	}
+	if o.Rounds > 1 {
+		res.Medians = medians(res.Runs)
 	}
 	if err := res.write(o.Out); err != nil {
 		return res, err

@@ -106,3 +106,32 @@ func TestLedgerCheck(t *testing.T) {
 		}
 	}
 }
+
+// With rounds, each run's figures are medians over its rounds, per phase
+// too, grouped by protection.
+func TestMedians(t *testing.T) {
+	run := func(protect bool, g, surge, critical float64, died int) *RunResult {
+		return &RunResult{Protection: protect, GoodputFrac: g, TasksDied: died,
+			GoodputByCriticality: map[string]float64{"CRITICAL": critical},
+			Phases: []PhaseResult{{Name: "normal", GoodputFrac: 1}, {Name: "surge", GoodputFrac: surge, GoodputByCriticality: map[string]float64{"CRITICAL": critical}}}}
+	}
+	ms := medians([]*RunResult{
+		run(true, 0.9, 0.8, 0.99, 0), run(false, 0.5, 0.3, 0.5, 4),
+		run(true, 0.7, 0.95, 1, 1), run(false, 0.6, 0.2, 0.4, 2),
+		run(true, 0.95, 0.9, 0.999, 0), run(false, 0.4, 0.1, 0.6, 6),
+	})
+	if len(ms) != 2 || !ms[0].Protection || ms[1].Protection || ms[0].Rounds != 3 {
+		t.Fatalf("medians %+v", ms)
+	}
+	w := ms[0]
+	if w.GoodputFrac != 0.9 || w.TasksDied != 0 || w.GoodputByCriticality["CRITICAL"] != 0.999 ||
+		len(w.Phases) != 2 || w.Phases[1].Name != "surge" || w.Phases[1].GoodputFrac != 0.9 || w.Phases[1].GoodputByCriticality["CRITICAL"] != 0.999 {
+		t.Errorf("with triage: %+v", w)
+	}
+	if wo := ms[1]; wo.GoodputFrac != 0.5 || wo.TasksDied != 4 || wo.Phases[1].GoodputFrac != 0.2 {
+		t.Errorf("without triage: %+v", wo)
+	}
+	if m := median([]float64{4, 1, 3, 2}); m != 2.5 {
+		t.Errorf("median of an even count: %v", m)
+	}
+}

@@ -20,13 +20,98 @@ import (
 type Result struct {
 	ProvisionedRate float64      `json:"provisioned_rate"`
 	Runs            []*RunResult `json:"runs"`
-	Dir             string       `json:"-"`
+	// Medians are, with more than one round, each run's figures as
+	// medians over the rounds: with triage first.
+	Medians []Median `json:"medians,omitempty"`
+	Dir     string   `json:"-"`
+}
+
+// Median is one run's figures, each the median over the rounds.
+type Median struct {
+	Protection           bool               `json:"protection"`
+	Rounds               int                `json:"rounds"`
+	GoodputFrac          float64            `json:"goodput_frac"`
+	GoodputByCriticality map[string]float64 `json:"goodput_by_criticality"`
+	TasksDied            float64            `json:"tasks_died"`
+	Phases               []PhaseResult      `json:"phases"`
+}
+
+// medians returns the medians of the runs, grouped by protection.
+func medians(runs []*RunResult) []Median {
+	var out []Median
+	for _, protect := range []bool{true, false} {
+		var rs []*RunResult
+		for _, r := range runs {
+			if r.Protection == protect {
+				rs = append(rs, r)
+			}
+		}
+		if len(rs) == 0 {
+			continue
+		}
+		m := Median{Protection: protect, Rounds: len(rs)}
+		m.GoodputFrac = medianOf(rs, func(r *RunResult) float64 { return r.GoodputFrac })
+		m.TasksDied = medianOf(rs, func(r *RunResult) float64 { return float64(r.TasksDied) })
+		m.GoodputByCriticality = medianByLevel(rs, func(r *RunResult) map[string]float64 { return r.GoodputByCriticality })
+		for i, p := range rs[0].Phases {
+			ph := PhaseResult{Name: p.Name, Start: p.Start, End: p.End}
+			ok := func(r *RunResult) bool { return i < len(r.Phases) && r.Phases[i].Name == p.Name }
+			var with []*RunResult
+			for _, r := range rs {
+				if ok(r) {
+					with = append(with, r)
+				}
+			}
+			ph.GoodputFrac = medianOf(with, func(r *RunResult) float64 { return r.Phases[i].GoodputFrac })
+			ph.GoodputByCriticality = medianByLevel(with, func(r *RunResult) map[string]float64 { return r.Phases[i].GoodputByCriticality })
+			m.Phases = append(m.Phases, ph)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func medianOf(rs []*RunResult, f func(*RunResult) float64) float64 {
+	xs := make([]float64, len(rs))
+	for i, r := range rs {
+		xs[i] = f(r)
+	}
+	return median(xs)
+}
+
+func medianByLevel(rs []*RunResult, f func(*RunResult) map[string]float64) map[string]float64 {
+	by := map[string][]float64{}
+	for _, r := range rs {
+		for k, v := range f(r) {
+			by[k] = append(by[k], v)
+		}
+	}
+	out := map[string]float64{}
+	for k, xs := range by {
+		out[k] = median(xs)
+	}
+	return out
+}
+
+// median returns the median of xs (the mean of the middle two for an
+// even count), NaN for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	sort.Float64s(xs)
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 // RunResult is one run of the script.
 type RunResult struct {
 	Name       string `json:"name"`
 	Protection bool   `json:"protection"`
+	Round      int    `json:"round,omitempty"` // with more than one round, from 1
 	// GoodputFrac is the mean, over the run's seconds, of the requests
 	// answered successfully in that second, as a share of the provisioned
 	// rate (at most 1 a second).
@@ -48,7 +133,8 @@ type RunResult struct {
 	mu       sync.Mutex
 	tasks    []string
 	lastAtt  map[string][4]uint64
-	phaseIdx []int // the second each phase starts
+	lastRej  map[string]map[string]int64 // per task, its cumulative refusals at the last sample
+	phaseIdx []int                       // the second each phase starts
 }
 
 // Ledger is a run's account of its requests (the warm-up's aside), by
@@ -109,11 +195,18 @@ type Second struct {
 	Util             map[string]float64 `json:"util,omitempty"`  // per task
 	Usage            map[string]float64 `json:"usage,omitempty"` // per customer, DB tier
 	Limit            map[string]float64 `json:"limit,omitempty"`
-	lat              []float64
+	// Refused is what the tasks refused or lost in this second, by tier
+	// and reason ("db admission concurrency SHEDDABLE", "a throttled
+	// SHEDDABLE", "db out-of-quota"): where a rejection the user saw was
+	// decided.
+	Refused map[string]int `json:"refused,omitempty"`
+	// Admission is each task's admission state, read at the second's end.
+	Admission map[string]AdmissionStats `json:"admission,omitempty"`
+	lat       []float64
 }
 
 func newRun(name string, protect bool, tasks []string) *RunResult {
-	return &RunResult{Name: name, Protection: protect, tasks: tasks, lastAtt: map[string][4]uint64{}}
+	return &RunResult{Name: name, Protection: protect, tasks: tasks, lastAtt: map[string][4]uint64{}, lastRej: map[string]map[string]int64{}}
 }
 
 // maxLatencies bounds the latencies kept per second.
@@ -212,6 +305,13 @@ func (r *RunResult) sample(el time.Duration, stats map[string]Stats) {
 		for c, l := range st.Limit {
 			s.Limit[c] += l
 		}
+		r.refused(s, name, st)
+		if st.Admission != nil {
+			if s.Admission == nil {
+				s.Admission = map[string]AdmissionStats{}
+			}
+			s.Admission[name] = *st.Admission
+		}
 		if st.Role == RoleDB {
 			last := r.lastAtt[name]
 			for i, v := range st.Attempts {
@@ -224,6 +324,28 @@ func (r *RunResult) sample(el time.Duration, stats map[string]Stats) {
 			r.lastAtt[name] = st.Attempts
 		}
 	}
+}
+
+// refused adds a task's refusals since its last sample to s.
+func (r *RunResult) refused(s *Second, name string, st Stats) {
+	last := r.lastRej[name]
+	for reason, v := range st.Rejected {
+		d := v - last[reason]
+		if v < last[reason] { // restarted: counting from zero
+			d = v
+		}
+		if d == 0 {
+			continue
+		}
+		if s.Refused == nil {
+			s.Refused = map[string]int{}
+		}
+		key := st.Role + " " + reason
+		if len(s.Refused) < 64 || s.Refused[key] > 0 {
+			s.Refused[key] += int(d)
+		}
+	}
+	r.lastRej[name] = st.Rejected
 }
 
 // finish computes the headline figures.
@@ -319,6 +441,19 @@ func (res *Result) Summary() string {
 		fmt.Fprintln(w)
 	}
 	w.Flush()
+	for _, m := range res.Medians {
+		name := "with triage"
+		if !m.Protection {
+			name = "without triage"
+		}
+		fmt.Fprintf(&b, "\n%s, medians of %d rounds: goodput %.2f, CRITICAL_PLUS %s, CRITICAL %s, task deaths %g\n",
+			name, m.Rounds, m.GoodputFrac, pct(m.GoodputByCriticality, "CRITICAL_PLUS"), pct(m.GoodputByCriticality, "CRITICAL"), m.TasksDied)
+		w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		for _, p := range m.Phases {
+			fmt.Fprintf(w, "  %s\t%.2f; %s %s\n", p.Name, p.GoodputFrac, pct(p.GoodputByCriticality, "CRITICAL_PLUS"), pct(p.GoodputByCriticality, "CRITICAL"))
+		}
+		w.Flush()
+	}
 	return b.String()
 }
 

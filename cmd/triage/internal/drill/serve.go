@@ -109,6 +109,17 @@ type Stats struct {
 	// the DB tier's quota view.
 	Usage map[string]float64 `json:"usage,omitempty"`
 	Limit map[string]float64 `json:"limit,omitempty"`
+	// Admission is the task's admission controller (with triage): its
+	// pending cap, the requests it holds and its execution limit.
+	Admission *AdmissionStats `json:"admission,omitempty"`
+}
+
+// AdmissionStats is a task's admission state when its stats are read.
+type AdmissionStats struct {
+	PendingCap float64 `json:"pending_cap"`
+	Pending    int64   `json:"pending"`
+	Limit      int64   `json:"limit"`
+	Saturated  bool    `json:"saturated"`
 }
 
 // machine emulates a task's machine: Slots workers, each request holding
@@ -139,22 +150,24 @@ func (m *machine) account(delta int) {
 	m.mu.Unlock()
 }
 
-// run holds a slot for d (waiting for one first, until ctx ends).
-func (m *machine) run(ctx context.Context, d time.Duration) error {
+// run holds a slot for d (waiting for one first, until ctx ends). It
+// returns how long it held the slot: the request's CPU on this machine.
+func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, error) {
 	select {
 	case m.slots <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 	m.account(+1)
+	began := time.Now()
 	defer func() { m.account(-1); <-m.slots }()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return nil
+		return time.Since(began), nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return time.Since(began), ctx.Err()
 	}
 }
 
@@ -173,6 +186,11 @@ func (m *machine) utilization() float64 {
 	}
 	return area / span / float64(m.n)
 }
+
+// Name and Utilization make the machine an admission.Signal: its busy
+// share now.
+func (m *machine) Name() string         { return "machine" }
+func (m *machine) Utilization() float64 { return m.current() }
 
 // current is the instantaneous busy share, for load reports.
 func (m *machine) current() float64 {
@@ -200,11 +218,28 @@ type task struct {
 
 func (t *task) reject(reason string) {
 	t.rejMu.Lock()
-	if len(t.rejected) < 32 || t.rejected[reason] > 0 {
+	if len(t.rejected) < 64 || t.rejected[reason] > 0 {
 		t.rejected[reason]++
 	}
 	t.rejMu.Unlock()
 }
+
+// observer counts the task's admission and client-side refusals among
+// its rejections, by reason and criticality.
+type observer struct {
+	admission.Nop
+	t *task
+}
+
+func (o observer) Rejected(l criticality.Level, r admission.Reason, _ bool) {
+	o.t.reject("admission " + r.String() + " " + l.String())
+}
+func (o observer) Requested(criticality.Level)       {}
+func (o observer) Answered(criticality.Level, bool)  {}
+func (o observer) Throttled(l criticality.Level)     { o.t.reject("throttled " + l.String()) }
+func (o observer) Retried(criticality.Level)         {}
+func (o observer) BudgetRefused(l criticality.Level) { o.t.reject("retry budget " + l.String()) }
+func (o observer) Exhausted(criticality.Level)       {}
 
 // hold takes a request's memory; past the limit the task dies.
 func (t *task) hold() func() {
@@ -247,7 +282,12 @@ func Serve(ctx context.Context, cfg Task, stderr io.Writer) error {
 		defer next.Close()
 	}
 	if cfg.Protect && cfg.Role != RoleFrontend {
-		if t.ctl, err = admission.New(); err != nil {
+		// The task's CPU is its machine's slots, which the Go runtime does
+		// not see: admission gets one execution slot per machine slot (so
+		// requests queue in admission, by criticality, not on the machine)
+		// and the machine's busy share as its saturation signal.
+		n := cfg.Slots
+		if t.ctl, err = admission.New(admission.WithObserver(observer{t: t}), admission.WithLimits(n, n, n), admission.WithSaturation(t.mach)); err != nil {
 			return err
 		}
 	}
@@ -311,7 +351,7 @@ func (t *task) dial() (*grpc.ClientConn, error) {
 		opts = append(opts, grpc.WithDefaultServiceConfig(sc))
 		// Besides "task overloaded", retry a call whose connection failed
 		// (a task killed or restarting): within the budget, on another task.
-		pol, err := retry.New(retry.WithRetryable(func(err error) bool {
+		pol, err := retry.New(retry.WithObserver(observer{t: t}), retry.WithRetryable(func(err error) bool {
 			_, overload := outcome.As(err)
 			return !overload && status.Code(err) == codes.Unavailable
 		}))
@@ -366,13 +406,7 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		return nil, err
 	}
 	go func() {
-		if next != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			next.Connect()
-			for st := next.GetState(); st != connectivity.Ready && next.WaitForStateChange(ctx, st); st = next.GetState() {
-			}
-			cancel()
-		}
+		connectNext(next)
 		lc.Ready()
 	}()
 	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})),
@@ -389,6 +423,20 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		defer cancel()
 		lc.Shutdown(sctx, triagegrpc.GracefulStop(s))
 	}, nil
+}
+
+// connectNext connects to the next tier and waits, at most 3 s, until
+// the connection is ready: a task takes traffic only when it can pass it
+// on.
+func connectNext(next *grpc.ClientConn) {
+	if next == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	next.Connect()
+	for st := next.GetState(); st != connectivity.Ready && next.WaitForStateChange(ctx, st); st = next.GetState() {
+	}
 }
 
 // handler is a gRPC tier's work: hold the request's memory, take a slot
@@ -422,10 +470,11 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 				return "", err
 			}
 		}
-		began := time.Now()
-		err := t.mach.run(ctx, work)
+		// A customer is charged the slot-seconds its request held, not its
+		// wait for a slot: quotas are in CPU.
+		held, err := t.mach.run(ctx, work)
 		if t.enf != nil {
-			t.enf.Done(customer, criticality.Of(ctx), res, time.Since(began))
+			t.enf.Done(customer, criticality.Of(ctx), res, held)
 		}
 		if err != nil {
 			t.reject("deadline")
@@ -481,10 +530,11 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 	})
 	var handler http.Handler = h
 	if t.cfg.Protect {
-		ctl, err := admission.New()
+		ctl, err := admission.New(admission.WithObserver(observer{t: t}))
 		if err != nil {
 			return nil, err
 		}
+		t.ctl = ctl
 		cl, err := edge.New(frontendRules)
 		if err != nil {
 			return nil, err
@@ -510,7 +560,10 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		return nil, err
 	}
 	unsubscribe := triagehttp.Announce(lc, s)
-	go s.Serve(ln)
+	go func() {
+		connectNext(next) // connections wait in the listen queue meanwhile
+		s.Serve(ln)
+	}()
 	return func() {
 		defer unsubscribe()
 		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -541,6 +594,10 @@ func (t *task) serveStats(w http.ResponseWriter, _ *http.Request) {
 		s.Rejected[k] = v
 	}
 	t.rejMu.Unlock()
+	if t.ctl != nil {
+		a := t.ctl.Stats()
+		s.Admission = &AdmissionStats{PendingCap: a.PendingCap, Pending: a.Pending, Limit: a.Limit, Saturated: a.Saturated}
+	}
 	if t.enf != nil {
 		s.Usage, s.Limit = map[string]float64{}, map[string]float64{}
 		for _, c := range t.enf.Usage().Snapshot() {
