@@ -23,9 +23,14 @@
 //     execution slots, or waits for one in a queue served highest
 //     criticality first, bounded in length and in time; Done gives the slot
 //     back.
+//   - Away and Back (optional), around a running request's wait on a call
+//     to another service: the slot goes to the next waiter meanwhile, and
+//     the wait is not service time. triage's client adapters call them
+//     through intake.Handle.
 //
 // L is not configured: the controller finds it. Every Interval it compares
-// the mean service time (Start to Done) with its recent best; while the
+// the mean service time (Start to Done, less the time away) with its
+// recent best; while the
 // service time stays within Tolerance of the best and requests had to wait,
 // L grows; when service time inflates (the executing requests compete for
 // the CPU, or whatever else they share), L shrinks. A CPU-bound handler

@@ -381,7 +381,9 @@ func (t *Throttle) probability(lv *level, ns int64) float64 {
 
 // Stats is a snapshot of one criticality's statistics.
 type Stats struct {
-	// Requests and Accepts are the counts the decision uses.
+	// Requests and Accepts are the counts the decision uses. After demand
+	// fell, RejectProbability may be lower than they give (the demand
+	// cap: at most K times the accepted rate is sent).
 	Requests, Accepts float64
 	// Short is true when they come from the short window.
 	Short bool

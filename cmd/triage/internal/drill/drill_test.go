@@ -113,7 +113,7 @@ func TestMedians(t *testing.T) {
 	run := func(protect bool, g, surge, critical float64, died int) *RunResult {
 		return &RunResult{Protection: protect, GoodputFrac: g, TasksDied: died,
 			GoodputByCriticality: map[string]float64{"CRITICAL": critical},
-			Phases: []PhaseResult{{Name: "normal", GoodputFrac: 1}, {Name: "surge", GoodputFrac: surge, GoodputByCriticality: map[string]float64{"CRITICAL": critical}}}}
+			Phases:               []PhaseResult{{Name: "normal", GoodputFrac: 1}, {Name: "surge", GoodputFrac: surge, GoodputByCriticality: map[string]float64{"CRITICAL": critical}}}}
 	}
 	ms := medians([]*RunResult{
 		run(true, 0.9, 0.8, 0.99, 0), run(false, 0.5, 0.3, 0.5, 4),
