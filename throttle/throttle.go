@@ -37,10 +37,10 @@
 //     would keep rejecting the usual requests for up to two minutes,
 //     although the backend accepted more than that per second all through
 //     the surge. So the whole window's estimate is also computed with the
-//     short window's request rate (plus two standard errors) in place of
-//     the whole window's, against the whole window's accept rate, and the
-//     lower of the two is used: the client sends at most K times what the
-//     backend accepted per second, whichever the demand. This needs no
+//     request rate of the last second (plus two standard errors) in place
+//     of the whole window's, against the whole window's accept rate, and
+//     the lower of the two is used: the client sends at most K times what
+//     the backend accepted per second, whichever the demand. This needs no
 //     minimum of recent requests, so a client whose rate fell below
 //     ShortMin per short window recovers too.
 //
@@ -108,6 +108,7 @@ type Throttle struct {
 	useShort bool
 	windowNS float64 // the whole window's span, ns
 	shortNS  float64 // the short window's span, ns
+	latest   int     // buckets in the last second (the demand cap's)
 	start    time.Time
 	startNS  int64        // start.UnixNano()
 	firstNS  atomic.Int64 // the time of the first count, 0 before it
@@ -212,6 +213,7 @@ func New(opts ...Option) (*Throttle, error) {
 		useShort: c.short != 0,
 		windowNS: float64(width) * float64(c.buckets),
 		shortNS:  float64(width) * float64(shortBuckets),
+		latest:   max(1, int((time.Second+width/2)/width)),
 		start:    clk.Now(),
 		random:   c.random,
 	}
@@ -331,10 +333,15 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 		return book, w.A, w.B, false
 	}
 	pl := book
+	fell := false
 	if pl > 0 {
-		pl = min(pl, rejectP(t.recentDemand(sw.A, ns), w.B, t.k))
+		rate := t.recentRate(lv, ns)
+		pl = min(pl, rejectP(rate*t.span(ns), w.B, t.k))
+		// Demand fell within the short window: its counts describe the
+		// traffic that is gone, not a new overload.
+		fell = 2*rate*t.shortNS < sw.A
 	}
-	if sw.A < t.shortMin {
+	if sw.A < t.shortMin || fell {
 		return pl, w.A, w.B, false
 	}
 	ps := rejectP(sw.A, sw.B, t.k)
@@ -353,16 +360,22 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 	return pl, w.A, w.B, false
 }
 
-// recentDemand returns the short window's requests, plus two standard
-// errors, scaled to the span the whole window's counts cover: the whole
-// window's request count if demand had always been what it is now.
-func (t *Throttle) recentDemand(shortReq float64, ns int64) float64 {
+// recentRate returns the requests per ns of the last second, plus two
+// standard errors.
+func (t *Throttle) recentRate(lv *level, ns int64) float64 {
+	req, recent := lv.Latest(ns, t.latest)
+	r := float64(max(recent, int64(time.Second)/4)) // a quarter second at least, against noise
+	return (req + 2*math.Sqrt(req+1)) / r
+}
+
+// span returns the time the whole window's counts cover at ns: the
+// window, or less since the first count.
+func (t *Throttle) span(ns int64) float64 {
 	span := t.windowNS
 	if first := t.firstNS.Load(); first != 0 {
 		span = min(span, float64(ns-first))
 	}
-	span = max(span, t.shortNS)
-	return (shortReq + 2*math.Sqrt(shortReq+1)) * span / t.shortNS
+	return max(span, t.shortNS)
 }
 
 // rejectP is the book's max(0, (requests - K*accepts) / (requests + 1)).

@@ -230,7 +230,7 @@ func TestRecoveryWithinSeconds(t *testing.T) {
 // accepted more than them per second all through the surge. Two clients
 // offer 10x the backend's capacity for 30 s, then a fifth of it (10 and
 // 2 requests a second per client; the latter is below ShortMin per short
-// window). Within 5 s of the drop, no request is rejected locally. The
+// window). From 2 s after the drop, no request is rejected locally. The
 // book's rule alone keeps rejecting most of them for about two minutes.
 func TestDemandDropEndsThrottling(t *testing.T) {
 	const capacity = 100
@@ -248,12 +248,12 @@ func TestDemandDropEndsThrottling(t *testing.T) {
 				b := &backend{capacity: capacity}
 				run(clients, criticality.Sheddable, b, epoch, 30*time.Second, 10*capacity)
 				per := run(clients, criticality.Sheddable, b, epoch.Add(30*time.Second), 30*time.Second, after)
-				s := sum(per[5:])
+				s := sum(per[2:])
 				if s.rejected != 0 {
 					t.Fatalf("%s, %d/s: the backend rejected %d below its capacity", mode.name, after, s.rejected)
 				}
 				if !mode.want(s.local) {
-					t.Errorf("%s, %d/s, seed %d: %d of %d requests rejected locally from 5 s to 30 s after demand fell; per second: %v",
+					t.Errorf("%s, %d/s, seed %d: %d of %d requests rejected locally from 2 s to 30 s after demand fell; per second: %v",
 						mode.name, after, seed, s.local, s.local+s.accepted, locals(per))
 				}
 			}

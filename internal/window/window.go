@@ -149,6 +149,26 @@ func (c *Counter) Sums(ns int64) (window, short Pair) {
 	return window, short
 }
 
+// Latest returns the first kind's count over the newest k buckets (the
+// current one, partly elapsed, and the k-1 before it) and the span they
+// cover in ns, ending at ns. k is clamped to [1, n]. It reads k slots.
+func (c *Counter) Latest(ns int64, k int) (a float64, span int64) {
+	k = max(1, min(k, int(c.n)))
+	e := floorDiv(ns, c.width)
+	s := c.snap.Load()
+	if e > s.epoch {
+		s = c.rotate(e)
+	}
+	if e < s.epoch {
+		e = s.epoch
+		ns = (e + 1) * c.width
+	}
+	for x := e - int64(k) + 1; x <= e; x++ {
+		a += float64(unpack(c.slot(x).Load())[0])
+	}
+	return a, ns - (e-int64(k)+1)*c.width
+}
+
 func floorDiv(a, b int64) int64 {
 	q := a / b
 	if (a%b != 0) && (a < 0) {

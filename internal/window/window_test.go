@@ -114,3 +114,24 @@ func TestNewRejectsBadGeometry(t *testing.T) {
 		}()
 	}
 }
+
+// Latest counts the newest k buckets, the current one partly elapsed, and
+// says how long a span that is.
+func TestLatest(t *testing.T) {
+	c := New(sec, 10, 3)
+	for i := int64(0); i < 10; i++ {
+		c.Add(i*sec, uint32(i), 0) // i events at the start of second i
+	}
+	if a, span := c.Latest(9*sec+sec/2, 2); a != 8+9 || span != sec+sec/2 {
+		t.Fatalf("Latest(9.5s, 2) = %v over %v ns; want 17 over 1.5 s", a, span)
+	}
+	if a, span := c.Latest(9*sec, 1); a != 9 || span != 0 {
+		t.Fatalf("Latest(9s, 1) = %v over %v ns", a, span)
+	}
+	if a, _ := c.Latest(9*sec, 50); a != 45 { // clamped to the window
+		t.Fatalf("Latest(9s, 50) = %v, want 45", a)
+	}
+	if a, span := c.Latest(30*sec, 2); a != 0 || span != sec {
+		t.Fatalf("after an idle gap: %v over %v ns", a, span)
+	}
+}
