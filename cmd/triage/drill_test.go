@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/triagehq/triage/cmd/triage/internal/drill"
 )
 
 // asCLI makes this test binary the triage command, so that the drill can
@@ -59,6 +61,12 @@ func TestDrillShortened(t *testing.T) {
 			Seconds  []struct {
 				CriticalRejected map[string]int `json:"critical_rejected"`
 			} `json:"seconds"`
+			Residue []struct {
+				Task       string    `json:"task"`
+				Goroutines [2]int    `json:"goroutines"`
+				LiveHeap   [2]uint64 `json:"live_heap"`
+				Read       bool      `json:"read"`
+			} `json:"residue"`
 			Ledger struct {
 				Sent     [4]uint64 `json:"sent"`
 				Answered [4]uint64 `json:"answered"`
@@ -83,6 +91,18 @@ func TestDrillShortened(t *testing.T) {
 		l := r.Ledger
 		if l.Sent != l.Answered || l.Twice != 0 || l.Late != 0 || l.Sent == [4]uint64{} {
 			t.Errorf("%s: ledger %+v does not balance", r.Name, l)
+		}
+	}
+	// After each run, every task's goroutines and live heap are back to
+	// their baseline (within the drill's slack).
+	for _, r := range res.Runs {
+		if len(r.Residue) != 10 {
+			t.Errorf("%s: residue of %d tasks, want 10", r.Name, len(r.Residue))
+		}
+		for _, x := range r.Residue {
+			if !x.Read || x.Goroutines[1] > x.Goroutines[0]+drill.GoroutineSlack || x.LiveHeap[1] > x.LiveHeap[0]+drill.LiveHeapSlack {
+				t.Errorf("%s: %s did not return to its baseline: %+v", r.Name, x.Task, x)
+			}
 		}
 	}
 	with, without := res.Runs[0], res.Runs[1]

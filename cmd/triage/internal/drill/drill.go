@@ -193,7 +193,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				}
 				res.Runs = append(res.Runs, r)
 			}
-			if errors.Is(err, errLedger) {
+			if errors.Is(err, errChecks) {
 				v.printf("  %v\n", err)
 				unbalanced = append(unbalanced, err)
 			} else if err != nil {
@@ -365,9 +365,9 @@ func (s *stack) stopAll() {
 	wg.Wait()
 }
 
-// errLedger is wrapped by the error of a run whose ledger does not
-// balance.
-var errLedger = errors.New("drill: the ledger does not balance")
+// errChecks is wrapped by the error of a run whose ledger does not
+// balance or whose tasks did not return to their baseline.
+var errChecks = errors.New("drill: a run's checks failed")
 
 func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *view) (*RunResult, error) {
 	name, quotaSvc := "with triage", ", quota service"
@@ -527,6 +527,7 @@ func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 	case <-time.After(warmup): // the load generator warms the stack up meanwhile
 	case <-ctx.Done():
 	}
+	baseline := dr.s.stats(true)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	loadDone := make(chan struct{})
@@ -557,8 +558,19 @@ func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 			dr.actions.Wait()
 			dr.run.finish(time.Since(dr.start))
 			dr.v.printf("== run %q done: goodput %.2f of the provisioned rate, %d task deaths\n", dr.run.Name, dr.run.GoodputFrac, dr.run.TasksDied)
+			lg.close() // its idle connections are the generator's, not the frontend's
+			dr.run.Residue = dr.settle(ctx, baseline)
+			var errs []string
 			if err := dr.run.Ledger.Check(); err != nil {
-				return dr.run, fmt.Errorf("%w: run %q: %v", errLedger, dr.run.Name, err)
+				errs = append(errs, err.Error())
+			}
+			for _, r := range dr.run.Residue {
+				if !r.Settled() {
+					errs = append(errs, r.String())
+				}
+			}
+			if len(errs) > 0 {
+				return dr.run, fmt.Errorf("%w: run %q: %s", errChecks, dr.run.Name, strings.Join(errs, "; "))
 			}
 			return dr.run, nil
 		case <-tick.C:
@@ -572,6 +584,35 @@ func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 			}
 			dr.s.poll(dr.run, el)
 			dr.v.show(dr.run, script[ph].name, el, dr.d)
+		}
+	}
+}
+
+// settleWithin bounds the wait, after a run's load, for every task to
+// return to its baseline.
+const settleWithin = 15 * time.Second
+
+// settle waits until every task's goroutines and live heap are back to
+// their baseline (read after the warm-up, before the load), or
+// settleWithin passes, and returns the last reading of each task.
+func (dr *driver) settle(ctx context.Context, baseline map[string]Stats) []Residue {
+	deadline := time.Now().Add(settleWithin)
+	for {
+		now := dr.s.stats(true)
+		var out []Residue
+		settled := true
+		for _, name := range sortedKeys(baseline) {
+			b, a := baseline[name], now[name]
+			r := Residue{Task: name, Goroutines: [2]int{b.Goroutines, a.Goroutines}, LiveHeap: [2]uint64{b.LiveHeap, a.LiveHeap}, Read: a.ID != ""}
+			settled = settled && r.Settled()
+			out = append(out, r)
+		}
+		if settled || time.Now().After(deadline) || ctx.Err() != nil {
+			return out
+		}
+		select {
+		case <-time.After(500 * time.Millisecond): // polling real processes
+		case <-ctx.Done():
 		}
 	}
 }
@@ -681,11 +722,19 @@ func (s *stack) rollingRestart(ctx context.Context, role string, v *view, run *R
 }
 
 // poll reads every task's stats into the run's current second.
-func (s *stack) poll(run *RunResult, el time.Duration) {
+func (s *stack) poll(run *RunResult, el time.Duration) { run.sample(el, s.stats(false)) }
+
+// stats reads every task's stats; with gc, each task collects its garbage
+// first, so that its live heap is what it holds.
+func (s *stack) stats(gc bool) map[string]Stats {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	stats := map[string]Stats{}
 	client := &http.Client{Timeout: 500 * time.Millisecond}
+	path := "/stats"
+	if gc {
+		path += "?gc=1"
+	}
 	for _, p := range s.procs {
 		if p.stats == "" {
 			continue
@@ -693,7 +742,7 @@ func (s *stack) poll(run *RunResult, el time.Duration) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := client.Get("http://" + p.stats + "/stats")
+			resp, err := client.Get("http://" + p.stats + path)
 			if err != nil {
 				return
 			}
@@ -707,7 +756,7 @@ func (s *stack) poll(run *RunResult, el time.Duration) {
 		}()
 	}
 	wg.Wait()
-	run.sample(el, stats)
+	return stats
 }
 
 // percentile returns the q-quantile of sorted xs.

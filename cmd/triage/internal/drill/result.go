@@ -129,6 +129,9 @@ type RunResult struct {
 	Seconds  []Second  `json:"seconds"`
 	// Ledger accounts for every request the run sent.
 	Ledger Ledger `json:"ledger"`
+	// Residue is, per task, what it held before the load and after it:
+	// the run fails unless every task returned to its baseline.
+	Residue []Residue `json:"residue,omitempty"`
 
 	mu       sync.Mutex
 	tasks    []string
@@ -146,6 +149,37 @@ type Ledger struct {
 	Answered [4]uint64 `json:"answered"`
 	Twice    uint64    `json:"answered_twice"`
 	Late     uint64    `json:"late"`
+}
+
+// Residue is one task's goroutines and live heap (after a collection) at
+// its baseline, after the warm-up, and after the run's load.
+type Residue struct {
+	Task       string    `json:"task"`
+	Goroutines [2]int    `json:"goroutines"`
+	LiveHeap   [2]uint64 `json:"live_heap"`
+	Read       bool      `json:"read"` // its stats answered after the load
+}
+
+// What a task may hold beyond its baseline after a run and still count
+// as returned to it: a few goroutines (a connection re-established to a
+// restarted task, a health-check stream) and a few MiB of live heap
+// (tables bounded by design: throttles, usage, subsets).
+const (
+	GoroutineSlack = 8
+	LiveHeapSlack  = 8 << 20
+)
+
+// Settled reports whether the task returned to its baseline.
+func (r Residue) Settled() bool {
+	return r.Read && r.Goroutines[1] <= r.Goroutines[0]+GoroutineSlack && r.LiveHeap[1] <= r.LiveHeap[0]+LiveHeapSlack
+}
+
+func (r Residue) String() string {
+	if !r.Read {
+		return r.Task + ": no stats after the load"
+	}
+	return fmt.Sprintf("%s: %d goroutines and %.1f MiB live heap after the load, %d and %.1f MiB before",
+		r.Task, r.Goroutines[1], float64(r.LiveHeap[1])/(1<<20), r.Goroutines[0], float64(r.LiveHeap[0])/(1<<20))
 }
 
 // LedgerSlack is how long past the user's timeout an answer may come.

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,6 +111,11 @@ type Stats struct {
 	// the DB tier's quota view.
 	Usage map[string]float64 `json:"usage,omitempty"`
 	Limit map[string]float64 `json:"limit,omitempty"`
+	// Goroutines and LiveHeap are the process's (after a collection when
+	// asked with ?gc=1): the drill checks that a task returns to its
+	// baseline after a run.
+	Goroutines int    `json:"goroutines"`
+	LiveHeap   uint64 `json:"live_heap"`
 	// Admission is the task's admission controller (with triage): its
 	// pending cap, the requests it holds and its execution limit.
 	Admission *AdmissionStats `json:"admission,omitempty"`
@@ -391,7 +398,10 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 	if !t.cfg.Protect {
 		s := grpc.NewServer()
 		relay.RegisterFunc(s, handler)
-		go s.Serve(ln)
+		go func() {
+			connectNext(next) // as the protected task does, so both runs start connected
+			s.Serve(ln)
+		}()
 		return s.Stop, nil
 	}
 	meter, err := balance.NewMeter(balance.WithUtilization(t.mach.current))
@@ -583,9 +593,18 @@ func reasonOf(err error) string {
 	return "error"
 }
 
-func (t *task) serveStats(w http.ResponseWriter, _ *http.Request) {
+func (t *task) serveStats(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("gc") == "1" {
+		runtime.GC()
+	}
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(live)
 	s := Stats{ID: t.cfg.ID, Role: t.cfg.Role, Slots: t.cfg.Slots, Busy: t.mach.utilization() * float64(t.cfg.Slots),
-		Served: t.served.Load(), Degraded: t.degraded.Load(), Memory: t.memory.Load(), Rejected: map[string]int64{}}
+		Served: t.served.Load(), Degraded: t.degraded.Load(), Memory: t.memory.Load(), Rejected: map[string]int64{},
+		Goroutines: runtime.NumGoroutine()}
+	if live[0].Value.Kind() == metrics.KindUint64 {
+		s.LiveHeap = live[0].Value.Uint64()
+	}
 	for i := range s.Attempts {
 		s.Attempts[i] = t.attempts[i].Load()
 	}
