@@ -874,11 +874,19 @@ func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
 		c.lastShed.Store(now)
 	}
 	dr := 0
-	if w, _ := c.attempts.Sums(now); w.A >= dontRetryMinRequests/float64(c.sampleMask.Load()+1) && w.B >= c.dontRetryRatio*w.A {
+	if c.retriesHigh(now) {
 		dr = 1
 	}
 	c.obs.Rejected(l, r, dr == 1)
 	return c.errs[r][dr]
+}
+
+// retriesHigh reports whether the share of retries among recent requests
+// is at least the don't-retry ratio: rejections then say "overloaded;
+// don't retry".
+func (c *Controller) retriesHigh(now int64) bool {
+	w, _ := c.attempts.Sums(now)
+	return w.A >= dontRetryMinRequests/float64(c.sampleMask.Load()+1) && w.B >= c.dontRetryRatio*w.A
 }
 
 // Start gives the request an execution slot, waiting for one if needed (at

@@ -190,19 +190,27 @@ func (c *Controller) enqueue(w *waiter, r int) error {
 	return nil
 }
 
-// waitBudget is how long a request may wait for a slot: the max wait (an
-// interval more while the baseline probe holds the limit at its minimum:
-// a probe delays requests, as BBR's ProbeRTT does, and sheds none for it),
-// or less when its deadline leaves less time, less the expected service
-// time; byDeadline says the deadline set it.
-func (c *Controller) waitBudget(ctx context.Context, now time.Time) (budget time.Duration, byDeadline bool) {
+// waitBudget is how long a request of level l may wait for a slot: the
+// max wait (an interval more while the baseline probe holds the limit at
+// its minimum: a probe delays requests, as BBR's ProbeRTT does, and sheds
+// none for it), or less when its deadline leaves less time, less the
+// expected service time; byDeadline says the deadline set it. The max
+// wait is there so that a refused client retries elsewhere in time; when
+// the refusal would say "overloaded; don't retry" (retriesHigh), nobody
+// would, so a CRITICAL or CRITICAL_PLUS request with a deadline waits
+// until the deadline leaves only the expected service time.
+func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level) (budget time.Duration, byDeadline bool) {
 	budget = c.maxWait
 	if c.probingNow.Load() {
 		budget = max(budget, time.Duration(c.interval)+c.maxWait)
 	}
 	if d, ok := ctx.Deadline(); ok {
-		if left := d.Sub(now) - c.expectedService(); left < budget {
+		left := d.Sub(now) - c.expectedService()
+		if left < budget {
 			return max(left, 0), true
+		}
+		if l >= criticality.Critical && c.retriesHigh(c.now()) {
+			return left, true
 		}
 	}
 	return budget, false
@@ -221,7 +229,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 	if err := c.enqueue(w, p.rank); err != nil {
 		return err
 	}
-	budget, byDeadline := c.waitBudget(ctx, now)
+	budget, byDeadline := c.waitBudget(ctx, now, t.level)
 	first, rest := budget, time.Duration(0)
 	if p.decayIn > 0 && p.decayIn < budget {
 		first, rest = p.decayIn, budget-p.decayIn
