@@ -55,8 +55,9 @@
 //
 // Deadline-aware shedding (the CRE post: the cheapest load to shed): a
 // request whose deadline is closer than its expected wait plus service
-// time is rejected before any work; a waiting request whose caller went
-// away leaves the queue.
+// time is rejected before any work (an interval in which no request
+// finished halves the expected service time: it is evidence no longer);
+// a waiting request whose caller went away leaves the queue.
 //
 // Attempt histograms: the controller keeps a sliding count of the attempt
 // counters of recent requests. When it must reject and a significant share
@@ -1168,6 +1169,7 @@ func (c *Controller) maybeAdjust(now int64) {
 	if now < c.nextAdjust.Load() {
 		return
 	}
+	intervals := max(1, (now-c.nextAdjust.Load())/c.interval+1) // since the last adjustment
 	c.nextAdjust.Store(now + c.interval)
 	if c.saturation != nil {
 		c.saturated.Store(c.saturation.Utilization() >= saturatedAt)
@@ -1176,6 +1178,12 @@ func (c *Controller) maybeAdjust(now int64) {
 	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
 	waited := c.waited.Swap(false)
 	if n == 0 {
+		// No measured request finished: no evidence of the service time.
+		// The estimate halves with each such interval, so that a stale
+		// one (requests held across a pause of the process) cannot
+		// refuse every request for its deadline, and so measure nothing
+		// new, for good.
+		c.expectedSvc.Store(c.expectedSvc.Load() >> min(intervals, 62))
 		return
 	}
 	mean := sum / n

@@ -60,6 +60,43 @@ func TestSignalShedsLowerCriticalityFirstAndProgressively(t *testing.T) {
 	}
 }
 
+// A task paused for seconds (SIGSTOP, a stalled VM) finishes the
+// requests it held with seconds of service time; every request after it
+// has a shorter deadline, and was refused for it before it ran, so no
+// new service time was measured and the task refused everything for
+// good. An interval without a measurement is no evidence: the expected
+// service time halves, and requests are admitted again within a second.
+func TestStaleServiceTimeDoesNotRefuseForever(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(4, 4, 4))
+	var held [4]admission.Ticket
+	for i := range held {
+		c.Arrive(&held[i], criticality.Critical, 0, time.Time{})
+		c.Start(context.Background(), &held[i])
+	}
+	f.Advance(10 * time.Second) // the pause
+	for i := range held {
+		c.Done(&held[i])
+	}
+	admittedAt := time.Duration(-1)
+	for step := time.Duration(0); step <= 3*time.Second; step += 10 * time.Millisecond {
+		var tk admission.Ticket
+		err := c.Arrive(&tk, criticality.Critical, 0, f.Now().Add(time.Second))
+		if err == nil {
+			admittedAt = step
+			c.Done(&tk)
+			break
+		}
+		if reason(t, err) != admission.Deadline {
+			t.Fatalf("refused for %v", err)
+		}
+		f.Advance(10 * time.Millisecond)
+	}
+	if admittedAt < 0 || admittedAt > time.Second {
+		t.Fatalf("a request with a 1 s deadline admitted %v after the pause, want within 1 s (-1: never in 3 s); service time %v", admittedAt, c.Stats().ServiceTime)
+	}
+}
+
 func TestDeadlineTooCloseIsRejectedAtOnce(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithInterval(time.Second))
