@@ -29,6 +29,15 @@
 //     a penalty for errors. The score is gRPC's A58 formula,
 //     qps / (utilization + penalty × eps / qps).
 //
+// A backend that stops answering while its connection stays up (a hung
+// or paused process) is not seen by any of these: the flow-control cap
+// fills only as fast as the client sends. So the adapter ends a request
+// that reached its deadline with nothing from the backend with
+// DoneUnanswered, and after DefaultEjectAfter of those in a row the
+// endpoint is Unresponsive, out of the rotation as a lame duck is, for
+// DefaultEjection, doubled for each ejection in a row (outlier ejection,
+// as Envoy and gRPC's A50 do it; WithEjection).
+//
 // Pick and Done do not allocate and take no lock; a Pick reads the clock
 // once every 64 picks. Weights are recomputed by the Pick or Report that
 // finds the period over, which rebuilds the schedule (a sort of at most maxSlots
@@ -106,6 +115,11 @@ const (
 	// LameDuck is a backend that still serves but asks clients to stop
 	// sending it requests.
 	LameDuck
+	// Unresponsive is a backend ejected for not answering: the client's
+	// last requests to it all ended at their deadlines without an answer
+	// (a hung process holds its connections open, so they look healthy).
+	// Like LameDuck, it is picked only when no backend is Healthy.
+	Unresponsive
 )
 
 // String returns the state's name.
@@ -117,6 +131,8 @@ func (s State) String() string {
 		return "healthy"
 	case LameDuck:
 		return "lame_duck"
+	case Unresponsive:
+		return "unresponsive"
 	}
 	return fmt.Sprintf("State(%d)", uint32(s))
 }
@@ -162,6 +178,8 @@ type config struct {
 	blackout     time.Duration
 	expiry       time.Duration
 	errorPenalty float64
+	ejectAfter   uint32
+	ejection     time.Duration
 	clock        clock.Clock
 	obs          Observer
 }
@@ -182,6 +200,26 @@ const DefaultLameDuckExpiry = 5 * time.Second
 // client's requests active is not picked. Default 100 (the book: "for most
 // backends, 100 is a reasonable limit"). 0 disables the cap.
 func WithMaxActive(n int) Option { return optionFunc(func(c *config) { c.maxActive = int64(n) }) }
+
+// Defaults of WithEjection: five requests in a row unanswered (Envoy's
+// consecutive failures before an outlier is ejected), ejected for 1 s,
+// doubling with each ejection in a row up to MaxEjection.
+const (
+	DefaultEjectAfter = 5
+	DefaultEjection   = time.Second
+	MaxEjection       = 30 * time.Second
+)
+
+// WithEjection sets when a backend that does not answer is ejected: after
+// n of the client's requests in a row ended at their deadlines without
+// an answer (Endpoint.DoneUnanswered), for d, doubled with each ejection
+// in a row (an ejected backend gets requests again after it, and one more
+// unanswered ejects it again) up to MaxEjection; an answer ends the
+// series. n 0 disables ejection. Default DefaultEjectAfter and
+// DefaultEjection.
+func WithEjection(n int, d time.Duration) Option {
+	return optionFunc(func(c *config) { c.ejectAfter, c.ejection = uint32(max(n, -1)), d })
+}
 
 // WithErrorWindow sets how long an error counts as an active request under
 // LeastLoaded: recent errors are halved every window. Default 1 s.
@@ -233,9 +271,9 @@ type Balancer struct {
 
 	update     sync.Mutex // held while recomputing weights
 	nextUpdate atomic.Int64
-	// lameDucks is at least the number of endpoints in LameDuck (exact
-	// after each expireLameDucks): while it is 0, picks look for no
-	// expired announcement.
+	// lameDucks is at least the number of endpoints in LameDuck or
+	// Unresponsive (exact after each expireLameDucks): while it is 0,
+	// picks look for no expired announcement or ejection.
 	lameDucks atomic.Int64
 }
 
@@ -251,7 +289,7 @@ const maxSlots = 1 << 14
 // New returns a Balancer without endpoints.
 func New(opts ...Option) (*Balancer, error) {
 	c := config{maxActive: 100, errorWindow: time.Second, errorWeight: 1, period: time.Second,
-		blackout: 10 * time.Second, expiry: 3 * time.Minute, errorPenalty: 1}
+		blackout: 10 * time.Second, expiry: 3 * time.Minute, errorPenalty: 1, ejectAfter: DefaultEjectAfter, ejection: DefaultEjection}
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -264,6 +302,8 @@ func New(opts ...Option) (*Balancer, error) {
 		return nil, errors.New("balance: error window, weight period and expiry must be positive")
 	case c.blackout < 0:
 		return nil, errors.New("balance: negative blackout")
+	case c.ejectAfter > 1<<16 || c.ejectAfter > 0 && (c.ejection <= 0 || c.ejection > MaxEjection):
+		return nil, fmt.Errorf("balance: ejection after %d requests for %v: want 0 to 65536 requests, and a time in (0, %v]", int32(c.ejectAfter), c.ejection, MaxEjection)
 	case c.errorWeight < 0 || c.errorWeight > MaxErrorWeight:
 		return nil, fmt.Errorf("balance: error weight %d out of range [0, %d]", c.errorWeight, MaxErrorWeight)
 	case !(c.errorPenalty >= 0) || math.IsInf(c.errorPenalty, 0):
@@ -418,7 +458,7 @@ func (b *Balancer) lameDuckPick(eps []*Endpoint, start uint64) *Endpoint {
 	n := uint64(len(eps))
 	for i := range n {
 		e := eps[(start+i)%n]
-		if e.State() == LameDuck || e.eligible(b.cfg.maxActive) {
+		if st := e.State(); st == LameDuck || st == Unresponsive || e.eligible(b.cfg.maxActive) {
 			if b.cfg.maxActive == 0 || e.Active() < b.cfg.maxActive {
 				return e
 			}
@@ -428,18 +468,24 @@ func (b *Balancer) lameDuckPick(eps []*Endpoint, start uint64) *Endpoint {
 }
 
 // expireLameDucks makes Healthy the endpoints whose lame duck
-// announcement is older than DefaultLameDuckExpiry, and recounts the
-// others.
+// announcement is older than DefaultLameDuckExpiry, or whose ejection is
+// over, and recounts the others.
 func (b *Balancer) expireLameDucks(eps []*Endpoint, now int64) {
 	var left int64
 	for _, e := range eps {
-		if e.State() != LameDuck {
-			continue
-		}
-		if now-e.lameAt.Load() >= int64(DefaultLameDuckExpiry) {
-			e.expireLameDuck()
-		} else {
-			left++
+		switch e.State() {
+		case LameDuck:
+			if now-e.lameAt.Load() >= int64(DefaultLameDuckExpiry) {
+				e.expire(LameDuck)
+			} else {
+				left++
+			}
+		case Unresponsive:
+			if now >= e.ejectedUntil.Load() {
+				e.expire(Unresponsive)
+			} else {
+				left++
+			}
 		}
 	}
 	b.lameDucks.Store(left)
@@ -615,6 +661,12 @@ type Endpoint struct {
 	lastReport  int64
 	weight      atomic.Uint64 // float64 bits; 0: none
 	lameAt      atomic.Int64  // when it was last put in LameDuck, ns since the Balancer's start
+	// misses counts the requests in a row that ended unanswered;
+	// ejections, the ejections in a row; ejectedUntil is when the last
+	// one ends, ns since the Balancer's start.
+	misses       atomic.Uint32
+	ejections    atomic.Uint32
+	ejectedUntil atomic.Int64
 }
 
 // SetValue attaches v to the endpoint, for the adapter (the gRPC adapter
@@ -669,16 +721,18 @@ func (e *Endpoint) SetState(s State) {
 		e.lameAt.Store(e.b.readClock())
 		e.b.lameDucks.Add(1)
 	}
-	e.setState(s, false)
+	e.setState(s, Refusing)
 }
 
-// expireLameDuck makes a LameDuck endpoint Healthy, unless its state
+// expire makes an endpoint in state from Healthy, unless its state
 // changed meanwhile.
-func (e *Endpoint) expireLameDuck() { e.setState(Healthy, true) }
+func (e *Endpoint) expire(from State) { e.setState(Healthy, from) }
 
-func (e *Endpoint) setState(s State, onlyFromLameDuck bool) {
+// setState sets the state; from, unless Refusing, is the state it must be
+// in.
+func (e *Endpoint) setState(s State, from State) {
 	e.b.update.Lock() // orders state changes with their bit
-	if onlyFromLameDuck && State(e.state.Load()) != LameDuck {
+	if from != Refusing && State(e.state.Load()) != from {
 		e.b.update.Unlock()
 		return
 	}
@@ -743,13 +797,48 @@ func (b *Balancer) decayErrors(eps []*Endpoint, epoch int64) {
 	}
 }
 
-// Done ends a request picked on e. failed says it ended in an error that
-// counts against the backend (not, say, the caller's cancellation).
+// Done ends a request picked on e that the backend answered. failed says
+// the answer is an error that counts against the backend (not, say, the
+// caller's cancellation).
 func (e *Endpoint) Done(failed bool) {
 	e.w.Add(^uint64(oneActive - 1)) // minus oneActive
 	if failed {
 		e.addError()
 	}
+	if e.misses.Load() != 0 {
+		e.misses.Store(0)
+		e.ejections.Store(0)
+	}
+}
+
+// DoneUnanswered ends a request picked on e that reached its deadline
+// with no answer from the backend: an error, and a miss. After
+// WithEjection's count of misses in a row, the endpoint is Unresponsive
+// for the ejection time (doubled for each ejection in a row); after it,
+// one more miss ejects it again.
+func (e *Endpoint) DoneUnanswered() {
+	e.w.Add(^uint64(oneActive - 1))
+	e.addError()
+	n := e.b.cfg.ejectAfter
+	if n == 0 {
+		return
+	}
+	m := e.misses.Load()
+	if m < n {
+		m = e.misses.Add(1)
+	}
+	if m < n || e.State() != Healthy {
+		return
+	}
+	k := e.ejections.Load()
+	if k < 16 {
+		k = e.ejections.Add(1)
+	}
+	k = min(k, 16) - 1
+	d := min(e.b.cfg.ejection<<k, MaxEjection)
+	e.ejectedUntil.Store(e.b.readClock() + int64(d))
+	e.b.lameDucks.Add(1)
+	e.setState(Unresponsive, Healthy)
 }
 
 // Report records a load report from the backend (from a response trailer

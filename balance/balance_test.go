@@ -477,3 +477,66 @@ func TestExtremeReportGivesFiniteWeight(t *testing.T) {
 		}
 	}
 }
+
+// A backend that answers nothing (a hung process: its connection stays
+// up, so it stays Healthy) is ejected once DefaultEjectAfter requests in
+// a row ended at their deadlines unanswered: picks go to the others.
+// After the ejection time it gets requests again; one more unanswered
+// ejects it for twice as long; an answer ends the ejections. While every
+// backend is ejected, picks still go to one of them.
+func TestUnresponsiveBackendIsEjected(t *testing.T) {
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 2, WithPolicy(p))
+		hung, answers := eps[0], true
+		picks := func(n int) (onHung int) {
+			for range n {
+				e, err := b.Pick()
+				if err != nil {
+					t.Fatalf("%v: %v", p, err)
+				}
+				if e == hung && !answers {
+					onHung++
+					e.DoneUnanswered()
+					continue
+				}
+				if e == hung {
+					onHung++
+				}
+				e.Done(false)
+			}
+			return onHung
+		}
+		answers = false
+		if n := picks(200); n != DefaultEjectAfter || hung.State() != Unresponsive {
+			t.Fatalf("%v: %d requests to the hung backend, state %v; want %d, then %v", p, n, hung.State(), DefaultEjectAfter, Unresponsive)
+		}
+		clk.Advance(DefaultEjection + time.Millisecond)
+		if n := picks(200); n != 1 || hung.State() != Unresponsive {
+			t.Fatalf("%v: after the ejection, %d requests to the still hung backend before it is ejected again (state %v), want 1", p, n, hung.State())
+		}
+		clk.Advance(DefaultEjection + time.Millisecond)
+		if n := picks(200); n != 0 {
+			t.Fatalf("%v: %d requests to the backend one ejection time into its second ejection, which lasts two", p, n)
+		}
+		clk.Advance(DefaultEjection)
+		answers = true
+		if n := picks(200); n < 90 || hung.State() != Healthy {
+			t.Fatalf("%v: %d of 200 requests to the backend answering again (state %v)", p, n, hung.State())
+		}
+		answers = false
+		if n := picks(200); n != DefaultEjectAfter {
+			t.Fatalf("%v: after an answer, %d requests unanswered before the backend is ejected again, want %d", p, n, DefaultEjectAfter)
+		}
+		for range DefaultEjectAfter {
+			eps[1].w.Add(oneActive)
+			eps[1].DoneUnanswered()
+		}
+		if eps[1].State() != Unresponsive {
+			t.Fatalf("%v: the second backend is %v", p, eps[1].State())
+		}
+		if e, err := b.Pick(); err != nil || e == nil {
+			t.Fatalf("%v: every backend ejected: %v, %v", p, e, err)
+		}
+	}
+}

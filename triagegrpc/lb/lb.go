@@ -81,6 +81,12 @@ type Config struct {
 	// under least_loaded (default 1; 0 turns the protection against
 	// sinkholing off).
 	ErrorWeight *int `json:"errorWeight,omitempty"`
+	// EjectAfter is how many calls in a row must end at their deadlines
+	// with nothing received from a backend before it is ejected (default
+	// 5; 0 disables ejection), and Ejection how long its first ejection
+	// lasts ("1s" by default; doubled for each in a row, at most 30s).
+	EjectAfter *int   `json:"ejectAfter,omitempty"`
+	Ejection   string `json:"ejection,omitempty"`
 
 	opts []balance.Option
 	alg  subset.Algorithm
@@ -186,6 +192,21 @@ func ParseConfig(js []byte) (*Config, error) {
 	}
 	if c.ErrorWeight != nil {
 		c.opts = append(c.opts, balance.WithErrorWeight(*c.ErrorWeight))
+	}
+	if c.EjectAfter != nil || c.Ejection != "" {
+		n, d := balance.DefaultEjectAfter, balance.DefaultEjection
+		if c.EjectAfter != nil {
+			n = *c.EjectAfter
+		}
+		if c.Ejection != "" {
+			if d, err = time.ParseDuration(c.Ejection); err != nil {
+				return nil, fmt.Errorf("triage balancer: ejection %q is not a duration", c.Ejection)
+			}
+		}
+		if n < 0 || n > 1<<16 || n > 0 && (d <= 0 || d > balance.MaxEjection) {
+			return nil, fmt.Errorf("triage balancer: ejectAfter %d, ejection %v (want 0 to 65536 calls, and a duration in (0, %v])", n, d, balance.MaxEjection)
+		}
+		c.opts = append(c.opts, balance.WithEjection(n, d))
 	}
 	if c.SubsetSize < 0 {
 		return nil, fmt.Errorf("triage balancer: subsetSize %d", c.SubsetSize)
@@ -317,7 +338,8 @@ func (b *triageBalancer) ExitIdle() { b.child.ExitIdle() }
 // endpointData is what the picker keeps on each balance.Endpoint.
 type endpointData struct {
 	picker balancer.Picker
-	done   func(balancer.DoneInfo)
+	e      *balance.Endpoint
+	done   func(balancer.DoneInfo) // for calls without a deadline
 }
 
 func (b *triageBalancer) UpdateState(s balancer.State) {
@@ -380,7 +402,7 @@ func (b *triageBalancer) apply() (ready int, ok bool) {
 			default:
 				e.SetState(balance.Refusing) // a new connection starts afresh
 			}
-			e.SetValue(&endpointData{picker: c.State.Picker, done: doneFunc(e)})
+			e.SetValue(&endpointData{picker: c.State.Picker, e: e, done: doneFunc(e)})
 		}
 	}
 	b.version.Store(version)
@@ -467,29 +489,58 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if err != nil {
 		return r, err
 	}
+	done := d.done
+	if deadline, ok := info.Ctx.Deadline(); ok {
+		e, picked := d.e, time.Now()
+		done = func(di balancer.DoneInfo) { finish(e, di, unanswered(di, picked, deadline)) }
+	}
 	if inner := r.Done; inner != nil {
-		r.Done = func(di balancer.DoneInfo) { d.done(di); inner(di) }
+		r.Done = func(di balancer.DoneInfo) { done(di); inner(di) }
 	} else {
-		r.Done = d.done
+		r.Done = done
 	}
 	return r, nil
+}
+
+// unanswered says a call ended with nothing received from the backend
+// after waiting at least nine tenths of its time: at its deadline, or
+// cancelled just before it by a caller upstream whose deadline came
+// first (each hop's deadline is a little later than its caller's).
+func unanswered(di balancer.DoneInfo, picked, deadline time.Time) bool {
+	if di.BytesReceived {
+		return false
+	}
+	if c := status.Code(di.Err); c != codes.DeadlineExceeded && c != codes.Canceled {
+		return false
+	}
+	budget := deadline.Sub(picked)
+	return budget > 0 && time.Since(picked) >= budget-budget/10
 }
 
 // doneFunc is an endpoint's completion: it ends the active request,
 // counts backend errors, takes the load report and the lame duck
 // announcement from the trailer.
 func doneFunc(e *balance.Endpoint) func(balancer.DoneInfo) {
-	return func(di balancer.DoneInfo) {
+	return func(di balancer.DoneInfo) { finish(e, di, false) }
+}
+
+// finish ends a call on e: unanswered, or answered and counted against
+// the backend if its error says so; then the trailer's load report and
+// lame duck announcement.
+func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool) {
+	if unanswered {
+		e.DoneUnanswered()
+	} else {
 		e.Done(backenderr.Failed(di.Err))
-		if l, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && l != nil {
-			u := l.GetApplicationUtilization()
-			if u <= 0 {
-				u = l.GetCpuUtilization()
-			}
-			e.Report(balance.Load{QPS: l.GetRpsFractional(), EPS: l.GetEps(), Utilization: u})
+	}
+	if l, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && l != nil {
+		u := l.GetApplicationUtilization()
+		if u <= 0 {
+			u = l.GetCpuUtilization()
 		}
-		if v := di.Trailer.Get(wire.LameDuckKey); len(v) > 0 && v[0] == "1" {
-			e.SetState(balance.LameDuck)
-		}
+		e.Report(balance.Load{QPS: l.GetRpsFractional(), EPS: l.GetEps(), Utilization: u})
+	}
+	if v := di.Trailer.Get(wire.LameDuckKey); len(v) > 0 && v[0] == "1" {
+		e.SetState(balance.LameDuck)
 	}
 }

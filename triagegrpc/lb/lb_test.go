@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
 
@@ -65,19 +66,63 @@ func TestBalancerFlowControlFailsFast(t *testing.T) {
 	}
 }
 
+// A backend that answers nothing (its handlers hang; the connection is
+// fine) is ejected after five calls in a row end at their deadlines with
+// nothing received: the calls after them go to the other backend.
+func TestBalancerEjectsHungBackend(t *testing.T) {
+	lb.Register()
+	release := make(chan struct{})
+	hung := grpc.NewServer()
+	relay.Register(hung, &relay.Tier{Name: "hung", Fail: func(context.Context, string) error {
+		<-release // ignores its deadline: sends nothing at all
+		return nil
+	}})
+	fine := grpc.NewServer()
+	relay.Register(fine, &relay.Tier{Name: "fine"})
+	hungAddr, fineAddr := loopback.ServeGRPC(t, hung), loopback.ServeGRPC(t, fine)
+	t.Cleanup(func() { close(release) }) // before the servers stop
+	r := manual.NewBuilderWithScheme("ejecttest")
+	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{
+		{Addresses: []resolver.Address{{Addr: hungAddr}}}, {Addresses: []resolver.Address{{Addr: fineAddr}}}}})
+	// A long ejection, so that no timing of this machine ends it within
+	// the test.
+	cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"ejection":"30s"}}]}`))
+	cc.Connect()
+	var failed []int
+	for i := range 40 {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		_, err := relay.Invoke(ctx, cc, "x", grpc.WaitForReady(true))
+		cancel()
+		if err != nil {
+			if status.Code(err) != codes.DeadlineExceeded {
+				t.Fatalf("call %d: %v", i, err)
+			}
+			failed = append(failed, i)
+		}
+	}
+	if len(failed) != balance.DefaultEjectAfter || failed[len(failed)-1] >= 20 {
+		t.Fatalf("calls %v of 40 timed out, want %d, all among the first 20", failed, balance.DefaultEjectAfter)
+	}
+}
+
 // A malformed configuration is refused when the service config is parsed.
 func TestParseConfigErrors(t *testing.T) {
 	for _, js := range []string{
 		`{"policy":"fastest"}`, `{"maxActive":-5}`, `{"subsetSize":3}`, `{"subsetSize":-1}`,
 		`{"subsetSize":3,"clientId":-1}`, `{"subsetAlgorithm":"consistent"}`, `{"errorWindow":"soon"}`,
 		`{"weightPeriod":"0s"}`, `{"blackout":"-1s"}`, `{"errorPenalty":-1}`, `{"errorWeight":-1}`, `{"unknown":1}`, `[]`,
+		`{"ejectAfter":-1}`, `{"ejectAfter":70000}`, `{"ejection":"soon"}`, `{"ejection":"0s"}`, `{"ejection":"1h"}`,
 	} {
 		if _, err := lb.ParseConfig([]byte(js)); err == nil {
 			t.Errorf("%s accepted", js)
 		}
 	}
-	if _, err := lb.ParseConfig([]byte(`{"policy":"least_loaded","subsetSize":20,"clientId":3,"blackout":"0s","maxActive":-1}`)); err != nil {
-		t.Errorf("a good config refused: %v", err)
+	for _, js := range []string{`{"policy":"least_loaded","subsetSize":20,"clientId":3,"blackout":"0s","maxActive":-1}`,
+		`{"ejectAfter":0}`, `{"ejectAfter":3,"ejection":"500ms"}`, `{"ejection":"30s"}`} {
+		if _, err := lb.ParseConfig([]byte(js)); err != nil {
+			t.Errorf("a good config %s refused: %v", js, err)
+		}
 	}
 }
 
@@ -89,6 +134,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"policy":"least_loaded","errorWeight":0,"maxActive":-1}`))
 	f.Add([]byte(`{"errorPenalty":1e308,"expiry":"9999999h"}`))
 	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"ejectAfter":5,"ejection":"2s"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = lb.ParseConfig(b)
 	})
