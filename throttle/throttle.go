@@ -43,6 +43,12 @@
 //     the backend accepted per second, whichever the demand. This needs no
 //     minimum of recent requests, so a client whose rate fell below
 //     ShortMin per short window recovers too.
+//   - When the backend answered every request of the last second without
+//     a rejection, the short window's rejections are history (an outage
+//     of its own dependency that ended, say), not an overload starting,
+//     and the whole window decides: alone, the short window would let the
+//     client double what it sends only once per short window, about 10 s
+//     from the 95% cap, while the backend accepts all of it.
 //
 // This package is the transport-free core; retry.Policy calls Allow before
 // each attempt and Done with its answer, and the gRPC and HTTP adapters
@@ -95,7 +101,8 @@ const (
 const MaxBuckets = 1024
 
 // Throttle is an adaptive throttle for one client. Its memory is fixed at
-// New: criticality.NumLevels x 2 x (buckets+1) 8-byte counters. It is safe
+// New: criticality.NumLevels x (buckets+1) 8-byte counters (each a pair of
+// 32-bit counts) and a few more for the last second. It is safe
 // for concurrent use; decisions take no lock (a lock is taken once per
 // bucket width, by the first caller to see a new bucket).
 //
@@ -117,8 +124,12 @@ type Throttle struct {
 	levels   [criticality.NumLevels]level
 }
 
-// level counts requests (A) and accepts (B) of one criticality.
-type level struct{ window.Counter }
+// level counts requests (A) and accepts (B) of one criticality, and in
+// refused the backend's rejections (A) of the last second.
+type level struct {
+	window.Counter
+	refused *window.Counter
+}
 
 // Option configures a Throttle.
 type Option interface{ apply(*config) }
@@ -224,6 +235,7 @@ func New(opts ...Option) (*Throttle, error) {
 	}
 	for i := range t.levels {
 		t.levels[i].Counter = *window.New(int64(width), c.buckets, shortBuckets)
+		t.levels[i].refused = window.New(int64(width), t.latest, 1)
 	}
 	return t, nil
 }
@@ -296,10 +308,13 @@ func (k Ticket) Done(accepted bool) {
 		return
 	}
 	var acc uint32
+	lv := &k.t.levels[k.l]
 	if accepted {
 		acc = 1
+	} else {
+		lv.refused.Add(k.ns, 1, 0)
 	}
-	k.t.count(&k.t.levels[k.l], k.ns, acc)
+	k.t.count(lv, k.ns, acc)
 }
 
 // Record counts a request of level l at time now that was sent without
@@ -354,10 +369,22 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 	// Onset is judged against the book's estimate: after demand fell, the
 	// short window still holds the surge's local rejections for a while,
 	// and they are not a new overload.
-	if ps > book+shortZ*se || ps < pl-recoverZ*se {
+	if ps > book+shortZ*se && !t.acceptingAll(lv, ns) || ps < pl-recoverZ*se {
 		return ps, sw.A, sw.B, true
 	}
 	return pl, w.A, w.B, false
+}
+
+// acceptingAll reports whether the backend accepted every request of lv
+// answered in the last second, and some: then the short window's
+// rejections are history (an outage that ended), not an onset, and the
+// whole window decides.
+func (t *Throttle) acceptingAll(lv *level, ns int64) bool {
+	if refused, _ := lv.refused.Latest(ns, t.latest); refused > 0 {
+		return false
+	}
+	p, _ := lv.LatestPair(ns, t.latest)
+	return p.B > 0
 }
 
 // recentRate returns the requests per ns of the last second, plus two

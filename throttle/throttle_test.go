@@ -225,6 +225,32 @@ func TestRecoveryWithinSeconds(t *testing.T) {
 	}
 }
 
+// An outage is not an overload that outlasts itself: a backend that
+// rejected everything for 5 s (its own dependency down) after a minute of
+// accepting everything is sent everything again within 2 s of accepting
+// again. The short window holds the outage's rejections and the local
+// rejections they caused; without more, the book's ratio lets the clients
+// double what they send only once per short window (about 10 s from the
+// 95% cap), while the backend accepts all of it.
+func TestOutageDoesNotOutlastItself(t *testing.T) {
+	var got []int
+	for seed := uint64(1); seed <= 8; seed++ {
+		clients := newClients(t, 2, seed)
+		b := &backend{capacity: -1}
+		run(clients, criticality.Critical, b, epoch, time.Minute, 100)
+		b.capacity = 0
+		run(clients, criticality.Critical, b, epoch.Add(time.Minute), 5*time.Second, 100)
+		b.capacity = -1
+		per := run(clients, criticality.Critical, b, epoch.Add(time.Minute+5*time.Second), 30*time.Second, 100)
+		r := recovered(per)
+		got = append(got, r)
+		if r > 2 {
+			t.Errorf("seed %d: recovered %d s after the outage; local rejections per second: %v", seed, r, locals(per[:12]))
+		}
+	}
+	t.Logf("seconds to recover after a 5 s outage, 8 seeds: %v", got)
+}
+
 // When a surge ends because demand falls, not because capacity returns, the
 // surge's history must not keep throttling the usual requests: the backend
 // accepted more than them per second all through the surge. Two clients

@@ -153,6 +153,12 @@ func (c *Counter) Sums(ns int64) (window, short Pair) {
 // current one, partly elapsed, and the k-1 before it) and the span they
 // cover in ns, ending at ns. k is clamped to [1, n]. It reads k slots.
 func (c *Counter) Latest(ns int64, k int) (a float64, span int64) {
+	p, span := c.LatestPair(ns, k)
+	return p.A, span
+}
+
+// LatestPair is Latest for both kinds.
+func (c *Counter) LatestPair(ns int64, k int) (p Pair, span int64) {
 	k = max(1, min(k, int(c.n)))
 	e := floorDiv(ns, c.width)
 	s := c.snap.Load()
@@ -164,9 +170,11 @@ func (c *Counter) Latest(ns int64, k int) (a float64, span int64) {
 		ns = (e + 1) * c.width
 	}
 	for x := e - int64(k) + 1; x <= e; x++ {
-		a += float64(unpack(c.slot(x).Load())[0])
+		w := unpack(c.slot(x).Load())
+		p.A += float64(w[0])
+		p.B += float64(w[1])
 	}
-	return a, ns - (e-int64(k)+1)*c.width
+	return p, ns - (e-int64(k)+1)*c.width
 }
 
 func floorDiv(a, b int64) int64 {
