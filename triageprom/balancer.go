@@ -97,7 +97,7 @@ func (bm *BalancerMetrics) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descPicks, prometheus.CounterValue, float64(e.Picks()), target, e.ID())
 			ch <- prometheus.MustNewConstMetric(descActive, prometheus.GaugeValue, float64(e.Active()), target, e.ID())
 			ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, e.Weight(), target, e.ID())
-			for _, s := range []balance.State{balance.Refusing, balance.Healthy, balance.LameDuck} {
+			for _, s := range []balance.State{balance.Refusing, balance.Healthy, balance.LameDuck, balance.Unresponsive} {
 				v := 0.0
 				if e.State() == s {
 					v = 1

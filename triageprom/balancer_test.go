@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
+	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc/lb"
 	"github.com/triagehq/triage/triageprom"
@@ -120,4 +121,38 @@ func stateGauge(t *testing.T, reg *prometheus.Registry, state string) prometheus
 		}
 	}
 	return g
+}
+
+// An ejected backend shows as state "unresponsive", and the change to it
+// is counted.
+func TestBalancerMetricsShowEjection(t *testing.T) {
+	bm := triageprom.New().Balancers()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(bm)
+	b, err := balance.New(balance.WithObserver(bm.Observer("db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := b.SetEndpoints([]string{"db-0", "db-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		e.SetState(balance.Healthy)
+	}
+	bm.Add("db", b)
+	for range balance.DefaultEjectAfter {
+		e, err := b.Pick()
+		for err == nil && e != eps[0] {
+			e.Done(false)
+			e, err = b.Pick()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.DoneUnanswered()
+	}
+	if v := testutil.ToFloat64(stateGauge(t, reg, "unresponsive")); v != 1 {
+		t.Fatalf("%v backends unresponsive, want 1", v)
+	}
 }
