@@ -51,6 +51,9 @@ type Plot struct {
 	// Categories name the groups of a bar chart.
 	Categories []string `json:"categories,omitempty"`
 	Series     []Series `json:"series"`
+	// Shade are X ranges drawn shaded behind a line plot's series (a
+	// fault's window, say).
+	Shade [][2]float64 `json:"shade,omitempty"`
 }
 
 // Series is one line or one set of bars.

@@ -143,3 +143,86 @@ func TestDrillShortened(t *testing.T) {
 		t.Errorf("report.html: %d figures, or it loads something from the network", n)
 	}
 }
+
+// The fault harness end to end, on real processes: by default the hang
+// and the retry-storm trigger (TRIAGE_FAULTS=all, or a list, for others),
+// each with triage and without. Every run's ledger balances and its tasks
+// return to their baseline (the command fails otherwise); result.json has
+// a row per run with the fault's window, and report.html shades it. The
+// numbers the promise is about are asserted with TRIAGE_MEASURE=1, on a
+// machine the harness has to itself (.ci/run runs every fault so).
+func TestFaultHarness(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("minutes of drills on real processes; .ci/run runs them without the race detector")
+	}
+	faults := os.Getenv("TRIAGE_FAULTS")
+	if faults == "" {
+		faults = "hang,storm"
+	}
+	t.Setenv(asCLI, "1")
+	dir := t.TempDir()
+	var out bytes.Buffer
+	code := run(context.Background(), []string{"demo", "-faults", faults, "-quiet", "-out", dir}, &out, &out)
+	t.Log(out.String()[max(0, out.Len()-3000):])
+	if code != 0 {
+		t.Fatalf("triage demo -faults %s exited %d", faults, code)
+	}
+	var res struct {
+		Faults  []drill.FaultRow `json:"faults"`
+		Skipped []string         `json:"skipped"`
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	names := strings.Split(faults, ",")
+	if faults == "all" {
+		names = drill.Faults()
+	}
+	if len(res.Faults)+2*len(res.Skipped) != 2*len(names) {
+		t.Fatalf("%d fault rows and %d skipped for %d faults", len(res.Faults), len(res.Skipped), len(names))
+	}
+	for _, s := range res.Skipped {
+		t.Logf("skipped: %s", s)
+	}
+	without := map[string]drill.FaultRow{}
+	for _, r := range res.Faults {
+		if w := r.Window[1] - r.Window[0]; w <= 0 || r.Lost+r.Twice+r.Late != 0 {
+			t.Errorf("%s (protection %v): window %v, lost %d, twice %d, late %d", r.Fault, r.Protection, r.Window, r.Lost, r.Twice, r.Late)
+		}
+		if !r.Protection {
+			without[r.Fault] = r
+		}
+	}
+	for _, r := range res.Faults {
+		if os.Getenv("TRIAGE_MEASURE") != "1" || !r.Protection {
+			continue
+		}
+		// With triage the stack serves the provisioned rate before the
+		// fault, and is back to it within the run after the fault is
+		// removed (no metastable failure: 16 s).
+		if r.GoodputBefore < 0.95 || r.Recovery < 0 {
+			t.Errorf("with triage, %s: goodput %.2f before, recovered %v s after the fault (-1: not within the run)", r.Fault, r.GoodputBefore, r.Recovery)
+		}
+		// At twice the provisioned rate, the critical traffic is served
+		// through the fault.
+		if r.Load > 1 && r.CriticalDuring < 0.99 {
+			t.Errorf("with triage at %gx, %s: %.2f%% of CRITICAL_PLUS and CRITICAL answered during the fault", r.Load, r.Fault, 100*r.CriticalDuring)
+		}
+		// A gray failure (a task that hangs or slows) costs less with
+		// triage than without.
+		if w, ok := without[r.Fault]; ok && (r.Fault == "hang" || r.Fault == "slow") && r.GoodputDuring <= w.GoodputDuring {
+			t.Errorf("%s: goodput during the fault %.2f with triage, %.2f without", r.Fault, r.GoodputDuring, w.GoodputDuring)
+		}
+	}
+	html, err := os.ReadFile(filepath.Join(dir, "report.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(html), "fill:#DCDCDC"); n != len(res.Faults) {
+		t.Errorf("report.html shades %d fault windows, want %d", n, len(res.Faults))
+	}
+}

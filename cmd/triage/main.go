@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -101,6 +102,13 @@ task, then recovery; twice, with triage's protections and without them.
 It shows a live view, prints a summary, and writes result.json and a
 self-contained report.html with the plots.
 
+With -faults, the same stack (at the provisioned rate, or 2x where the
+fault says) meets faults instead, each injected mid-load and removed:
+crash (SIGKILL of a task of each tier in turn), hang (SIGSTOP), slow (10x
+slower handlers), partition (the DB tier cut off; needs root), quota (the
+quota service down), restart (rolling restart of every tier) and storm (the
+whole DB tier stopped for 5 s). Every request's outcome is checked.
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -111,6 +119,8 @@ Flags:
 	quiet := fs.Bool("quiet", false, "print one line a second instead of redrawing the live view")
 	only := fs.String("only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
 	rounds := fs.Int("rounds", 1, fmt.Sprintf("repeat the drill this many times (1-%d; each round lasts -duration) and report medians", drill.MaxRounds))
+	faults := fs.String("faults", "", "run the fault harness instead of the overload drill: all, or a comma-separated list of "+strings.Join(drill.Faults(), ", ")+
+		" (each fault a run with triage and one without, its length set by the fault: -duration is not used)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -129,6 +139,16 @@ Flags:
 		fmt.Fprintf(stderr, "triage demo: -rounds must be between 1 and %d, got %d\n", drill.MaxRounds, *rounds)
 		return 2
 	}
+	var faultNames []string
+	if *faults != "" {
+		faultNames = strings.Split(*faults, ",")
+		for _, f := range faultNames {
+			if f != "all" && !slices.Contains(drill.Faults(), f) {
+				fmt.Fprintf(stderr, "triage demo: unknown fault %q in -faults (want all, or some of %s)\n", f, strings.Join(drill.Faults(), ", "))
+				return 2
+			}
+		}
+	}
 	var runs []bool
 	switch *only {
 	case "":
@@ -145,7 +165,7 @@ Flags:
 		fmt.Fprintf(stderr, "triage demo: %v\n", err)
 		return 1
 	}
-	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs, Rounds: *rounds,
+	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs, Rounds: *rounds, Faults: faultNames,
 		Command: func(args ...string) *exec.Cmd { return exec.Command(self, args...) }}) // the environment is inherited
 	if err != nil && ctx.Err() != nil {
 		fmt.Fprintln(stderr, "triage demo: interrupted; every process it started is stopped")

@@ -63,6 +63,10 @@ type Options struct {
 	// more, the result also gives each run's medians over the rounds.
 	// Default 1, at most MaxRounds.
 	Rounds int
+	// Faults, if set, runs these fault scenarios (Faults() names them)
+	// instead of the overload drill: each a run of its own, with and
+	// without triage, whose length the fault sets (Duration is unused).
+	Faults []string
 }
 
 // MaxRounds bounds Options.Rounds.
@@ -106,20 +110,41 @@ customers:
 default: {cpu: 0.5}
 `
 
-// A phase of the script, with its share of a run.
+// A phase of a run's script: its length (a share of the run, or a fixed
+// duration) and its load.
 type phase struct {
 	name, says string
-	share      float64
-	surge      bool // the load is at its peak
+	share      float64       // of the run, when dur is 0
+	dur        time.Duration // fixed length
+	load       float64       // multiple of the provisioned rate: 1 normal, peakLoad the surge
 }
 
-var script = []phase{
-	{"normal", "normal load: the provisioned rate, 100 requests/s", 0.12, false},
-	{"surge", "surge: 10x the provisioned rate (sheddable traffic and an abusive customer)", 0.22, true},
-	{"restart", "rolling restart of tier B, one task at a time (lame duck, then a new task), under the surge", 0.22, true},
-	{"kill", "SIGKILL of the DB's biggest task, under the surge", 0.14, true},
-	{"recovery", "recovery: normal load; the killed task comes back", 0.30, false},
+// peakLoad is the surge's load: every class at its peak rate.
+const peakLoad = 10
+
+// rate is the class's rate at a load: its normal rate at 1, its peak at
+// peakLoad, in proportion between (the excess is the surge's traffic:
+// sheddable requests and the abusive customer).
+func (c class) rate(load float64) float64 {
+	return c.normal + (load-1)/(peakLoad-1)*(c.peak-c.normal)
 }
+
+// A scenario is what a run does: its phases, and the action the driver
+// takes as each starts.
+type scenario struct {
+	fault  *fault // nil for the overload drill
+	phases []phase
+	act    func(dr *driver, phase string)
+}
+
+// drillScenario is the overload drill.
+var drillScenario = &scenario{phases: []phase{
+	{name: "normal", says: "normal load: the provisioned rate, 100 requests/s", share: 0.12, load: 1},
+	{name: "surge", says: "surge: 10x the provisioned rate (sheddable traffic and an abusive customer)", share: 0.22, load: peakLoad},
+	{name: "restart", says: "rolling restart of tier B, one task at a time (lame duck, then a new task), under the surge", share: 0.22, load: peakLoad},
+	{name: "kill", says: "SIGKILL of the DB's biggest task, under the surge", share: 0.14, load: peakLoad},
+	{name: "recovery", says: "recovery: normal load; the killed task comes back", share: 0.30, load: 1},
+}, act: (*driver).actDrill}
 
 // warmup is how long the stack serves normal load before the drill.
 const warmup = 3 * time.Second
@@ -162,6 +187,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Rounds < 1 || o.Rounds > MaxRounds {
 		return nil, fmt.Errorf("drill: rounds must be between 1 and %d", MaxRounds)
 	}
+	scenarios := []*scenario{drillScenario}
+	if len(o.Faults) > 0 {
+		var err error
+		if scenarios, err = faultScenarios(o.Faults); err != nil {
+			return nil, err
+		}
+	}
 	if o.Out == "" {
 		dir, err := os.MkdirTemp("", "triage-drill-")
 		if err != nil {
@@ -184,24 +216,36 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	perRun := o.Duration / time.Duration(len(o.Runs))
 	var unbalanced []error // the runs go on, and are written, before the drill fails
 	for round := 1; round <= o.Rounds; round++ {
-		for _, protect := range o.Runs {
-			r, err := runOnce(ctx, o, protect, perRun, v)
-			if r != nil {
-				if o.Rounds > 1 {
-					r.Round = round
-					r.Name = fmt.Sprintf("%s, round %d", r.Name, round)
+		for _, sc := range scenarios {
+			for _, protect := range o.Runs {
+				r, err := runOnce(ctx, o, sc, protect, perRun, v)
+				if r == nil && errors.Is(err, errSkipped) {
+					v.printf("  %v\n", err)
+					res.Skipped = appendOnce(res.Skipped, err.Error())
+					continue
 				}
-				res.Runs = append(res.Runs, r)
-			}
-			if errors.Is(err, errChecks) {
-				v.printf("  %v\n", err)
-				unbalanced = append(unbalanced, err)
-			} else if err != nil {
-				return res, err
+				if r != nil {
+					if o.Rounds > 1 {
+						r.Round = round
+						r.Name = fmt.Sprintf("%s, round %d", r.Name, round)
+					}
+					res.Runs = append(res.Runs, r)
+				}
+				if errors.Is(err, errChecks) {
+					v.printf("  %v\n", err)
+					unbalanced = append(unbalanced, err)
+				} else if err != nil {
+					return res, err
+				}
 			}
 		}
 	}
-	if o.Rounds > 1 {
+	if len(o.Faults) > 0 {
+		res.Faults = faultRows(res.Runs)
+		if o.Rounds > 1 {
+			res.FaultMedians = faultMedians(res.Faults)
+		}
+	} else if o.Rounds > 1 {
 		res.Medians = medians(res.Runs)
 	}
 	if err := res.write(o.Out); err != nil {
@@ -216,6 +260,7 @@ type proc struct {
 	name    string
 	args    []string
 	stats   string
+	netns   string // the network namespace it runs in ("": the drill's)
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the current process exits
@@ -244,6 +289,10 @@ type stack struct {
 	byName map[string]*proc
 	deaths chan death
 	log    *os.File
+	// net, when set, puts the DB tier in a network namespace of its own
+	// (the partition fault), with the quota service on the drill's side
+	// of the link.
+	net *netns
 }
 
 // death is a task that exited without being asked to.
@@ -265,7 +314,11 @@ func newPorts() *ports {
 	return &ports{next: 20000 + int(time.Now().UnixNano()%8000), used: map[int]bool{}}
 }
 
-func (p *ports) get() (string, error) {
+func (p *ports) get() (string, error) { return p.getOn("127.0.0.1") }
+
+// getOn returns a free port on host (checked on 127.0.0.1: the drill's
+// namespaces use the same range).
+func (p *ports) getOn(host string) (string, error) {
 	for range 4000 {
 		port := p.next
 		p.next++
@@ -281,13 +334,16 @@ func (p *ports) get() (string, error) {
 		}
 		l.Close()
 		p.used[port] = true
-		return l.Addr().String(), nil
+		return net.JoinHostPort(host, strconv.Itoa(port)), nil
 	}
 	return "", errors.New("drill: no free loopback port in 20000-32000")
 }
 
 func (s *stack) start(p *proc) error {
 	cmd := s.o.Command(p.args...)
+	if p.netns != "" {
+		cmd = inNetns(cmd, p.netns)
+	}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -369,37 +425,69 @@ func (s *stack) stopAll() {
 // balance or whose tasks did not return to their baseline.
 var errChecks = errors.New("drill: a run's checks failed")
 
-func runOnce(ctx context.Context, o Options, protect bool, d time.Duration, v *view) (*RunResult, error) {
+// errSkipped is wrapped by the error of a fault this machine cannot
+// inject (a partition without root, say): the other runs go on.
+var errSkipped = errors.New("drill: fault skipped")
+
+func appendOnce(xs []string, x string) []string {
+	for _, y := range xs {
+		if y == x {
+			return xs
+		}
+	}
+	return append(xs, x)
+}
+
+func runOnce(ctx context.Context, o Options, sc *scenario, protect bool, d time.Duration, v *view) (*RunResult, error) {
 	name, quotaSvc := "with triage", ", quota service"
 	if !protect {
 		name, quotaSvc = "without triage", ""
 	}
+	if sc.fault != nil {
+		name = sc.fault.name + ", " + name
+	}
+	s := &stack{o: o, byName: map[string]*proc{}, deaths: make(chan death, 64)}
+	if sc.fault != nil && sc.fault.setup != nil {
+		undo, err := sc.fault.setup(s)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", errSkipped, sc.fault.name, err)
+		}
+		defer undo()
+	}
 	v.printf("\n== run %q: starting the stack (HTTP frontend, 3 A, 3 B, 3 DB tasks%s)\n", name, quotaSvc)
-	logf, err := os.Create(filepath.Join(o.Out, "tasks-"+strings.ReplaceAll(name, " ", "-")+".log"))
+	logf, err := os.Create(filepath.Join(o.Out, "tasks-"+strings.NewReplacer(" ", "-", ",", "").Replace(name)+".log"))
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
-	s := &stack{o: o, byName: map[string]*proc{}, deaths: make(chan death, 64), log: logf}
+	s.log = logf
 	defer s.stopAll()
 	frontAddr, err := s.build(ctx, protect)
 	if err != nil {
 		return nil, err
 	}
 	run := newRun(name, protect, s.taskNames())
+	if sc.fault != nil {
+		run.Fault = sc.fault.name
+	}
 	lg := newLoad("http://"+frontAddr, run)
 	defer lg.close()
 	// The stack serves normal load for a while before the drill starts.
 	v.printf("  warming up: %v of normal load\n", warmup)
 	runCtx, cancel := context.WithTimeout(ctx, d+30*time.Second)
 	defer cancel()
-	dr := &driver{s: s, run: run, v: v, d: d, runCtx: runCtx, start: time.Now().Add(warmup),
+	dr := &driver{s: s, sc: sc, run: run, v: v, d: d, runCtx: runCtx, start: time.Now().Add(warmup),
 		restarts: make(chan string, 16), restarted: make(chan struct{}), killed: make(chan struct{})}
 	acc := time.Duration(0)
-	for _, ph := range script {
-		acc += time.Duration(ph.share * float64(d))
+	for _, ph := range sc.phases {
+		if ph.dur > 0 {
+			acc += ph.dur
+		} else {
+			acc += time.Duration(ph.share * float64(d))
+		}
 		dr.phaseEnds = append(dr.phaseEnds, acc)
 	}
+	dr.d = acc
 	return dr.drive(ctx, lg)
 }
 
@@ -454,11 +542,21 @@ func (s *stack) startQuota(pp *ports) (string, error) {
 	if err := os.WriteFile(policy, []byte(quotaPolicy), 0o644); err != nil {
 		return "", err
 	}
-	addr, err := pp.get()
+	host := "127.0.0.1"
+	if s.net != nil {
+		host = s.net.hostIP
+	}
+	addr, err := pp.getOn(host)
 	if err != nil {
 		return "", err
 	}
-	q := &proc{name: "quota", args: []string{"quota-server", "-config", policy, "-listen", addr, "-lease", "5s", "-refresh", "1s"}}
+	args := []string{"quota-server", "-config", policy, "-listen", addr, "-lease", "5s", "-refresh", "1s"}
+	if s.net != nil {
+		// On the drill's own veth pair, reachable from this machine only:
+		// the tasks are the drill's, as they are on loopback.
+		args = append(args, "-unauthenticated")
+	}
+	q := &proc{name: "quota", args: args}
 	if err := s.start(q); err != nil {
 		return "", err
 	}
@@ -470,12 +568,16 @@ func (s *stack) startQuota(pp *ports) (string, error) {
 // addresses.
 func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quotaAddr string) ([]string, error) {
 	var addrs []string
+	host, ns := "127.0.0.1", ""
+	if t.role == RoleDB && s.net != nil {
+		host, ns = s.net.nsIP, s.net.name
+	}
 	for i, slots := range t.slots {
-		listen, err := pp.get()
+		listen, err := pp.getOn(host)
 		if err != nil {
 			return nil, err
 		}
-		stats, err := pp.get()
+		stats, err := pp.getOn(host)
 		if err != nil {
 			return nil, err
 		}
@@ -488,7 +590,7 @@ func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quot
 		if t.role == RoleDB && protect {
 			args = append(args, "-quota", quotaAddr)
 		}
-		p := &proc{name: id, args: args, stats: stats}
+		p := &proc{name: id, args: args, stats: stats, netns: ns}
 		s.procs, s.byName[id] = append(s.procs, p), p
 		addrs = append(addrs, listen)
 	}
@@ -499,6 +601,7 @@ func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quot
 // starts, restarts of dead tasks, polling and the live view.
 type driver struct {
 	s         *stack
+	sc        *scenario
 	run       *RunResult
 	v         *view
 	d         time.Duration
@@ -518,7 +621,7 @@ func (dr *driver) phase(el time.Duration) int {
 			return i
 		}
 	}
-	return len(script) - 1
+	return len(dr.sc.phases) - 1
 }
 
 // drive runs the load and the script until the load ends or ctx does.
@@ -533,8 +636,11 @@ func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 	loadDone := make(chan struct{})
 	go func() {
 		defer close(loadDone)
-		lg.run(dr.runCtx, dr.start, func(el time.Duration) (surge bool) {
-			return el >= 0 && el < dr.phaseEnds[len(dr.phaseEnds)-1] && script[dr.phase(el)].surge
+		lg.run(dr.runCtx, dr.start, func(el time.Duration) float64 {
+			if el < 0 || el >= dr.phaseEnds[len(dr.phaseEnds)-1] {
+				return 1 // the warm-up
+			}
+			return dr.sc.phases[dr.phase(el)].load
 		}, dr.phaseEnds[len(dr.phaseEnds)-1])
 	}()
 	curPhase := -1
@@ -578,12 +684,13 @@ func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 			ph := dr.phase(el)
 			if ph != curPhase {
 				curPhase = ph
-				dr.run.phaseAt(script[ph].name, el)
-				dr.v.printf("-- %5.1fs  %s\n", el.Seconds(), script[ph].says)
-				dr.act(script[ph].name)
+				p := dr.sc.phases[ph]
+				dr.run.phaseAt(p.name, el)
+				dr.v.printf("-- %5.1fs  %s\n", el.Seconds(), p.says)
+				dr.sc.act(dr, p.name)
 			}
 			dr.s.poll(dr.run, el)
-			dr.v.show(dr.run, script[ph].name, el, dr.d)
+			dr.v.show(dr.run, dr.sc.phases[ph].name, el, dr.d)
 		}
 	}
 }
@@ -617,8 +724,9 @@ func (dr *driver) settle(ctx context.Context, baseline map[string]Stats) []Resid
 	}
 }
 
-// act starts the action of a phase, beside the load.
-func (dr *driver) act(phase string) {
+// actDrill starts the action of an overload drill's phase, beside the
+// load.
+func (dr *driver) actDrill(phase string) {
 	s, run := dr.s, dr.run
 	switch phase {
 	case "restart":

@@ -31,10 +31,11 @@ func newLoad(url string, r *RunResult) *load {
 	}}
 }
 
-// run sends the classes' traffic until end, at their peak rates while
-// surge says so; each request runs in its own goroutine (at most the peak
+// run sends the classes' traffic until end, at the load (a multiple of
+// the provisioned rate, at most peakLoad) that load gives for the time
+// since start; each request runs in its own goroutine (at most the peak
 // rate times the timeout). It returns when every request has an answer.
-func (lg *load) run(ctx context.Context, start time.Time, surge func(time.Duration) bool, end time.Duration) {
+func (lg *load) run(ctx context.Context, start time.Time, load func(time.Duration) float64, end time.Duration) {
 	const tick = 10 * time.Millisecond
 	acc := make([]float64, len(classes))
 	t := time.NewTicker(tick)
@@ -53,13 +54,9 @@ func (lg *load) run(ctx context.Context, start time.Time, surge func(time.Durati
 			}
 			dt := now.Sub(last).Seconds()
 			last = now
-			peak := surge(el)
+			x := min(max(load(el), 1), peakLoad)
 			for i, c := range classes {
-				rate := c.normal
-				if peak {
-					rate = c.peak
-				}
-				acc[i] += rate * dt
+				acc[i] += c.rate(x) * dt
 				for ; acc[i] >= 1; acc[i]-- {
 					lg.fire(ctx, c, start)
 				}

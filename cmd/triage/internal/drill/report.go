@@ -53,6 +53,10 @@ func (r *RunResult) goodputPlot(slug string, xs []float64) sim.Plot {
 		p.Series = append(p.Series, r.series(criticality.Level(l).String(), xs, func(s *Second) (float64, bool) { return float64(s.OK[l]), true }))
 	}
 	p.Series = append(p.Series, r.series("provisioned rate", xs, func(*Second) (float64, bool) { return ProvisionedRate, true }))
+	if w := r.FaultWindow; w[1] > w[0] {
+		p.Title = r.Name + ": answered per second, by criticality (shaded: the fault)"
+		p.Shade = [][2]float64{w}
+	}
 	return p
 }
 
@@ -132,7 +136,8 @@ func (res *Result) Report() ([]byte, error) {
 		Runs        []runView
 		Attempts    template.HTML
 		Provisioned float64
-	}{Summary: res.Summary(), Provisioned: ProvisionedRate}
+		Faults      bool
+	}{Summary: res.Summary(), Provisioned: ProvisionedRate, Faults: len(res.Faults) > 0}
 	att := sim.Plot{Name: "attempts", Title: "attempts received by the DB tier (Figure 21-1)", YLabel: "requests",
 		Categories: []string{"first attempt", "1st retry", "2nd retry", "3rd retry"}}
 	for i, r := range res.Runs {
@@ -176,11 +181,16 @@ pre{background:#f6f6f6;padding:1em;overflow-x:auto}
 .runs{display:grid;grid-template-columns:1fr 1fr;gap:1em}
 figure{margin:0 0 1em 0} svg{width:100%;height:auto}
 </style>
-<h1>triage overload drill</h1>
+{{if .Faults}}<h1>triage fault harness</h1>
+<p>The drill's stack on loopback sockets (an HTTP frontend, gRPC backends A and B, the DB frontend, three tasks per gRPC tier,
+the quota service) provisioned for {{.Provisioned}} requests per second, serving that rate (or twice it, where the fault says) while
+a fault is injected and removed. Each fault runs with triage's protections and without them, on the same traffic; the shaded band
+of each goodput figure is the fault's window.</p>
+{{else}}<h1>triage overload drill</h1>
 <p>A stack on loopback sockets (an HTTP frontend, gRPC backends A and B, the DB frontend: the SRE book's Figure 21-2,
 three tasks per gRPC tier on machines of two speeds) provisioned for {{.Provisioned}} requests per second, hit by ten times that
 (sheddable traffic and an abusive customer; the critical traffic stays within the provisioned rate), then a rolling restart
-of tier B, then a SIGKILL of the DB's biggest task, then recovery. The same traffic, with triage's protections and without them.</p>
+of tier B, then a SIGKILL of the DB's biggest task, then recovery. The same traffic, with triage's protections and without them.</p>{{end}}
 <pre>{{.Summary}}</pre>
 <figure>{{.Attempts}}</figure>
 <div class="runs">

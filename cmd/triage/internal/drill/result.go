@@ -23,7 +23,13 @@ type Result struct {
 	// Medians are, with more than one round, each run's figures as
 	// medians over the rounds: with triage first.
 	Medians []Median `json:"medians,omitempty"`
-	Dir     string   `json:"-"`
+	// Faults are the fault harness's runs, a row each; FaultMedians, with
+	// more than one round, the medians per fault and protection. Skipped
+	// names the faults this machine could not inject, and why.
+	Faults       []FaultRow `json:"faults,omitempty"`
+	FaultMedians []FaultRow `json:"fault_medians,omitempty"`
+	Skipped      []string   `json:"skipped,omitempty"`
+	Dir          string     `json:"-"`
 }
 
 // Median is one run's figures, each the median over the rounds.
@@ -112,6 +118,10 @@ type RunResult struct {
 	Name       string `json:"name"`
 	Protection bool   `json:"protection"`
 	Round      int    `json:"round,omitempty"` // with more than one round, from 1
+	// Fault is the fault this run injected ("": the overload drill), and
+	// FaultWindow when it was in place, seconds into the run.
+	Fault       string     `json:"fault,omitempty"`
+	FaultWindow [2]float64 `json:"fault_window_s,omitempty"`
 	// GoodputFrac is the mean, over the run's seconds, of the requests
 	// answered successfully in that second, as a share of the provisioned
 	// rate (at most 1 a second).
@@ -316,6 +326,12 @@ func (r *RunResult) note(s string) {
 	r.mu.Unlock()
 }
 
+func (r *RunResult) faultWindow(from, to float64) {
+	r.mu.Lock()
+	r.FaultWindow = [2]float64{from, to}
+	r.mu.Unlock()
+}
+
 func (r *RunResult) phaseAt(name string, el time.Duration) {
 	r.mu.Lock()
 	r.Phases = append(r.Phases, PhaseResult{Name: name, Start: el.Seconds()})
@@ -448,6 +464,9 @@ func (res *Result) write(dir string) error {
 
 // Summary is the table comparing the runs.
 func (res *Result) Summary() string {
+	if len(res.Faults) > 0 || len(res.Skipped) > 0 {
+		return res.faultSummary()
+	}
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "run\tgoodput/provisioned\tCRITICAL_PLUS\tCRITICAL\tSHEDDABLE_PLUS\tSHEDDABLE\ttask deaths\tDB attempts 0/1/2/3")
@@ -487,6 +506,46 @@ func (res *Result) Summary() string {
 			fmt.Fprintf(w, "  %s\t%.2f; %s %s\n", p.Name, p.GoodputFrac, pct(p.GoodputByCriticality, "CRITICAL_PLUS"), pct(p.GoodputByCriticality, "CRITICAL"))
 		}
 		w.Flush()
+	}
+	return b.String()
+}
+
+// faultSummary is the fault harness's table: a row per run (per fault
+// and protection with medians).
+func (res *Result) faultSummary() string {
+	var b strings.Builder
+	table := func(rows []FaultRow) {
+		w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(w, "fault\trun\tload\tgoodput before/during/after\tCRITICAL* during/after\trecovery\tlost/twice/late\ttask deaths")
+		for _, r := range rows {
+			name := "with triage"
+			if !r.Protection {
+				name = "without triage"
+			}
+			if r.Round > 0 {
+				name += fmt.Sprintf(", round %d", r.Round)
+			}
+			if r.Rounds > 0 {
+				name += fmt.Sprintf(", medians of %d", r.Rounds)
+			}
+			rec := "none"
+			if r.Recovery >= 0 {
+				rec = fmt.Sprintf("%.0f s", r.Recovery)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%gx\t%.2f / %.2f / %.2f\t%.2f%% / %.2f%%\t%s\t%d/%d/%d\t%d\n", r.Fault, name, r.Load,
+				r.GoodputBefore, r.GoodputDuring, r.GoodputAfter, 100*r.CriticalDuring, 100*r.CriticalAfter, rec, r.Lost, r.Twice, r.Late, r.TasksDied)
+		}
+		w.Flush()
+	}
+	b.WriteString("faults (goodput: share of the provisioned rate; CRITICAL*: CRITICAL_PLUS and CRITICAL answered;\n" +
+		"recovery: from the fault's removal to three seconds in a row at goodput >= 0.95):\n")
+	table(res.Faults)
+	if len(res.FaultMedians) > 0 {
+		b.WriteString("\nmedians over the rounds (lost, twice, late and deaths: totals):\n")
+		table(res.FaultMedians)
+	}
+	for _, s := range res.Skipped {
+		fmt.Fprintf(&b, "\n%s\n", s)
 	}
 	return b.String()
 }

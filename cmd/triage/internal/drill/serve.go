@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/metrics"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -221,6 +222,10 @@ type task struct {
 	leased   *quota.Leased
 	died     chan struct{}
 	dieOnce  sync.Once
+	// slow is the slow fault: handlers' work is multiplied by slowBy
+	// until slowUntil (unix nanoseconds).
+	slowBy    atomic.Int64
+	slowUntil atomic.Int64
 }
 
 func (t *task) reject(reason string) {
@@ -275,7 +280,10 @@ func Serve(ctx context.Context, cfg Task, stderr io.Writer) error {
 		statsLn.Close()
 		return err
 	}
-	statsSrv := &http.Server{Handler: http.HandlerFunc(t.serveStats), ReadHeaderTimeout: time.Second}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", t.serveStats)
+	mux.HandleFunc("POST /fault", t.serveFault)
+	statsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
 	go statsSrv.Serve(statsLn)
 	defer statsSrv.Close()
 
@@ -465,7 +473,7 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 		t.attempts[min(max(n, 0), 3)].Add(1)
 		// Near its limit, the DB answers sheddable requests from part of
 		// the corpus, at half the work: a degraded answer.
-		work, out := t.cfg.Work, body
+		work, out := t.cfg.Work*time.Duration(t.slowdown()), body
 		if t.cfg.Role == RoleDB && t.ctl != nil && criticality.Of(ctx) < criticality.Critical &&
 			(t.mach.current() >= 0.75 || t.ctl.Degrade(criticality.Of(ctx))) {
 			work, out = work/2, "partial"
@@ -591,6 +599,41 @@ func reasonOf(err error) string {
 		return "deadline"
 	}
 	return "error"
+}
+
+// slowdown is the factor the slow fault multiplies the work by now (1
+// without it).
+func (t *task) slowdown() int64 {
+	if time.Now().UnixNano() < t.slowUntil.Load() {
+		return max(1, t.slowBy.Load())
+	}
+	return 1
+}
+
+// MaxSlowFactor and MaxSlowFor bound the slow fault: its factor and how
+// long it lasts.
+const (
+	MaxSlowFactor = 100
+	MaxSlowFor    = 5 * time.Minute
+)
+
+// serveFault is the task's fault knob, for the drill's fault harness on
+// its stats address: POST /fault?slow=F&for=D makes the handlers F times
+// slower for D (F 1 restores the speed at once).
+func (t *task) serveFault(w http.ResponseWriter, r *http.Request) {
+	f, err := strconv.Atoi(r.URL.Query().Get("slow"))
+	if err != nil || f < 1 || f > MaxSlowFactor {
+		http.Error(w, fmt.Sprintf("slow must be an integer in [1, %d]", MaxSlowFactor), http.StatusBadRequest)
+		return
+	}
+	d, err := time.ParseDuration(r.URL.Query().Get("for"))
+	if err != nil || d <= 0 || d > MaxSlowFor {
+		http.Error(w, fmt.Sprintf("for must be a duration in (0, %v]", MaxSlowFor), http.StatusBadRequest)
+		return
+	}
+	t.slowBy.Store(int64(f))
+	t.slowUntil.Store(time.Now().Add(d).UnixNano())
+	fmt.Fprintf(w, "%s: handlers %dx slower for %v\n", t.cfg.ID, f, d)
 }
 
 func (t *task) serveStats(w http.ResponseWriter, r *http.Request) {

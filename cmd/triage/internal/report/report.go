@@ -76,6 +76,9 @@ func SVG(p sim.Plot) ([]byte, error) {
 		}
 		pl.Y.Max = top * 1.25 // room for the legend above the bars
 	} else {
+		if err := shade(pl, p); err != nil {
+			return nil, err
+		}
 		for i, s := range p.Series {
 			if len(s.X) != len(s.Y) {
 				return nil, fmt.Errorf("report: plot %q: series %q has %d x and %d y", p.Name, s.Name, len(s.X), len(s.Y))
@@ -105,6 +108,33 @@ func SVG(p sim.Plot) ([]byte, error) {
 		return nil, fmt.Errorf("report: plot %q: %w", p.Name, err)
 	}
 	return buf.Bytes(), nil
+}
+
+// shade draws p's shaded X ranges, from 0 to the series' top, behind the
+// lines.
+func shade(pl *plot.Plot, p sim.Plot) error {
+	top := 0.0
+	for _, s := range p.Series {
+		for _, y := range s.Y {
+			top = max(top, y)
+		}
+	}
+	if top == 0 {
+		top = 1
+	}
+	for _, r := range p.Shade {
+		if !(r[0] < r[1]) {
+			return fmt.Errorf("report: plot %q: shaded range %v is empty", p.Name, r)
+		}
+		poly, err := plotter.NewPolygon(plotter.XYs{{X: r[0], Y: 0}, {X: r[1], Y: 0}, {X: r[1], Y: top}, {X: r[0], Y: top}})
+		if err != nil {
+			return fmt.Errorf("report: plot %q: %w", p.Name, err)
+		}
+		poly.Color = color.RGBA{220, 220, 220, 255}
+		poly.LineStyle.Width = 0
+		pl.Add(poly)
+	}
+	return nil
 }
 
 // dashes tells series apart without colour too.

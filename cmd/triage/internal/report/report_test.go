@@ -77,3 +77,26 @@ func TestSVGRejectsBadPlots(t *testing.T) {
 		t.Error("nil result accepted")
 	}
 }
+
+// A shaded range is drawn behind the lines (a fault's window), and an
+// empty one is an error.
+func TestSVGShade(t *testing.T) {
+	p := sim.Plot{Name: "shade", Title: "t", Series: []sim.Series{{Name: "s", X: []float64{0, 10}, Y: []float64{1, 1}}}}
+	plain, err := SVG(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Shade = [][2]float64{{2, 4}}
+	shaded, err := SVG(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const grey = "fill:#DCDCDC"
+	if strings.Contains(string(plain), grey) || !strings.Contains(string(shaded), grey) {
+		t.Errorf("shade drawn in the plain plot (%v) or missing from the shaded one (%v)", strings.Contains(string(plain), grey), strings.Contains(string(shaded), grey))
+	}
+	p.Shade = [][2]float64{{4, 4}}
+	if _, err := SVG(p); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Errorf("empty shaded range: %v", err)
+	}
+}
