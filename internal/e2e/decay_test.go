@@ -23,7 +23,8 @@ import (
 
 type decayRun struct {
 	name                       string
-	homeServed, homeLate       int // late: answered after the decay (past usefulness)
+	homeServed, homeLate       int // late: answered after the decay (past usefulness), as the client saw it
+	homeLateAtFront            int // answered OK by the frontend after the decay, from its receipt
 	homeShed, feedServed, feed int
 	homeSent                   int
 }
@@ -33,6 +34,21 @@ func (r decayRun) lateShare() float64 {
 		return float64(r.homeLate) / float64(s)
 	}
 	return 0
+}
+
+// timedWriter records a handler's status and when it was written.
+type timedWriter struct {
+	http.ResponseWriter
+	start  time.Time
+	status int
+	after  time.Duration
+}
+
+func (w *timedWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status, w.after = code, time.Since(w.start)
+	}
+	w.ResponseWriter.WriteHeader(code)
 }
 
 // runDecay runs one variant: decay is "" (none), "SHEDDABLE" or "cancel";
@@ -69,7 +85,27 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url, client := relayFrontend(t, mw, cc, 0, func(*http.Request) string { return "x" })
+	var (
+		mu  sync.Mutex
+		run = decayRun{name: map[string]string{"": "no decay", "SHEDDABLE": "decay to SHEDDABLE", "cancel": "decay to cancel"}[decay]}
+	)
+	// The decay is the frontend's: whether it served a request after it
+	// is judged from the request's receipt to its answer there, not from
+	// the client, whose own queueing and the answer's way back under a
+	// loaded machine are not the frontend's doing.
+	timed := func(h http.Handler) http.Handler {
+		inner := mw(h)
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			tw := &timedWriter{ResponseWriter: w, start: time.Now()}
+			inner.ServeHTTP(tw, r)
+			if r.URL.Path == "/home" && tw.status == http.StatusOK && tw.after > usefulFor {
+				mu.Lock()
+				run.homeLateAtFront++
+				mu.Unlock()
+			}
+		})
+	}
+	url, client := relayFrontend(t, timed, cc, 0, func(*http.Request) string { return "x" })
 
 	// Open loop: /home at 250/s for 2 s then 60/s for 8 s; /feed at 40/s
 	// for 10 s (durations scaled). Capacity is 100/s: the spike leaves a
@@ -78,10 +114,6 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 	load.add("/home", 250, 0, sc(2*time.Second))
 	load.add("/home", 60, sc(2*time.Second), sc(10*time.Second))
 	load.add("/feed", 40, 0, sc(10*time.Second))
-	var (
-		mu  sync.Mutex
-		run = decayRun{name: map[string]string{"": "no decay", "SHEDDABLE": "decay to SHEDDABLE", "cancel": "decay to cancel"}[decay]}
-	)
 	load.run(func(_ time.Duration, s shot) func() {
 		return func() {
 			sent := time.Now()
@@ -132,15 +164,15 @@ func TestDecayOverLoopback(t *testing.T) {
 	}
 	runs := map[string]decayRun{}
 	t.Logf("decay after %v; backend capacity 100/s; /home 250/s then 60/s, /feed 40/s", time.Duration(scale*float64(2*time.Second)))
-	t.Logf("%-20s %9s %9s %9s %13s %9s %11s", "variant", "home sent", "served", "late", "late/served", "shed", "feed served")
+	t.Logf("%-20s %9s %9s %9s %13s %9s %11s %9s", "variant", "home sent", "served", "late", "late/served", "shed", "feed served", "late@front")
 	for _, d := range []string{"", "SHEDDABLE", "cancel"} {
 		r := runDecay(t, d, scale)
 		runs[d] = r
-		t.Logf("%-20s %9d %9d %9d %12.1f%% %9d %7d/%d", r.name, r.homeSent, r.homeServed, r.homeLate, 100*r.lateShare(), r.homeShed, r.feedServed, r.feed)
+		t.Logf("%-20s %9d %9d %9d %12.1f%% %9d %7d/%d %9d", r.name, r.homeSent, r.homeServed, r.homeLate, 100*r.lateShare(), r.homeShed, r.feedServed, r.feed, r.homeLateAtFront)
 	}
 	none, toShed, cancel := runs[""], runs["SHEDDABLE"], runs["cancel"]
-	if cancel.homeLate > 0 {
-		t.Errorf("decay to cancel: %d requests served past their decay, which is their deadline", cancel.homeLate)
+	if cancel.homeLateAtFront > 0 {
+		t.Errorf("decay to cancel: the frontend served %d requests past their decay, which is their deadline", cancel.homeLateAtFront)
 	}
 	if !measuring() {
 		return
