@@ -811,6 +811,11 @@ func (e *Endpoint) Done(failed bool) {
 	}
 }
 
+// Release ends a request picked on e that tells nothing of the backend:
+// never sent, or given up by its caller before an answer. It counts
+// neither as an answer nor as a miss.
+func (e *Endpoint) Release() { e.w.Add(^uint64(oneActive - 1)) }
+
 // DoneUnanswered ends a request picked on e that reached its deadline
 // with no answer from the backend: an error, and a miss. After
 // WithEjection's count of misses in a row, the endpoint is Unresponsive

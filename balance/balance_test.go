@@ -540,3 +540,28 @@ func TestUnresponsiveBackendIsEjected(t *testing.T) {
 		}
 	}
 }
+
+// A request that ends with no evidence either way (never sent, or given
+// up early by its caller) is Released: it neither counts as an answer,
+// which would clear the backend's misses, nor as a miss.
+func TestReleaseKeepsMisses(t *testing.T) {
+	b, eps := newBalancer(t, clock.NewFake(time.Unix(0, 0)), 1)
+	pick := func() *Endpoint {
+		e, err := b.Pick()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	for range DefaultEjectAfter - 1 {
+		pick().DoneUnanswered()
+	}
+	pick().Release()
+	if eps[0].Active() != 0 || eps[0].State() != Healthy {
+		t.Fatalf("after a release: active %d, state %v", eps[0].Active(), eps[0].State())
+	}
+	pick().DoneUnanswered()
+	if eps[0].State() != Unresponsive {
+		t.Fatalf("a release cleared the misses: state %v after %d unanswered", eps[0].State(), DefaultEjectAfter)
+	}
+}

@@ -478,13 +478,13 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		}
 		d, _ = e.Value().(*endpointData)
 		if d == nil || d.picker == nil {
-			e.Done(false)
+			e.Release()
 			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 		}
 		if r, err = d.picker.Pick(info); err == nil {
 			break
 		}
-		e.Done(false)
+		e.Release()
 	}
 	if err != nil {
 		return r, err
@@ -528,9 +528,12 @@ func doneFunc(e *balance.Endpoint) func(balancer.DoneInfo) {
 // the backend if its error says so; then the trailer's load report and
 // lame duck announcement.
 func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool) {
-	if unanswered {
+	switch c := status.Code(di.Err); {
+	case unanswered:
 		e.DoneUnanswered()
-	} else {
+	case !di.BytesReceived && (c == codes.Canceled || c == codes.DeadlineExceeded):
+		e.Release() // given up early: no answer, and no evidence of none
+	default:
 		e.Done(backenderr.Failed(di.Err))
 	}
 	if l, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && l != nil {

@@ -260,7 +260,7 @@ type proc struct {
 	name    string
 	args    []string
 	stats   string
-	netns   string // the network namespace it runs in ("": the drill's)
+	netns   bool // it runs in the stack's network namespace (stack.net)
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the current process exits
@@ -341,8 +341,8 @@ func (p *ports) getOn(host string) (string, error) {
 
 func (s *stack) start(p *proc) error {
 	cmd := s.o.Command(p.args...)
-	if p.netns != "" {
-		cmd = inNetns(cmd, p.netns)
+	if p.netns && s.net != nil {
+		cmd = inNetns(cmd, s.net)
 	}
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -568,9 +568,9 @@ func (s *stack) startQuota(pp *ports) (string, error) {
 // addresses.
 func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quotaAddr string) ([]string, error) {
 	var addrs []string
-	host, ns := "127.0.0.1", ""
+	host, ns := "127.0.0.1", false
 	if t.role == RoleDB && s.net != nil {
-		host, ns = s.net.nsIP, s.net.name
+		host, ns = s.net.nsIP, true
 	}
 	for i, slots := range t.slots {
 		listen, err := pp.getOn(host)

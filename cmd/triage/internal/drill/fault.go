@@ -374,14 +374,10 @@ func (n *netns) partition(on bool) error {
 	return err
 }
 
-// inNetns returns cmd run in the namespace ns (through `ip netns exec`,
+// inNetns returns cmd run in the namespace n (through `ip netns exec`,
 // which execs it: the same process, the same death signal).
-func inNetns(cmd *exec.Cmd, ns string) *exec.Cmd {
-	ip, err := exec.LookPath("ip")
-	if err != nil {
-		return cmd
-	}
-	out := exec.Command(ip, append([]string{"netns", "exec", ns, cmd.Path}, cmd.Args[1:]...)...)
+func inNetns(cmd *exec.Cmd, n *netns) *exec.Cmd {
+	out := exec.Command(n.ipPath, append([]string{"netns", "exec", n.name, cmd.Path}, cmd.Args[1:]...)...)
 	out.Env, out.Dir = cmd.Env, cmd.Dir
 	return out
 }
