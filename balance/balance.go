@@ -36,7 +36,11 @@
 // DoneUnanswered, and after DefaultEjectAfter of those in a row the
 // endpoint is Unresponsive, out of the rotation as a lame duck is, for
 // DefaultEjection, doubled for each ejection in a row (outlier ejection,
-// as Envoy and gRPC's A50 do it; WithEjection).
+// as Envoy and gRPC's A50 do it; WithEjection). Waiting for deadlines
+// loses every request sent to the hung backend until then, so a backend
+// is also ejected when it stalls: picked DefaultStallPicks times since
+// its last answer, then nothing from it for DefaultStallAfter while the
+// subset's other backends answered (WithStall).
 //
 // Pick and Done do not allocate and take no lock; a Pick reads the clock
 // once every 64 picks. Weights are recomputed by the Pick or Report that
@@ -180,6 +184,8 @@ type config struct {
 	errorPenalty float64
 	ejectAfter   uint32
 	ejection     time.Duration
+	stallPicks   uint64
+	stallAfter   time.Duration
 	clock        clock.Clock
 	obs          Observer
 }
@@ -219,6 +225,28 @@ const (
 // DefaultEjection.
 func WithEjection(n int, d time.Duration) Option {
 	return optionFunc(func(c *config) { c.ejectAfter, c.ejection = uint32(max(n, -1)), d })
+}
+
+// Defaults of WithStall: a backend picked four times since its last
+// answer is suspect; one that then answers nothing for 250 ms while
+// another backend of the subset answers is ejected.
+const (
+	DefaultStallPicks = 4
+	DefaultStallAfter = 250 * time.Millisecond
+)
+
+// WithStall sets when a backend that stopped answering is ejected before
+// its requests' deadlines: once it has been picked n times since its last
+// answer, and then for d nothing came from it while another endpoint
+// answered (so a subset that only holds long streams, where nobody
+// answers, ejects no one). The ejection is WithEjection's, doubled with
+// each in a row. After an ejection, until it answers, the backend is on
+// probation: one request at a time, and ejected again when that one
+// ends unanswered at its deadline or gets nothing back for d while
+// others answer. n 0 disables it (and the probation). Default DefaultStallPicks and
+// DefaultStallAfter.
+func WithStall(n int, d time.Duration) Option {
+	return optionFunc(func(c *config) { c.stallPicks, c.stallAfter = uint64(max(n, 0)), d })
 }
 
 // WithErrorWindow sets how long an error counts as an active request under
@@ -289,7 +317,8 @@ const maxSlots = 1 << 14
 // New returns a Balancer without endpoints.
 func New(opts ...Option) (*Balancer, error) {
 	c := config{maxActive: 100, errorWindow: time.Second, errorWeight: 1, period: time.Second,
-		blackout: 10 * time.Second, expiry: 3 * time.Minute, errorPenalty: 1, ejectAfter: DefaultEjectAfter, ejection: DefaultEjection}
+		blackout: 10 * time.Second, expiry: 3 * time.Minute, errorPenalty: 1, ejectAfter: DefaultEjectAfter, ejection: DefaultEjection,
+		stallPicks: DefaultStallPicks, stallAfter: DefaultStallAfter}
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -304,6 +333,8 @@ func New(opts ...Option) (*Balancer, error) {
 		return nil, errors.New("balance: negative blackout")
 	case c.ejectAfter > 1<<16 || c.ejectAfter > 0 && (c.ejection <= 0 || c.ejection > MaxEjection):
 		return nil, fmt.Errorf("balance: ejection after %d requests for %v: want 0 to 65536 requests, and a time in (0, %v]", int32(c.ejectAfter), c.ejection, MaxEjection)
+	case c.stallPicks > 1<<16 || c.stallPicks > 0 && (c.stallAfter <= 0 || c.stallAfter > MaxEjection || c.ejection <= 0):
+		return nil, fmt.Errorf("balance: stall after %d picks and %v: want 0 to 65536 picks, a time in (0, %v], and an ejection time", c.stallPicks, c.stallAfter, MaxEjection)
 	case c.errorWeight < 0 || c.errorWeight > MaxErrorWeight:
 		return nil, fmt.Errorf("balance: error weight %d out of range [0, %d]", c.errorWeight, MaxErrorWeight)
 	case !(c.errorPenalty >= 0) || math.IsInf(c.errorPenalty, 0):
@@ -370,10 +401,10 @@ func (b *Balancer) SetEndpoints(ids []string) ([]*Endpoint, error) {
 		if e == nil {
 			e = &Endpoint{id: id, b: b}
 			if lines != nil {
-				e.w, e.picks = &lines[0].w, &lines[0].picks
+				e.w, e.picks, e.answered = &lines[0].w, &lines[0].picks, &lines[0].answered
 				lines = lines[1:]
 			} else {
-				e.w, e.picks = &block[0], &e.ownPicks
+				e.w, e.picks, e.answered = &block[0], &e.ownPicks, &e.ownAnswered
 				block = block[1:]
 			}
 			e.w.Store(notHealthy) // Refusing until the adapter says otherwise
@@ -399,6 +430,58 @@ func (b *Balancer) Endpoints() []*Endpoint { return b.set.Load().eps }
 // when there is none of either, ErrFlowControl when every healthy one is
 // at the cap.
 func (b *Balancer) Pick() (*Endpoint, error) {
+	n := len(b.set.Load().eps)
+	for try := 0; ; try++ {
+		e, err := b.pick()
+		if err != nil {
+			return nil, err
+		}
+		if b.cfg.stallPicks > 0 && try < n {
+			// On probation (ejected, and no answer since), an endpoint
+			// takes one request at a time: the others go elsewhere.
+			unanswered, probation := e.picks.Load()-e.answered.Load(), e.ejections.Load() > 0
+			if (unanswered >= b.cfg.stallPicks || probation && unanswered > 0) && (b.stalled(e) || probation) {
+				continue // ejected now, or its probe is out: pick another
+			}
+		}
+		e.w.Add(oneActive)
+		e.picks.Add(1)
+		b.cfg.obs.Picked(e)
+		return e, nil
+	}
+}
+
+// stalled reports whether e, picked stallPicks times since its last
+// answer, has been suspect for stallAfter while others answered, and
+// ejects it if so. It is the slow path of a pick: it reads the clock and
+// sums the other endpoints' answer marks.
+func (b *Balancer) stalled(e *Endpoint) bool {
+	if e.State() != Healthy {
+		return false
+	}
+	now := max(b.readClock(), 1)
+	others := uint64(0)
+	for _, x := range b.set.Load().eps {
+		if x != e {
+			others += x.answered.Load()
+		}
+	}
+	since := e.suspect.Load()
+	if since == 0 {
+		if e.suspect.CompareAndSwap(0, now) {
+			e.suspectOthers.Store(others)
+		}
+		return false
+	}
+	if now-since < int64(b.cfg.stallAfter) || others == e.suspectOthers.Load() {
+		return false
+	}
+	e.eject()
+	return true
+}
+
+// pick is Pick without counting the request.
+func (b *Balancer) pick() (*Endpoint, error) {
 	s := b.set.Load()
 	n := len(s.eps)
 	if n == 0 {
@@ -440,9 +523,6 @@ func (b *Balancer) Pick() (*Endpoint, error) {
 			return nil, ErrNoEndpoint
 		}
 	}
-	e.w.Add(oneActive)
-	e.picks.Add(1)
-	b.cfg.obs.Picked(e)
 	return e, nil
 }
 
@@ -632,9 +712,10 @@ type packed struct {
 // whatever the slice's alignment, the 16 hot bytes of two endpoints are
 // never within 64 bytes of each other.
 type endpointLine struct {
-	w     packed
-	picks atomic.Uint64
-	_     [112]byte
+	w        packed
+	picks    atomic.Uint64
+	answered atomic.Uint64
+	_        [104]byte
 }
 
 // Endpoint is one backend of the subset.
@@ -651,9 +732,18 @@ type Endpoint struct {
 	errs     atomic.Uint32  // recent errors, halved every error window
 	picks    *atomic.Uint64 // in its endpointLine, or ownPicks
 	ownPicks atomic.Uint64
-	id       string
-	b        *Balancer
-	value    atomic.Value
+	// answered is the pick count at the endpoint's last answer (in its
+	// endpointLine, or ownAnswered): picks less answered is how many
+	// times it was picked since. suspect is when a pick found it stalled
+	// (ns since the Balancer's start, 0: not suspect), suspectOthers the
+	// other endpoints' answer marks then.
+	answered      *atomic.Uint64
+	ownAnswered   atomic.Uint64
+	suspect       atomic.Int64
+	suspectOthers atomic.Uint64
+	id            string
+	b             *Balancer
+	value         atomic.Value
 
 	mu          sync.Mutex // guards the report fields
 	load        Load
@@ -802,10 +892,14 @@ func (b *Balancer) decayErrors(eps []*Endpoint, epoch int64) {
 // caller's cancellation).
 func (e *Endpoint) Done(failed bool) {
 	e.w.Add(^uint64(oneActive - 1)) // minus oneActive
+	e.answered.Store(e.picks.Load())
+	if e.suspect.Load() != 0 {
+		e.suspect.Store(0)
+	}
 	if failed {
 		e.addError()
 	}
-	if e.misses.Load() != 0 {
+	if e.misses.Load() != 0 || e.ejections.Load() != 0 {
 		e.misses.Store(0)
 		e.ejections.Store(0)
 	}
@@ -835,6 +929,16 @@ func (e *Endpoint) DoneUnanswered() {
 	if m < n || e.State() != Healthy {
 		return
 	}
+	e.eject()
+}
+
+// eject makes a Healthy endpoint Unresponsive for the ejection time,
+// doubled for each ejection in a row. Its picks so far no longer count
+// as unanswered: after the ejection it gets requests again, and is
+// ejected again by a miss or by a new stall.
+func (e *Endpoint) eject() {
+	e.answered.Store(e.picks.Load())
+	e.suspect.Store(0)
 	k := e.ejections.Load()
 	if k < 16 {
 		k = e.ejections.Add(1)

@@ -541,6 +541,144 @@ func TestUnresponsiveBackendIsEjected(t *testing.T) {
 	}
 }
 
+// A backend that stops answering is ejected before its requests reach
+// their deadlines: picked DefaultStallPicks times since its last answer,
+// then nothing from it for DefaultStallAfter while the others answer.
+// After the ejection it gets one request and, still silent, is ejected
+// again for twice as long; once it answers it is back. A subset
+// where nobody answers (long streams) and a slow backend that answers
+// within the stall time are left alone.
+func TestStalledBackendIsEjectedBeforeDeadlines(t *testing.T) {
+	const step = 10 * time.Millisecond // between picks
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin, LeastLoaded} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 3, WithPolicy(p))
+		hung, silent := eps[0], true
+		var held []*Endpoint // requests the hung backend holds
+		picks := func(n int) (onHung int) {
+			for range n {
+				clk.Advance(step)
+				e, err := b.Pick()
+				if err != nil {
+					t.Fatalf("%v: %v", p, err)
+				}
+				if e == hung {
+					onHung++
+					if silent {
+						held = append(held, e)
+						continue
+					}
+				}
+				e.Done(false)
+			}
+			return onHung
+		}
+		// untilEjected picks until the hung backend is Unresponsive (at
+		// most 3 s), returning the requests it got.
+		untilEjected := func() (onHung int) {
+			for range 300 {
+				if hung.State() == Unresponsive {
+					break
+				}
+				onHung += picks(1)
+			}
+			return onHung
+		}
+		// Picked about every 30 ms: the fourth pick makes it suspect,
+		// 250 ms later it is out, long before any deadline.
+		most := DefaultStallPicks + int(DefaultStallAfter/(3*step)) + 2
+		if p == LeastLoaded { // the held requests already keep picks away
+			if n := picks(300); n > most {
+				t.Fatalf("%v: %d requests to the stalled backend in 3 s, want at most %d", p, n, most)
+			}
+			continue
+		}
+		if n := untilEjected(); hung.State() != Unresponsive || n > most {
+			t.Fatalf("%v: %d requests to the stalled backend, state %v; want at most %d, then %v", p, n, hung.State(), most, Unresponsive)
+		}
+		if m := picks(int(DefaultEjection/step) - 1); m != 0 {
+			t.Fatalf("%v: %d requests to the ejected backend", p, m)
+		}
+		// The ejection ends: on probation, one request (the probe), and
+		// when nothing comes back, ejected again, for twice as long.
+		if n := picks(2) + untilEjected(); n != 1 || hung.State() != Unresponsive {
+			t.Fatalf("%v: after the ejection, %d requests to the still stalled backend (state %v), want 1 and %v", p, n, hung.State(), Unresponsive)
+		}
+		if m := picks(int(2*DefaultEjection/step) - 1); m != 0 {
+			t.Fatalf("%v: %d requests during the second ejection", p, m)
+		}
+		for _, e := range held { // it answers what it held, and more
+			e.Done(false)
+		}
+		held, silent = nil, false
+		picks(100)
+		if n := picks(300); n < 60 || hung.State() != Healthy {
+			t.Fatalf("%v: %d of 300 requests to the backend answering again (state %v)", p, n, hung.State())
+		}
+	}
+
+	// Nobody answers (every endpoint holds long streams): no ejection.
+	clk := clock.NewFake(time.Unix(0, 0))
+	b, eps := newBalancer(t, clk, 3)
+	for range 300 {
+		clk.Advance(step)
+		if _, err := b.Pick(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range eps {
+		if e.State() != Healthy {
+			t.Fatalf("streams only: %s is %v", e.ID(), e.State())
+		}
+	}
+
+	// A slow backend answering every 200 ms (less than the stall time)
+	// what it was picked for stays in.
+	clk = clock.NewFake(time.Unix(0, 0))
+	b, eps = newBalancer(t, clk, 3)
+	var slow []*Endpoint
+	for i := range 1000 {
+		clk.Advance(step)
+		e, err := b.Pick()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e != eps[0] {
+			e.Done(false)
+		} else {
+			slow = append(slow, e)
+		}
+		if i%20 == 19 {
+			for _, e := range slow {
+				e.Done(false)
+			}
+			slow = slow[:0]
+		}
+	}
+	if eps[0].State() != Healthy {
+		t.Fatalf("a slow backend answering every 200 ms is %v", eps[0].State())
+	}
+
+	// WithStall(0, ...) disables it; bad settings are refused.
+	clk = clock.NewFake(time.Unix(0, 0))
+	b, eps = newBalancer(t, clk, 2, WithStall(0, 0))
+	for range 300 {
+		clk.Advance(step)
+		e, _ := b.Pick()
+		if e != eps[0] {
+			e.Done(false)
+		}
+	}
+	if eps[0].State() != Healthy {
+		t.Fatalf("stall ejection disabled, yet the backend is %v", eps[0].State())
+	}
+	for _, o := range []Option{WithStall(1<<17, time.Second), WithStall(4, 0), WithStall(4, time.Hour)} {
+		if _, err := New(o); err == nil {
+			t.Errorf("New accepted a bad stall setting")
+		}
+	}
+}
+
 // A request that ends with no evidence either way (never sent, or given
 // up early by its caller) is Released: it neither counts as an answer,
 // which would clear the backend's misses, nor as a miss.

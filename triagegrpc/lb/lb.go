@@ -87,9 +87,35 @@ type Config struct {
 	// lasts ("1s" by default; doubled for each in a row, at most 30s).
 	EjectAfter *int   `json:"ejectAfter,omitempty"`
 	Ejection   string `json:"ejection,omitempty"`
+	// StallPicks and StallAfter eject a backend before its calls'
+	// deadlines: picked StallPicks times since its last answer (default
+	// 4; 0 disables it), then nothing from it for StallAfter ("250ms" by
+	// default, at most 30s) while other backends answer.
+	StallPicks *int   `json:"stallPicks,omitempty"`
+	StallAfter string `json:"stallAfter,omitempty"`
 
 	opts []balance.Option
 	alg  subset.Algorithm
+}
+
+// countAndDuration reads a pair of settings (a count of calls, 0 to
+// 65536, and a duration in (0, MaxEjection] unless the count is 0),
+// either of them defaulted.
+func countAndDuration(nName string, n *int, defN int, dName, d string, defD time.Duration) (int, time.Duration, error) {
+	cn, cd := defN, defD
+	if n != nil {
+		cn = *n
+	}
+	if d != "" {
+		var err error
+		if cd, err = time.ParseDuration(d); err != nil {
+			return 0, 0, fmt.Errorf("triage balancer: %s %q is not a duration", dName, d)
+		}
+	}
+	if cn < 0 || cn > 1<<16 || cn > 0 && (cd <= 0 || cd > balance.MaxEjection) {
+		return 0, 0, fmt.Errorf("triage balancer: %s %d, %s %v (want 0 to 65536 calls, and a duration in (0, %v])", nName, cn, dName, cd, balance.MaxEjection)
+	}
+	return cn, cd, nil
 }
 
 // Register registers the "triage" load balancer with grpc-go, so
@@ -194,19 +220,18 @@ func ParseConfig(js []byte) (*Config, error) {
 		c.opts = append(c.opts, balance.WithErrorWeight(*c.ErrorWeight))
 	}
 	if c.EjectAfter != nil || c.Ejection != "" {
-		n, d := balance.DefaultEjectAfter, balance.DefaultEjection
-		if c.EjectAfter != nil {
-			n = *c.EjectAfter
-		}
-		if c.Ejection != "" {
-			if d, err = time.ParseDuration(c.Ejection); err != nil {
-				return nil, fmt.Errorf("triage balancer: ejection %q is not a duration", c.Ejection)
-			}
-		}
-		if n < 0 || n > 1<<16 || n > 0 && (d <= 0 || d > balance.MaxEjection) {
-			return nil, fmt.Errorf("triage balancer: ejectAfter %d, ejection %v (want 0 to 65536 calls, and a duration in (0, %v])", n, d, balance.MaxEjection)
+		n, d, err := countAndDuration("ejectAfter", c.EjectAfter, balance.DefaultEjectAfter, "ejection", c.Ejection, balance.DefaultEjection)
+		if err != nil {
+			return nil, err
 		}
 		c.opts = append(c.opts, balance.WithEjection(n, d))
+	}
+	if c.StallPicks != nil || c.StallAfter != "" {
+		n, d, err := countAndDuration("stallPicks", c.StallPicks, balance.DefaultStallPicks, "stallAfter", c.StallAfter, balance.DefaultStallAfter)
+		if err != nil {
+			return nil, err
+		}
+		c.opts = append(c.opts, balance.WithStall(n, d))
 	}
 	if c.SubsetSize < 0 {
 		return nil, fmt.Errorf("triage balancer: subsetSize %d", c.SubsetSize)

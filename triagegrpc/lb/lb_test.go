@@ -106,6 +106,59 @@ func TestBalancerEjectsHungBackend(t *testing.T) {
 	}
 }
 
+// A backend that stops answering under concurrent traffic is ejected
+// long before its calls' deadlines: it was picked a few times since its
+// last answer, and for 250 ms nothing came from it while the other
+// backend answered. Round robin alone would send it half of the calls.
+func TestBalancerEjectsStalledBackendBeforeDeadlines(t *testing.T) {
+	lb.Register()
+	release := make(chan struct{})
+	hung := grpc.NewServer()
+	relay.Register(hung, &relay.Tier{Name: "hung", Fail: func(context.Context, string) error {
+		<-release
+		return nil
+	}})
+	fine := grpc.NewServer()
+	relay.Register(fine, &relay.Tier{Name: "fine"})
+	hungAddr, fineAddr := loopback.ServeGRPC(t, hung), loopback.ServeGRPC(t, fine)
+	t.Cleanup(func() { close(release) })
+	r := manual.NewBuilderWithScheme("stalltest")
+	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{
+		{Addresses: []resolver.Address{{Addr: hungAddr}}}, {Addresses: []resolver.Address{{Addr: fineAddr}}}}})
+	cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"ejection":"30s"}}]}`))
+	cc.Connect()
+	// 300 calls paced 5 ms apart, each with a deadline (3 s) past the
+	// pacing, so that no call ends unanswered before the last is sent:
+	// only the stall can eject the hung backend in time.
+	const calls = 300
+	errs := make(chan error, calls)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for range calls {
+		<-tick.C
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			_, err := relay.Invoke(ctx, cc, "x", grpc.WaitForReady(true))
+			errs <- err
+		}()
+	}
+	lost := 0
+	for range calls {
+		if err := <-errs; err != nil {
+			if status.Code(err) != codes.DeadlineExceeded {
+				t.Fatal(err)
+			}
+			lost++
+		}
+	}
+	if lost >= calls/3 {
+		t.Fatalf("%d of %d calls went to the stalled backend (round robin: half)", lost, calls)
+	}
+	t.Logf("%d of %d calls went to the stalled backend", lost, calls)
+}
+
 // A malformed configuration is refused when the service config is parsed.
 func TestParseConfigErrors(t *testing.T) {
 	for _, js := range []string{
@@ -113,13 +166,15 @@ func TestParseConfigErrors(t *testing.T) {
 		`{"subsetSize":3,"clientId":-1}`, `{"subsetAlgorithm":"consistent"}`, `{"errorWindow":"soon"}`,
 		`{"weightPeriod":"0s"}`, `{"blackout":"-1s"}`, `{"errorPenalty":-1}`, `{"errorWeight":-1}`, `{"unknown":1}`, `[]`,
 		`{"ejectAfter":-1}`, `{"ejectAfter":70000}`, `{"ejection":"soon"}`, `{"ejection":"0s"}`, `{"ejection":"1h"}`,
+		`{"stallPicks":-1}`, `{"stallPicks":70000}`, `{"stallAfter":"soon"}`, `{"stallAfter":"0s"}`, `{"stallAfter":"1h"}`,
 	} {
 		if _, err := lb.ParseConfig([]byte(js)); err == nil {
 			t.Errorf("%s accepted", js)
 		}
 	}
 	for _, js := range []string{`{"policy":"least_loaded","subsetSize":20,"clientId":3,"blackout":"0s","maxActive":-1}`,
-		`{"ejectAfter":0}`, `{"ejectAfter":3,"ejection":"500ms"}`, `{"ejection":"30s"}`} {
+		`{"ejectAfter":0}`, `{"ejectAfter":3,"ejection":"500ms"}`, `{"ejection":"30s"}`,
+		`{"stallPicks":0}`, `{"stallPicks":8,"stallAfter":"1s"}`} {
 		if _, err := lb.ParseConfig([]byte(js)); err != nil {
 			t.Errorf("a good config %s refused: %v", js, err)
 		}
@@ -135,6 +190,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"errorPenalty":1e308,"expiry":"9999999h"}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"ejectAfter":5,"ejection":"2s"}`))
+	f.Add([]byte(`{"stallPicks":4,"stallAfter":"250ms"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = lb.ParseConfig(b)
 	})

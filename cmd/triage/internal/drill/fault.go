@@ -422,6 +422,9 @@ type FaultRow struct {
 	// answered successfully, during and after the fault.
 	CriticalDuring float64 `json:"critical_during"`
 	CriticalAfter  float64 `json:"critical_after"`
+	// CriticalLater is that share during the fault less its first second
+	// (the time a client has to notice a hung or cut-off task).
+	CriticalLater float64 `json:"critical_during_after_1s"`
 	// Recovery is the time from the fault's removal to the first of three
 	// seconds in a row at goodput 0.95 or more; -1 if that did not happen
 	// within the run.
@@ -477,6 +480,7 @@ func (r *RunResult) faultRow() FaultRow {
 		}
 	}
 	row.CriticalDuring = r.criticalShare(bounds["fault"])
+	row.CriticalLater = r.criticalShare([2]int{bounds["fault"][0] + 1, bounds["fault"][1]})
 	row.CriticalAfter = r.criticalShare(bounds["after"])
 	// Recovery counts from the second the fault was removed in.
 	from := int(r.FaultWindow[1])
@@ -549,6 +553,7 @@ func faultMedians(rows []FaultRow) []FaultRow {
 			GoodputAfter:   med(func(r FaultRow) float64 { return r.GoodputAfter }),
 			CriticalDuring: med(func(r FaultRow) float64 { return r.CriticalDuring }),
 			CriticalAfter:  med(func(r FaultRow) float64 { return r.CriticalAfter }),
+			CriticalLater:  med(func(r FaultRow) float64 { return r.CriticalLater }),
 			Recovery:       medRecovery(g),
 		}
 		for _, r := range g {

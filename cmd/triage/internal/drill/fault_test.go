@@ -81,6 +81,9 @@ func TestFaultRow(t *testing.T) {
 	if row.CriticalDuring != 30.0/150 {
 		t.Errorf("critical during %v, want %v", row.CriticalDuring, 30.0/150)
 	}
+	if row.CriticalLater != 20.0/100 { // seconds 3 and 4
+		t.Errorf("critical during the fault after its first second %v, want %v", row.CriticalLater, 20.0/100)
+	}
 	never := newRun("x", true, nil)
 	never.Fault = "storm"
 	never.Seconds = []Second{ok(100), ok(10), ok(10), ok(10)}

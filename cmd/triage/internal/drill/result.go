@@ -159,7 +159,14 @@ type Ledger struct {
 	Answered [4]uint64 `json:"answered"`
 	Twice    uint64    `json:"answered_twice"`
 	Late     uint64    `json:"late"`
+	// LateAnswers describes the first late answers (at most maxLate):
+	// when the request was sent, how long its answer took, and what it
+	// was.
+	LateAnswers []string `json:"late_answers,omitempty"`
 }
+
+// maxLate bounds Ledger.LateAnswers.
+const maxLate = 8
 
 // Residue is one task's goroutines and live heap (after a collection) at
 // its baseline, after the warm-up, and after the run's load.
@@ -207,7 +214,7 @@ func (l Ledger) Check() error {
 		errs = append(errs, fmt.Sprintf("%d answered twice", l.Twice))
 	}
 	if l.Late > 0 {
-		errs = append(errs, fmt.Sprintf("%d answered more than %v past the timeout", l.Late, LedgerSlack))
+		errs = append(errs, fmt.Sprintf("%d answered more than %v past the timeout (%s)", l.Late, LedgerSlack, strings.Join(l.LateAnswers, ", ")))
 	}
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "; "))
@@ -284,6 +291,13 @@ func (r *RunResult) answered(el time.Duration, l criticality.Level, ok, degraded
 	r.Ledger.Answered[l]++
 	if took > requestTimeout+LedgerSlack {
 		r.Ledger.Late++
+		if len(r.Ledger.LateAnswers) < maxLate {
+			what := reason
+			if ok {
+				what = "OK"
+			}
+			r.Ledger.LateAnswers = append(r.Ledger.LateAnswers, fmt.Sprintf("%v sent at %.2fs took %v: %s", l, el.Seconds(), took.Round(time.Millisecond), what))
+		}
 	}
 	s := r.second(el)
 	if ok {
@@ -532,12 +546,13 @@ func (res *Result) faultSummary() string {
 			if r.Recovery >= 0 {
 				rec = fmt.Sprintf("%.0f s", r.Recovery)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%gx\t%.2f / %.2f / %.2f\t%.2f%% / %.2f%%\t%s\t%d/%d/%d\t%d\n", r.Fault, name, r.Load,
-				r.GoodputBefore, r.GoodputDuring, r.GoodputAfter, 100*r.CriticalDuring, 100*r.CriticalAfter, rec, r.Lost, r.Twice, r.Late, r.TasksDied)
+			fmt.Fprintf(w, "%s\t%s\t%gx\t%.2f / %.2f / %.2f\t%.2f%% (%.2f%%) / %.2f%%\t%s\t%d/%d/%d\t%d\n", r.Fault, name, r.Load,
+				r.GoodputBefore, r.GoodputDuring, r.GoodputAfter, 100*r.CriticalDuring, 100*r.CriticalLater, 100*r.CriticalAfter, rec, r.Lost, r.Twice, r.Late, r.TasksDied)
 		}
 		w.Flush()
 	}
-	b.WriteString("faults (goodput: share of the provisioned rate; CRITICAL*: CRITICAL_PLUS and CRITICAL answered;\n" +
+	b.WriteString("faults (goodput: share of the provisioned rate; CRITICAL*: CRITICAL_PLUS and CRITICAL answered,\n" +
+		"during the fault (after its first second) / after it;\n" +
 		"recovery: from the fault's removal to three seconds in a row at goodput >= 0.95):\n")
 	table(res.Faults)
 	if len(res.FaultMedians) > 0 {
