@@ -430,17 +430,18 @@ func (b *Balancer) Endpoints() []*Endpoint { return b.set.Load().eps }
 // when there is none of either, ErrFlowControl when every healthy one is
 // at the cap.
 func (b *Balancer) Pick() (*Endpoint, error) {
-	n := len(b.set.Load().eps)
 	for try := 0; ; try++ {
 		e, err := b.pick()
 		if err != nil {
 			return nil, err
 		}
-		if b.cfg.stallPicks > 0 && try < n {
+		if b.cfg.stallPicks > 0 {
 			// On probation (ejected, and no answer since), an endpoint
-			// takes one request at a time: the others go elsewhere.
+			// takes one request at a time: the others go elsewhere. At
+			// most one try per endpoint skips.
 			unanswered, probation := e.picks.Load()-e.answered.Load(), e.ejections.Load() > 0
-			if (unanswered >= b.cfg.stallPicks || probation && unanswered > 0) && (b.stalled(e) || probation) {
+			if (unanswered >= b.cfg.stallPicks || probation && unanswered > 0) &&
+				try < len(b.set.Load().eps) && (b.stalled(e) || probation) {
 				continue // ejected now, or its probe is out: pick another
 			}
 		}
