@@ -64,6 +64,12 @@
 // of recent requests are retries (other tasks are likely overloaded too),
 // it answers "overloaded; don't retry" instead of "task overloaded".
 //
+// Come back later (the CRE post: non-critical retryable requests are told
+// to retry after a large interval): once SHEDDABLE or SHEDDABLE_PLUS has
+// been shed for a second, its rejections carry a RetryAfter that grows
+// with the spell, up to minutes, jittered (WithRetryAfter). Transports
+// send it (gRPC RetryInfo, HTTP Retry-After) and package retry honours it.
+//
 // This package is transport-free; triagegrpc and triagehttp install it.
 package admission
 
@@ -233,6 +239,8 @@ type config struct {
 	messageTimeout time.Duration
 	saturation     Signal
 	saturationSet  bool
+	retryAfterMin  time.Duration
+	retryAfterMax  time.Duration
 }
 
 type gate struct {
@@ -414,7 +422,14 @@ type Controller struct {
 	delaySum   atomic.Int64 // sampled time from Arrive to Start
 	delayCount atomic.Int64
 	_          [32]byte
-	errs       [NumReasons][2]*outcome.Error
+	// errs are the prebuilt rejections, per reason and kind (task
+	// overloaded, don't retry), indexed by retrySlot.
+	errs [NumReasons][2][]*outcome.Error
+	// shed is, per level, the current spell of rejections (the sheddable
+	// levels' RetryAfter grows with it).
+	shed                 [criticality.NumLevels]spell
+	retryMin, retryQuiet int64
+	retryBuckets         int
 }
 
 // validate refuses a configuration the Controller cannot run with.
@@ -438,6 +453,9 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: unknown delay measure %d", ErrConfig, c.delay)
 	case !(c.dontRetryRatio > 0 && c.dontRetryRatio <= 1):
 		return fmt.Errorf("%w: don't-retry ratio must be in (0, 1], got %v", ErrConfig, c.dontRetryRatio)
+	}
+	if err := c.validateRetryAfter(); err != nil {
+		return err
 	}
 	for _, g := range c.gates {
 		if g.sig == nil {
@@ -465,6 +483,8 @@ func New(opts ...Option) (*Controller, error) {
 		dontRetryRatio: DefaultDontRetryRatio,
 		historyWindow:  DefaultHistoryWindow,
 		messageTimeout: DefaultMessageTimeout,
+		retryAfterMin:  DefaultRetryAfterMin,
+		retryAfterMax:  DefaultRetryAfterMax,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -521,10 +541,7 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.limits = limitRule{min: ctl.minLimit, max: ctl.maxLimit, tolerance: c.tolerance, probeEvery: probeEvery}
 	ctl.ls = limitState{limit: int64(c.initialLimit), best: math.MaxInt64}
 	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli}
-	for r := Reason(0); r < NumReasons; r++ {
-		ctl.errs[r][0] = &outcome.Error{Kind: outcome.TaskOverloaded, Reason: r.String()}
-		ctl.errs[r][1] = &outcome.Error{Kind: outcome.DontRetry, Reason: r.String()}
-	}
+	ctl.buildErrs(c.retryAfterMin, c.retryAfterMax)
 	return ctl, nil
 }
 
@@ -879,7 +896,7 @@ func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
 		dr = 1
 	}
 	c.obs.Rejected(l, r, dr == 1)
-	return c.errs[r][dr]
+	return c.errs[r][dr][c.retrySlot(l, now)]
 }
 
 // retriesHigh reports whether the share of retries among recent requests

@@ -400,6 +400,8 @@ func TestNewErrors(t *testing.T) {
 		{admission.WithLimits(0, 1, 1)}, {admission.WithLimits(2, 1, 3)}, {admission.WithLimits(1, 1, 1<<21)},
 		{admission.WithMaxWait(0)}, {admission.WithQueueFactor(-1)}, {admission.WithDontRetryRatio(0)},
 		{admission.WithSignal(nil, admission.DefaultThresholds())}, {admission.WithSignal(&fixed{}, bad)},
+		{admission.WithRetryAfter(0, time.Second)}, {admission.WithRetryAfter(2*time.Second, time.Second)},
+		{admission.WithRetryAfter(time.Second, 48*time.Hour)}, {admission.WithRetryAfter(time.Nanosecond, time.Hour)},
 	} {
 		if _, err := admission.New(opts...); !errors.Is(err, admission.ErrConfig) {
 			t.Errorf("New: err = %v", err)

@@ -29,11 +29,12 @@ type Level uint8
 
 // The four levels, in increasing order of criticality.
 const (
-	// Sheddable is traffic for which partial unavailability is expected;
-	// the default for batch jobs, which can retry minutes or hours later.
+	// Sheddable is traffic for which frequent partial unavailability and
+	// occasional full unavailability is expected.
 	Sheddable Level = iota
-	// SheddablePlus is traffic for which partial unavailability is expected
-	// and which is retried soon.
+	// SheddablePlus is traffic for which partial unavailability is
+	// expected: the default for batch jobs, which can retry minutes or
+	// even hours later.
 	SheddablePlus
 	// Critical is the default for requests from production jobs: failures
 	// have user-visible impact.

@@ -3,6 +3,7 @@ package triagegrpc
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,8 +40,13 @@ type Server struct {
 	rejections [admission.NumReasons][2]error
 	outOfQuota error
 	blackHole  error
-	group      func(context.Context, metadata.MD) string
-	connShare  int32 // 0: no share by connection
+	// retryLater holds the status errors of the rejections that carry a
+	// RetryAfter (admission.WithRetryAfter), built on first use, keyed by
+	// the Controller's prebuilt error: at most maxRetryLater entries.
+	retryLater      sync.Map
+	retryLaterCount atomic.Int32
+	group           func(context.Context, metadata.MD) string
+	connShare       int32 // 0: no share by connection
 }
 
 // ServerOption configures a Server.
@@ -154,6 +160,9 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 // rejection returns the prebuilt status error of an admission rejection.
 func (s *Server) rejection(err error) error {
 	if r, dr, ok := admission.RejectionOf(err); ok {
+		if oe := err.(*outcome.Error); oe.RetryAfter > 0 {
+			return s.retryLaterStatus(oe)
+		}
 		i := 0
 		if dr {
 			i = 1
@@ -167,6 +176,25 @@ func (s *Server) rejection(err error) error {
 		return s.outOfQuota
 	}
 	return ToError(err)
+}
+
+// maxRetryLater bounds Server.retryLater: more than every prebuilt
+// rejection of a dozen Controllers (under 300 each at the defaults).
+const maxRetryLater = 4096
+
+// retryLaterStatus returns the status error of an admission rejection
+// with a RetryAfter, built once per prebuilt rejection: in full, with
+// RetryInfo, since a client that reads it stays away for seconds to
+// minutes, which saves far more than the compact form would.
+func (s *Server) retryLaterStatus(oe *outcome.Error) error {
+	if st, ok := s.retryLater.Load(oe); ok {
+		return st.(error)
+	}
+	st := Status(oe).Err()
+	if s.retryLaterCount.Add(1) <= maxRetryLater {
+		s.retryLater.Store(oe, st)
+	}
+	return st
 }
 
 // DefaultMaxConcurrentStreams is the bound ServerOptions sets on the

@@ -33,6 +33,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
@@ -43,10 +44,16 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
 var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "oracle-tap16", "triage-admission", "triage"}
+
+// otherVariants run only when named: triage-no-retry-after is triage whose
+// backend never sends a RetryAfter (admission.WithRetryAfter(0, 0)), to
+// measure what the sheddable levels' RetryAfter saves.
+var otherVariants = []string{"triage-no-retry-after"}
 
 type config struct {
 	rounds    int // work per request, calibrated once by run
@@ -145,13 +152,13 @@ func parseFlags(args []string) (config, error) {
 		}
 	}
 	known := map[string]bool{}
-	for _, v := range allVariants {
+	for _, v := range append(allVariants, otherVariants...) {
 		known[v] = true
 	}
 	for _, v := range strings.Split(variants, ",") {
 		v = strings.TrimSpace(v)
 		if !known[v] {
-			return c, fmt.Errorf("--variants: unknown %q (have %s)", v, strings.Join(allVariants, ", "))
+			return c, fmt.Errorf("--variants: unknown %q (have %s)", v, strings.Join(append(allVariants, otherVariants...), ", "))
 		}
 		c.variants = append(c.variants, v)
 	}
@@ -243,10 +250,39 @@ func (b *backend) stats() (stats, error) {
 	return s, json.NewDecoder(resp.Body).Decode(&s)
 }
 
-func dial(cfg config, b *backend, variant string) ([]grpc.ClientConnInterface, func(), error) {
+// retries counts a client's retries per criticality.
+type retries struct {
+	n [criticality.NumLevels]atomic.Int64
+}
+
+func (*retries) Requested(criticality.Level)      {}
+func (*retries) Answered(criticality.Level, bool) {}
+func (*retries) Throttled(criticality.Level)      {}
+func (r *retries) Retried(l criticality.Level)    { r.n[l].Add(1) }
+func (*retries) BudgetRefused(criticality.Level)  {}
+func (*retries) Exhausted(criticality.Level)      {}
+
+// snapshot returns the counts so far.
+func (r *retries) snapshot() (out [criticality.NumLevels]int64) {
+	for l := range out {
+		out[l] = r.n[l].Load()
+	}
+	return out
+}
+
+// dial connects to the backend: the triage variants through triage's
+// client (its retries counted in the returned retries), the others
+// plainly.
+func dial(cfg config, b *backend, variant string) ([]grpc.ClientConnInterface, *retries, func(), error) {
 	var extra []grpc.DialOption
-	if variant == "triage" {
-		extra = triagegrpc.NewClient().DialOptions() // one client: one throttle and budget for the backend
+	var count *retries
+	if variant == "triage" || variant == "triage-no-retry-after" {
+		count = new(retries)
+		pol, err := retry.New(retry.WithObserver(count))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		extra = triagegrpc.NewClient(triagegrpc.WithPolicy(pol)).DialOptions() // one client: one throttle and budget for the backend
 	} else {
 		extra = triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()
 	}
@@ -255,12 +291,12 @@ func dial(cfg config, b *backend, variant string) ([]grpc.ClientConnInterface, f
 	for i := 0; i < cfg.conns; i++ {
 		cc, err := grpc.NewClient("passthrough:///"+b.addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		ccs = append(ccs, cc)
 		closers = append(closers, func() { cc.Close() })
 	}
-	return ccs, func() {
+	return ccs, count, func() {
 		for _, c := range closers {
 			c()
 		}
@@ -275,7 +311,7 @@ func probe(ctx context.Context, cfg config) (float64, error) {
 		return 0, err
 	}
 	defer b.stop()
-	ccs, closeAll, err := dial(cfg, b, "none")
+	ccs, _, closeAll, err := dial(cfg, b, "none")
 	if err != nil {
 		return 0, err
 	}
@@ -330,6 +366,11 @@ type result struct {
 	LateSends     int64              `json:"sends_over_10ms_late"`
 	Untriaged     int                `json:"failures_without_overload_outcome"`
 	Goroutines    [2]int             `json:"goroutines_before_after"`
+	// Retries is, per criticality, the retries triage's client sent
+	// during the step (the triage variants only); RetriesLate those of
+	// its second half, over which the other figures are taken.
+	Retries     map[string]int64 `json:"retries,omitempty"`
+	RetriesLate map[string]int64 `json:"retries_second_half,omitempty"`
 }
 
 type report struct {
@@ -415,13 +456,22 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 		return r, err
 	}
 	defer b.stop()
-	ccs, closeAll, err := dial(cfg, b, variant)
+	ccs, count, closeAll, err := dial(cfg, b, variant)
 	if err != nil {
 		return r, err
 	}
 	defer closeAll()
 	if cfg.warmup > 0 {
 		openLoop(ctx, ccs, 0.5*c, cfg.warmup, cfg.deadline, mix, 1)
+	}
+	var retriedBefore [criticality.NumLevels]int64
+	half := make(chan [criticality.NumLevels]int64, 1)
+	if count != nil {
+		retriedBefore = count.snapshot()
+		go func() {
+			time.Sleep(cfg.step / 2)
+			half <- count.snapshot()
+		}()
 	}
 	before, _ := b.stats()
 	var mid stats
@@ -437,6 +487,16 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	}
 	if mid.Limit > 0 {
 		fmt.Fprintf(os.Stderr, "    during the step: limit %d executing %d queued %d pending %d/%.2f service %.1f ms\n", mid.Limit, mid.Executing, mid.Queued, mid.Pending, mid.PendingCap, mid.ServiceMS)
+	}
+	if count != nil {
+		r.Retries, r.RetriesLate = map[string]int64{}, map[string]int64{}
+		retriedHalf := <-half
+		for l, n := range count.snapshot() {
+			if len(mix) > 1 || n > 0 {
+				r.Retries[criticality.Level(l).String()] = n - retriedBefore[l]
+				r.RetriesLate[criticality.Level(l).String()] = n - retriedHalf[l]
+			}
+		}
 	}
 	s := summarize(p, cfg.step/2, cfg.step)
 	time.Sleep(2 * time.Second) // let the backend settle before reading its goroutines
@@ -492,7 +552,7 @@ func recovery(ctx context.Context, cfg config, c float64, variant string) (recov
 		return rr, err
 	}
 	defer b.stop()
-	ccs, closeAll, err := dial(cfg, b, variant)
+	ccs, _, closeAll, err := dial(cfg, b, variant)
 	if err != nil {
 		return rr, err
 	}
@@ -536,6 +596,9 @@ func printTable(w io.Writer, rep report) {
 			r.Sent, r.Completed, r.LateSends, r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
 		if len(r.ByCriticality) > 0 {
 			notes += fmt.Sprintf(" by_criticality=%v", r.ByCriticality)
+		}
+		if len(r.Retries) > 0 {
+			notes += fmt.Sprintf(" retries=%v (second half %v)", r.Retries, r.RetriesLate)
 		}
 		load := fmt.Sprintf("%.1f", r.Load)
 		if r.Workers > 0 {

@@ -197,8 +197,12 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 		})}, nil, nil
 	case "oracle-tap16":
 		return oracleTap(16), nil, nil
-	case "triage-admission", "triage":
-		ctl, err := admission.New(append(admissionOptions(), admission.WithObserver(benchObs))...)
+	case "triage-admission", "triage", "triage-no-retry-after":
+		opts := append(admissionOptions(), admission.WithObserver(benchObs))
+		if variant == "triage-no-retry-after" {
+			opts = append(opts, admission.WithRetryAfter(0, 0))
+		}
+		ctl, err := admission.New(opts...)
 		if err != nil {
 			return nil, nil, err
 		}
