@@ -425,6 +425,8 @@ type Controller struct {
 	// errs are the prebuilt rejections, per reason and kind (task
 	// overloaded, don't retry), indexed by retrySlot.
 	errs [NumReasons][2][]*outcome.Error
+	// attempted is the attempt histogram's running total (Attempts).
+	attempted [criticality.NumLevels][AttemptBuckets]atomic.Uint64
 	// shed is, per level, the current spell of rejections (the sheddable
 	// levels' RetryAfter grows with it).
 	shed                 [criticality.NumLevels]spell
@@ -793,6 +795,7 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 			retry = 1
 		}
 		c.attempts.Add(now, 1, retry)
+		c.attempted[l][min(max(attemptN, 0), AttemptBuckets-1)].Add(uint64(c.sampleMask.Load()) + 1)
 	}
 	for i := range c.gates {
 		g := &c.gates[i]
@@ -1154,6 +1157,26 @@ type SignalValue struct {
 // (quota.WithOverload).
 func (c *Controller) Overloaded() bool {
 	return c.now()-c.lastShed.Load() < c.interval
+}
+
+// AttemptBuckets is the number of buckets of the attempt histogram: the
+// attempt counter's values 0 (first attempt), 1 and 2 (the book's three
+// attempts; a larger counter counts as 2).
+const AttemptBuckets = 3
+
+// Attempts returns the attempt histogram (SRE book ch. 21, Figure 21-1):
+// per criticality and attempt counter, the requests that arrived since the
+// Controller started, from the same samples as the window of it the
+// don't-retry rule reads (the last DefaultHistoryWindow): under heavy
+// traffic, when only one request in eight is sampled, each sampled request
+// counts for eight.
+func (c *Controller) Attempts() (h [criticality.NumLevels][AttemptBuckets]uint64) {
+	for l := range h {
+		for a := range h[l] {
+			h[l][a] = c.attempted[l][a].Load()
+		}
+	}
+	return h
 }
 
 // Stats returns a snapshot.

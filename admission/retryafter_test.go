@@ -101,3 +101,23 @@ func TestRetryAfterRejectionAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per rejection", n)
 	}
 }
+
+// The attempt histogram counts arrivals by criticality and attempt
+// counter (2 and more in the last bucket), rejected or not.
+func TestAttemptHistogram(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithSignal(&fixed{}, admission.DefaultThresholds()))
+	want := [criticality.NumLevels][admission.AttemptBuckets]uint64{}
+	for i, n := range []int{0, 0, 0, 1, 1, 2, 3} {
+		l := criticality.Level(i % criticality.NumLevels)
+		var tk admission.Ticket
+		if err := c.Arrive(&tk, l, n, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		c.Done(&tk)
+		want[l][min(n, 2)]++
+	}
+	if got := c.Attempts(); got != want {
+		t.Fatalf("Attempts() = %v, want %v", got, want)
+	}
+}

@@ -200,9 +200,10 @@ type panel struct {
 	} `json:"gridPos"`
 	FieldConfig struct {
 		Defaults struct {
-			Unit string   `json:"unit"`
-			Min  *float64 `json:"min"`
-			Max  *float64 `json:"max"`
+			Unit   string         `json:"unit"`
+			Min    *float64       `json:"min"`
+			Max    *float64       `json:"max"`
+			Custom map[string]any `json:"custom"`
 		} `json:"defaults"`
 		Overrides []any `json:"overrides"`
 	} `json:"fieldConfig"`

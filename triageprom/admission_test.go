@@ -93,4 +93,34 @@ func TestAdmissionMetricsOverLoopbackHTTP(t *testing.T) {
 	if n := testutil.ToFloat64(m.Admission().AdmittedCounter("CRITICAL")); n != 9 {
 		t.Fatalf("admitted %v, want 9", n)
 	}
+	// The attempt histogram: every request arrived as a first attempt of
+	// the default criticality (an untrusted peer's attempt header is not
+	// believed).
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := 0
+	for _, mf := range mfs {
+		if mf.GetName() != "triage_admission_attempts_total" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			series++
+			labels := map[string]string{}
+			for _, lp := range mt.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			want := 0.0
+			if labels["criticality"] == "CRITICAL" && labels["attempt"] == "0" {
+				want = 21
+			}
+			if v := mt.GetCounter().GetValue(); v != want {
+				t.Errorf("attempts %v = %v, want %v", labels, v, want)
+			}
+		}
+	}
+	if series != 12 {
+		t.Fatalf("%d attempt series, want 12 (4 criticalities x 3 attempt values)", series)
+	}
 }
