@@ -110,11 +110,13 @@ const (
 	// it arrived (WithMessageTimeout): its client took that long to send
 	// its message, and a slow sender is its own problem.
 	Late
+	// Forced: an operator's ForceShed drill rejected the request.
+	Forced
 	// NumReasons is the number of reasons.
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"concurrency", "utilization", "deadline", "late"}
+var reasonNames = [NumReasons]string{"concurrency", "utilization", "deadline", "late", "forced"}
 
 // String returns the reason's metric name.
 func (r Reason) String() string {
@@ -425,6 +427,10 @@ type Controller struct {
 	// errs are the prebuilt rejections, per reason and kind (task
 	// overloaded, don't retry), indexed by retrySlot.
 	errs [NumReasons][2][]*outcome.Error
+	// drills is, per level, the operator's ForceShed drill; forcedAny
+	// says whether one was ever set.
+	drills    [criticality.NumLevels]forcedShed
+	forcedAny atomic.Bool
 	// attempted is the attempt histogram's running total (Attempts).
 	attempted [criticality.NumLevels][AttemptBuckets]atomic.Uint64
 	// shed is, per level, the current spell of rejections (the sheddable
@@ -797,6 +803,9 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		c.attempts.Add(now, 1, retry)
 		c.attempted[l][min(max(attemptN, 0), AttemptBuckets-1)].Add(uint64(c.sampleMask.Load()) + 1)
 	}
+	if c.forcedAny.Load() && c.forcedOut(l, now) {
+		return c.reject(l, Forced, now)
+	}
 	for i := range c.gates {
 		g := &c.gates[i]
 		if p := g.th.rejectP(l, g.sig.Utilization()); p > 0 && (p >= 1 || c.random() < p) {
@@ -1141,6 +1150,9 @@ type Stats struct {
 	NotStarted [criticality.NumLevels]int64
 	// RetryShare is the share of retries among recent requests.
 	RetryShare float64
+	// Forced is, per criticality, the fraction of requests a ForceShed
+	// drill rejects now (0: none).
+	Forced [criticality.NumLevels]float64
 	// Signals are the current utilizations, by signal name.
 	Signals []SignalValue
 }
@@ -1187,8 +1199,10 @@ func (c *Controller) Stats() Stats {
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 		QueueDelay:  time.Duration(c.lastDelay.Load()), Saturated: c.saturated.Load(),
 	}
+	now := c.now()
 	for l := range s.NotStarted {
 		s.NotStarted[l] = c.notStarted(criticality.Level(l))
+		s.Forced[l] = c.forced(criticality.Level(l), now)
 	}
 	if w, _ := c.attempts.Sums(c.now()); w.A > 0 {
 		s.RetryShare = w.B / w.A

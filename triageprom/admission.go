@@ -68,7 +68,9 @@ var _ admission.Observer = (*AdmissionObserver)(nil)
 // AdmissionState returns a collector that reads a Controller's Stats at
 // scrape time: triage_admission_pending, _pending_cap, _executing,
 // _queued, _service_seconds, _retry_share,
-// triage_admission_signal_utilization{signal} and the attempt histogram,
+// triage_admission_signal_utilization{signal},
+// triage_admission_forced_shed_fraction{criticality} (ForceShed drills) and
+// the attempt histogram,
 // triage_admission_attempts_total{criticality, attempt}.
 func AdmissionState(ctl *admission.Controller) prometheus.Collector { return stateCollector{ctl} }
 
@@ -82,13 +84,14 @@ var (
 	descService    = prometheus.NewDesc("triage_admission_service_seconds", "Mean service time of the last interval.", nil, nil)
 	descRetryShare = prometheus.NewDesc("triage_admission_retry_share", "Share of retries among recent requests (the attempt histogram).", nil, nil)
 	descSignal     = prometheus.NewDesc("triage_admission_signal_utilization", "Utilization signal value as a fraction of its target.", []string{"signal"}, nil)
+	descForced     = prometheus.NewDesc("triage_admission_forced_shed_fraction", "Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).", []string{"criticality"}, nil)
 	descAttempts   = prometheus.NewDesc("triage_admission_attempts_total", "Requests that arrived, by criticality and attempt counter (0: first attempt; 2: second retry or later): the attempt histogram the don't-retry rule reads (SRE book Figure 21-1).", []string{"criticality", "attempt"}, nil)
 )
 
 var attemptLabels = [admission.AttemptBuckets]string{"0", "1", "2"}
 
 func (s stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descPendingCap, descExecuting, descQueued, descService, descRetryShare, descSignal, descAttempts} {
+	for _, d := range []*prometheus.Desc{descPending, descPendingCap, descExecuting, descQueued, descService, descRetryShare, descSignal, descForced, descAttempts} {
 		ch <- d
 	}
 }
@@ -106,6 +109,9 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descRetryShare, st.RetryShare)
 	for _, sv := range st.Signals {
 		gauge(descSignal, sv.Utilization, sv.Name)
+	}
+	for l, f := range st.Forced {
+		gauge(descForced, f, criticality.Level(l).String())
 	}
 	for l, row := range s.ctl.Attempts() {
 		for a, n := range row {

@@ -3,6 +3,7 @@ package triageprom_test
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triageprom"
@@ -92,6 +94,20 @@ func TestAdmissionMetricsOverLoopbackHTTP(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(m.Admission().AdmittedCounter("CRITICAL")); n != 9 {
 		t.Fatalf("admitted %v, want 9", n)
+	}
+	// A drill in effect shows.
+	if err := ctl.ForceShed(criticality.Sheddable, 0.25, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP triage_admission_forced_shed_fraction Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).
+# TYPE triage_admission_forced_shed_fraction gauge
+triage_admission_forced_shed_fraction{criticality="CRITICAL"} 0
+triage_admission_forced_shed_fraction{criticality="CRITICAL_PLUS"} 0
+triage_admission_forced_shed_fraction{criticality="SHEDDABLE"} 0.25
+triage_admission_forced_shed_fraction{criticality="SHEDDABLE_PLUS"} 0
+`), "triage_admission_forced_shed_fraction"); err != nil {
+		t.Fatal(err)
 	}
 	// The attempt histogram: every request arrived as a first attempt of
 	// the default criticality (an untrusted peer's attempt header is not

@@ -199,6 +199,13 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.BoolVar(&t.Protect, "protect", true, "triage's protections on (false: plain gRPC, naive retries)")
 	fs.StringVar(&t.Quota, "quota", "", "quota service address (DB tasks)")
 	fs.Int64Var(&t.MemLimit, "mem-limit", 128<<20, "request memory the task may hold, bytes")
+	fs.Func("force-shed", "game-day drill: reject a fraction of one criticality for a time, LEVEL:FRACTION:DURATION (e.g. SHEDDABLE_PLUS:0.5:10m; repeatable; also POST /fault?shed=... on the stats address)", func(v string) error {
+		d, err := drill.ParseForceShed(v)
+		if err == nil {
+			t.ForceShed = append(t.ForceShed, d)
+		}
+		return err
+	})
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

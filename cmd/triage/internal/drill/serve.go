@@ -69,6 +69,39 @@ type Task struct {
 	// the task holds RequestMemory from its arrival in a handler; past the
 	// limit the task dies, as a container's OOM killer would kill it.
 	MemLimit int64
+	// ForceShed are game-day drills started with the task (Protect only):
+	// admission.Controller.ForceShed for each.
+	ForceShed []ForceShed
+}
+
+// ForceShed is a game-day drill: reject Fraction of the requests of Level
+// for For (admission.Controller.ForceShed).
+type ForceShed struct {
+	Level    criticality.Level
+	Fraction float64
+	For      time.Duration
+}
+
+// ParseForceShed reads a drill written LEVEL:FRACTION:DURATION, e.g.
+// SHEDDABLE_PLUS:0.5:10m.
+func ParseForceShed(s string) (ForceShed, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return ForceShed{}, fmt.Errorf("force-shed %q: want LEVEL:FRACTION:DURATION, e.g. SHEDDABLE_PLUS:0.5:10m", s)
+	}
+	l, err := criticality.Parse(parts[0])
+	if err != nil {
+		return ForceShed{}, fmt.Errorf("force-shed %q: %v", s, err)
+	}
+	f, err := strconv.ParseFloat(parts[1], 64)
+	if err != nil || !(f > 0 && f <= 1) {
+		return ForceShed{}, fmt.Errorf("force-shed %q: fraction must be a number in (0, 1]", s)
+	}
+	d, err := time.ParseDuration(parts[2])
+	if err != nil || d <= 0 || d > admission.MaxForceShed {
+		return ForceShed{}, fmt.Errorf("force-shed %q: duration must be in (0, %v]", s, admission.MaxForceShed)
+	}
+	return ForceShed{Level: l, Fraction: f, For: d}, nil
 }
 
 // RequestMemory is what each request holds while it is in a handler: its
@@ -93,6 +126,8 @@ func (t Task) Validate() error {
 		return errors.New("-next is required for every tier but the DB")
 	case t.MemLimit < RequestMemory:
 		return errors.New("-mem-limit too small")
+	case len(t.ForceShed) > 0 && !t.Protect:
+		return errors.New("-force-shed needs triage's protections (-protect)")
 	}
 	return nil
 }
@@ -128,6 +163,9 @@ type AdmissionStats struct {
 	Pending    int64   `json:"pending"`
 	Limit      int64   `json:"limit"`
 	Saturated  bool    `json:"saturated"`
+	// ForceShed is, per criticality, the fraction a game-day drill rejects
+	// now (only the levels with a drill in effect).
+	ForceShed map[string]float64 `json:"force_shed,omitempty"`
 }
 
 // machine emulates a task's machine: Slots workers, each request holding
@@ -314,6 +352,13 @@ func Serve(ctx context.Context, cfg Task, stderr io.Writer) error {
 	stop, err := t.serve(ln, next)
 	if err != nil {
 		return err
+	}
+	for _, d := range cfg.ForceShed {
+		if err := t.ctl.ForceShed(d.Level, d.Fraction, d.For); err != nil {
+			stop()
+			return err
+		}
+		fmt.Fprintf(stderr, "%s: force-shedding %.0f%% of %v for %v\n", cfg.ID, 100*d.Fraction, d.Level, d.For)
 	}
 	select {
 	case <-ctx.Done():
@@ -619,8 +664,25 @@ const (
 
 // serveFault is the task's fault knob, for the drill's fault harness on
 // its stats address: POST /fault?slow=F&for=D makes the handlers F times
-// slower for D (F 1 restores the speed at once).
+// slower for D (F 1 restores the speed at once); POST
+// /fault?shed=LEVEL:FRACTION:DURATION starts a ForceShed drill (FRACTION 0
+// is not accepted: a drill ends at its time, or replaced by a shorter one).
 func (t *task) serveFault(w http.ResponseWriter, r *http.Request) {
+	if spec := r.URL.Query().Get("shed"); spec != "" {
+		d, err := ParseForceShed(spec)
+		if err == nil && t.ctl == nil {
+			err = errors.New("no admission control on this task")
+		}
+		if err == nil {
+			err = t.ctl.ForceShed(d.Level, d.Fraction, d.For)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%s: force-shedding %.0f%% of %v for %v\n", t.cfg.ID, 100*d.Fraction, d.Level, d.For)
+		return
+	}
 	f, err := strconv.Atoi(r.URL.Query().Get("slow"))
 	if err != nil || f < 1 || f > MaxSlowFactor {
 		http.Error(w, fmt.Sprintf("slow must be an integer in [1, %d]", MaxSlowFactor), http.StatusBadRequest)
@@ -659,6 +721,14 @@ func (t *task) serveStats(w http.ResponseWriter, r *http.Request) {
 	if t.ctl != nil {
 		a := t.ctl.Stats()
 		s.Admission = &AdmissionStats{PendingCap: a.PendingCap, Pending: a.Pending, Limit: a.Limit, Saturated: a.Saturated}
+		for l, f := range a.Forced {
+			if f > 0 {
+				if s.Admission.ForceShed == nil {
+					s.Admission.ForceShed = map[string]float64{}
+				}
+				s.Admission.ForceShed[criticality.Level(l).String()] = f
+			}
+		}
 	}
 	if t.enf != nil {
 		s.Usage, s.Limit = map[string]float64{}, map[string]float64{}
