@@ -960,15 +960,18 @@ func (e *Endpoint) Report(l Load) {
 	now := e.b.readClock()
 	e.mu.Lock()
 	e.load = l
-	if e.firstReport == 0 || now-e.lastReport > int64(e.b.cfg.expiry) {
+	fresh := e.firstReport == 0 || now-e.lastReport > int64(e.b.cfg.expiry)
+	if fresh {
 		e.firstReport = max(now, 1)
 	}
 	e.lastReport = now
 	e.mu.Unlock()
 	e.setUtilization(l.Utilization)
 	// A quiet client (fewer than 64 picks a period) still recomputes its
-	// weights on time: reports read the clock anyway.
-	if b := e.b; b.cfg.policy == WeightedRoundRobin && now >= b.nextUpdate.Load() {
+	// weights on time: reports read the clock anyway. Without a blackout,
+	// an endpoint's first report counts at once (an out-of-band report
+	// before the client's first call).
+	if b := e.b; b.cfg.policy == WeightedRoundRobin && (now >= b.nextUpdate.Load() || fresh && b.cfg.blackout == 0) {
 		b.updateWeights(now)
 	}
 }

@@ -26,8 +26,10 @@
 // Backends are identified by their position in the slice: the task index,
 // which must be the same in every client (sort addresses, or use the
 // scheduler's task numbers). A backend that is down keeps its index; pass
-// the full list and let the load balancer skip unhealthy members, or use
-// Ringsteady, whose subsets only change where the backend was.
+// the full list and let a Keeper replace a failing member for as long as
+// it fails, or use Ringsteady, whose subsets only change where the
+// backend was. DefaultSize is the size to use when nothing says otherwise:
+// the low end of the book's "20 to 100".
 //
 // The functions allocate the returned subset and, for the shuffling ones, one
 // scratch slice of len(backends); nothing else. All are deterministic: the

@@ -1,5 +1,6 @@
 // Package lb is triage's gRPC load balancer, "triage": subsetting over the
-// resolved endpoints (package subset), grpc-go's endpointsharding with a
+// resolved endpoints (package subset: 20 backends by default, a failing
+// member replaced for as long as it fails), grpc-go's endpointsharding with a
 // pick_first child and health checking per endpoint, and a picker over a
 // balance.Balancer: flow control, lame duck (from health checks and from
 // the triage-lame-duck trailer), round robin, least loaded or weighted
@@ -9,7 +10,9 @@
 // Register it once, from main, before dialing; a service config selects it
 // by Name. Its configuration (Config) comes from the service config and is
 // parsed strictly (ParseConfig). Each ClientConn gets its own
-// balance.Balancer, bounded by the endpoints of its subset.
+// balance.Balancer, bounded by the endpoints of its subset and its
+// replacements, and one goroutine, which brings a replacement in when it
+// falls due and ends when grpc-go closes the balancer.
 package lb
 
 import (
@@ -18,6 +21,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -29,7 +33,7 @@ import (
 	"google.golang.org/grpc/balancer/pickfirst"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	_ "google.golang.org/grpc/orca" // parses endpoint-load-metrics-bin trailers into DoneInfo.ServerLoad
+	"google.golang.org/grpc/orca" // also parses endpoint-load-metrics-bin trailers into DoneInfo.ServerLoad
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/serviceconfig"
 	"google.golang.org/grpc/status"
@@ -60,13 +64,19 @@ type Config struct {
 	// Policy: round_robin (default), least_loaded or weighted_round_robin.
 	Policy string `json:"policy,omitempty"`
 	// SubsetSize is how many of the resolved backends this client
-	// connects to; 0 means all.
+	// connects to (default subset.DefaultSize, 20; -1 means all).
 	SubsetSize int `json:"subsetSize,omitempty"`
 	// SubsetAlgorithm: deterministic (default), random or ringsteady.
 	SubsetAlgorithm string `json:"subsetAlgorithm,omitempty"`
 	// ClientID is this client task's index among the clients of the
-	// service (the book's client_id); required when SubsetSize > 0.
+	// service (the book's client_id). Without it, each balancer takes a
+	// random one: subsets then spread like random subsetting's.
 	ClientID *int `json:"clientId,omitempty"`
+	// ReplaceAfter is how long a subset member must be failing (its
+	// connection down, or its health check not serving) before a
+	// replacement joins the subset, until it serves again ("1s" by
+	// default, at most 1m).
+	ReplaceAfter string `json:"replaceAfter,omitempty"`
 	// MaxActive is the flow-control cap per backend (default 100; -1
 	// disables it).
 	MaxActive int `json:"maxActive,omitempty"`
@@ -93,10 +103,25 @@ type Config struct {
 	// default, at most 30s) while other backends answer.
 	StallPicks *int   `json:"stallPicks,omitempty"`
 	StallAfter string `json:"stallAfter,omitempty"`
+	// OOBLoadReport subscribes to each backend's out-of-band load reports
+	// (ORCA's OpenRcaService: triagegrpc.RegisterLoadReportService), so
+	// that weighted round robin has every backend's load from its first
+	// pick, before any call of its own; Blackout then defaults to 0 (the
+	// reports describe the backends' load from their other clients).
+	// OOBReportPeriod is the interval asked for ("10s" by default, at most
+	// 1h; servers on grpc-go's orca package send at most every 30 s).
+	OOBLoadReport   bool   `json:"oobLoadReport,omitempty"`
+	OOBReportPeriod string `json:"oobReportPeriod,omitempty"`
 
-	opts []balance.Option
-	alg  subset.Algorithm
+	opts         []balance.Option
+	alg          subset.Algorithm
+	replaceAfter time.Duration
+	oobPeriod    time.Duration
 }
+
+// DefaultOOBReportPeriod is the out-of-band report interval a balancer
+// asks for: grpc-go's weighted_round_robin's.
+const DefaultOOBReportPeriod = 10 * time.Second
 
 // countAndDuration reads a pair of settings (a count of calls, 0 to
 // 65536, and a duration in (0, MaxEjection] unless the count is 0),
@@ -233,8 +258,27 @@ func ParseConfig(js []byte) (*Config, error) {
 		}
 		c.opts = append(c.opts, balance.WithStall(n, d))
 	}
-	if c.SubsetSize < 0 {
-		return nil, fmt.Errorf("triage balancer: subsetSize %d", c.SubsetSize)
+	if c.SubsetSize < -1 {
+		return nil, fmt.Errorf("triage balancer: subsetSize %d (want -1 for every backend, or a positive size)", c.SubsetSize)
+	}
+	c.oobPeriod = DefaultOOBReportPeriod
+	if c.OOBReportPeriod != "" {
+		d, err := time.ParseDuration(c.OOBReportPeriod)
+		if err != nil || d <= 0 || d > time.Hour {
+			return nil, fmt.Errorf("triage balancer: oobReportPeriod %q is not a duration in (0, 1h]", c.OOBReportPeriod)
+		}
+		c.oobPeriod = d
+	}
+	if c.OOBLoadReport && c.Blackout == "" {
+		c.opts = append(c.opts, balance.WithBlackout(0))
+	}
+	c.replaceAfter = subset.DefaultReplaceAfter
+	if c.ReplaceAfter != "" {
+		d, err := time.ParseDuration(c.ReplaceAfter)
+		if err != nil || d <= 0 || d > time.Minute {
+			return nil, fmt.Errorf("triage balancer: replaceAfter %q is not a duration in (0, 1m]", c.ReplaceAfter)
+		}
+		c.replaceAfter = d
 	}
 	if c.SubsetAlgorithm == "" {
 		c.SubsetAlgorithm = "deterministic"
@@ -242,8 +286,8 @@ func ParseConfig(js []byte) (*Config, error) {
 	if c.alg, err = subset.ByName(c.SubsetAlgorithm, 0); err != nil {
 		return nil, fmt.Errorf("triage balancer: %w", err)
 	}
-	if c.SubsetSize > 0 && (c.ClientID == nil || *c.ClientID < 0) {
-		return nil, fmt.Errorf("triage balancer: subsetSize needs a clientId >= 0")
+	if c.ClientID != nil && *c.ClientID < 0 {
+		return nil, fmt.Errorf("triage balancer: clientId %d (want >= 0)", *c.ClientID)
 	}
 	if _, err := balance.New(c.opts...); err != nil { // validates the values
 		return nil, fmt.Errorf("triage balancer: %w", err)
@@ -252,8 +296,11 @@ func ParseConfig(js []byte) (*Config, error) {
 }
 
 func (bb balancerBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
-	b := &triageBalancer{ClientConn: cc, tracker: bb.tracker, iso: bb.isolation}
+	b := &triageBalancer{ClientConn: cc, tracker: bb.tracker, iso: bb.isolation, clientID: rand.IntN(1 << 30),
+		wake: make(chan struct{}, 1), closed: make(chan struct{}), stopped: make(chan struct{}),
+		oob: map[balancer.SubConn]func(){}, endpoints: map[string]*balance.Endpoint{}, oobPending: map[string]balance.Load{}}
 	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
+	go b.keep()
 	return b
 }
 
@@ -270,9 +317,30 @@ type triageBalancer struct {
 	tracker Tracker
 	iso     *isolate.Table
 
+	// childMu serializes the calls into child: grpc-go's, and keep's
+	// when a subset member is replaced. child calls UpdateState back
+	// within them, which takes only mu.
+	childMu sync.Mutex
+	// keep's wake-ups (capacity 1), Close's signal, and keep's end.
+	wake, closed, stopped chan struct{}
+
 	mu   sync.Mutex
 	cfg  *Config
 	core *balance.Balancer
+	// The subset: the resolver's state, its endpoints by id, the keeper of
+	// the members, and the members last given to child. clientID is the
+	// configured one, else this balancer's random one.
+	rs   resolver.State
+	byID map[string]resolver.Endpoint
+	// Out-of-band load reports: the listeners' stop functions by SubConn,
+	// the core's endpoints by id (from apply), and the reports that came
+	// before their endpoint existed (at most one per member).
+	oob        map[balancer.SubConn]func()
+	endpoints  map[string]*balance.Endpoint
+	oobPending map[string]balance.Load
+	keeper     *subset.Keeper
+	members    []string
+	clientID   int
 	// With isolation: sac picks among the sacrificial backends, core among
 	// the rest; children is the last state of every endpoint, from which
 	// a change of the isolation table re-partitions them.
@@ -286,6 +354,8 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 	if !ok || cfg == nil {
 		cfg, _ = ParseConfig([]byte("{}"))
 	}
+	b.childMu.Lock()
+	defer b.childMu.Unlock()
 	b.mu.Lock()
 	if b.core == nil || b.cfg == nil || !sameConfig(b.cfg, cfg) {
 		opts := cfg.opts
@@ -317,17 +387,97 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 		}
 		b.core, b.sac = core, sac
 	}
+	if b.keeper == nil || !sameConfig(b.cfg, cfg) {
+		client, size := b.clientID, cfg.SubsetSize
+		if cfg.ClientID != nil {
+			client = *cfg.ClientID
+		}
+		switch size {
+		case 0:
+			size = subset.DefaultSize
+		case -1:
+			size = 0 // every backend
+		}
+		b.keeper = subset.NewKeeper(cfg.alg, client, size, cfg.replaceAfter)
+	}
 	b.cfg = cfg
-	b.mu.Unlock()
-
 	eps := slices.Clone(s.ResolverState.Endpoints)
 	slices.SortFunc(eps, func(x, y resolver.Endpoint) int { return cmp.Compare(endpointID(x), endpointID(y)) })
-	if cfg.SubsetSize > 0 && cfg.SubsetSize < len(eps) {
-		eps = subset.Of(eps, cfg.alg.Subset(len(eps), *cfg.ClientID, cfg.SubsetSize))
+	ids := make([]string, len(eps))
+	b.byID = make(map[string]resolver.Endpoint, len(eps))
+	for i, e := range eps {
+		ids[i] = endpointID(e)
+		b.byID[ids[i]] = e
 	}
-	rs := s.ResolverState
-	rs.Endpoints = eps
+	b.keeper.SetBackends(ids)
+	b.rs = s.ResolverState
+	b.members = nil
+	b.mu.Unlock()
+	return b.resubset()
+}
+
+// resubset gives child the keeper's members if they changed. The caller
+// holds childMu.
+func (b *triageBalancer) resubset() error {
+	b.mu.Lock()
+	members, next := b.keeper.Members(time.Now())
+	if b.members != nil && slices.Equal(members, b.members) {
+		b.mu.Unlock()
+		b.arm(next)
+		return nil
+	}
+	b.members = members
+	rs := b.rs
+	rs.Endpoints = make([]resolver.Endpoint, len(members))
+	for i, id := range members {
+		rs.Endpoints[i] = b.byID[id]
+	}
+	b.mu.Unlock()
+	b.arm(next)
 	return b.child.UpdateClientConnState(balancer.ClientConnState{ResolverState: pickfirst.EnableHealthListener(rs)})
+}
+
+// arm wakes keep after d (0: no replacement pending).
+func (b *triageBalancer) arm(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	time.AfterFunc(d, b.poke)
+}
+
+// poke wakes keep, at most one wake-up pending.
+func (b *triageBalancer) poke() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// keep replaces failing subset members when their time comes, until
+// Close: the only goroutine a balancer starts.
+func (b *triageBalancer) keep() {
+	defer close(b.stopped)
+	for {
+		select {
+		case <-b.closed:
+			return
+		case <-b.wake:
+		}
+		b.childMu.Lock()
+		select {
+		case <-b.closed:
+			b.childMu.Unlock()
+			return
+		default:
+		}
+		b.mu.Lock()
+		ready := b.keeper != nil
+		b.mu.Unlock()
+		if ready {
+			b.resubset()
+		}
+		b.childMu.Unlock()
+	}
 }
 
 func sameConfig(a, b *Config) bool {
@@ -343,11 +493,25 @@ func endpointID(e resolver.Endpoint) string {
 	return e.Addresses[0].Addr
 }
 
-func (b *triageBalancer) ResolverError(err error) { b.child.ResolverError(err) }
+func (b *triageBalancer) ResolverError(err error) {
+	b.childMu.Lock()
+	defer b.childMu.Unlock()
+	b.child.ResolverError(err)
+}
 func (b *triageBalancer) UpdateSubConnState(balancer.SubConn, balancer.SubConnState) {
 }
 func (b *triageBalancer) Close() {
+	close(b.closed)
+	<-b.stopped
+	b.mu.Lock()
+	for sc, stop := range b.oob {
+		stop()
+		delete(b.oob, sc)
+	}
+	b.mu.Unlock()
+	b.childMu.Lock()
 	b.child.Close()
+	b.childMu.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.tracker != nil {
@@ -358,7 +522,11 @@ func (b *triageBalancer) Close() {
 		}
 	}
 }
-func (b *triageBalancer) ExitIdle() { b.child.ExitIdle() }
+func (b *triageBalancer) ExitIdle() {
+	b.childMu.Lock()
+	defer b.childMu.Unlock()
+	b.child.ExitIdle()
+}
 
 // endpointData is what the picker keeps on each balance.Endpoint.
 type endpointData struct {
@@ -376,6 +544,22 @@ func (b *triageBalancer) UpdateState(s balancer.State) {
 		return
 	}
 	b.children = children
+	if b.keeper != nil {
+		now := time.Now()
+		for _, c := range children {
+			switch c.State.ConnectivityState {
+			case connectivity.Ready:
+				b.keeper.Report(endpointID(c.Endpoint), false, now)
+			case connectivity.TransientFailure:
+				b.keeper.Report(endpointID(c.Endpoint), true, now)
+			}
+		}
+		members, next := b.keeper.Members(now)
+		if b.members != nil && !slices.Equal(members, b.members) {
+			b.poke() // a member back: its replacement leaves
+		}
+		b.arm(next)
+	}
 	ready, ok := b.apply()
 	core, sac := b.core, b.sac
 	b.mu.Unlock()
@@ -411,6 +595,7 @@ func (b *triageBalancer) apply() (ready int, ok bool) {
 		p.ids = append(p.ids, endpointID(c.Endpoint))
 		p.kids = append(p.kids, c)
 	}
+	clear(b.endpoints)
 	for _, p := range parts {
 		eps, err := p.core.SetEndpoints(p.ids)
 		if err != nil {
@@ -418,6 +603,11 @@ func (b *triageBalancer) apply() (ready int, ok bool) {
 		}
 		for i, c := range p.kids {
 			e := eps[i]
+			b.endpoints[p.ids[i]] = e
+			if l, ok := b.oobPending[p.ids[i]]; ok {
+				e.Report(l)
+				delete(b.oobPending, p.ids[i])
+			}
 			switch c.State.ConnectivityState {
 			case connectivity.Ready:
 				ready++
@@ -562,13 +752,98 @@ func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool) {
 		e.Done(backenderr.Failed(di.Err))
 	}
 	if l, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && l != nil {
-		u := l.GetApplicationUtilization()
-		if u <= 0 {
-			u = l.GetCpuUtilization()
-		}
-		e.Report(balance.Load{QPS: l.GetRpsFractional(), EPS: l.GetEps(), Utilization: u})
+		e.Report(loadOf(l))
 	}
 	if v := di.Trailer.Get(wire.LameDuckKey); len(v) > 0 && v[0] == "1" {
 		e.SetState(balance.LameDuck)
+	}
+}
+
+// loadOf reads an ORCA load report: the application utilization, else the
+// CPU's.
+func loadOf(l *v3orcapb.OrcaLoadReport) balance.Load {
+	u := l.GetApplicationUtilization()
+	if u <= 0 {
+		u = l.GetCpuUtilization()
+	}
+	return balance.Load{QPS: l.GetRpsFractional(), EPS: l.GetEps(), Utilization: u}
+}
+
+// NewSubConn is the children's, through endpointsharding; with
+// OOBLoadReport, each SubConn that becomes ready subscribes to its
+// backend's out-of-band load reports until it is no longer ready.
+func (b *triageBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.SubConn, error) {
+	b.mu.Lock()
+	on := b.cfg != nil && b.cfg.OOBLoadReport
+	var period time.Duration
+	if on {
+		period = b.cfg.oobPeriod
+	}
+	b.mu.Unlock()
+	if !on || len(addrs) == 0 {
+		return b.ClientConn.NewSubConn(addrs, opts)
+	}
+	id := addrs[0].Addr
+	var sc balancer.SubConn
+	inner := opts.StateListener
+	opts.StateListener = func(st balancer.SubConnState) {
+		b.oobState(sc, id, st.ConnectivityState, period)
+		if inner != nil {
+			inner(st)
+		}
+	}
+	sc, err := b.ClientConn.NewSubConn(addrs, opts)
+	return sc, err
+}
+
+// oobState starts or stops a SubConn's out-of-band listener as it becomes
+// ready or stops being ready. grpc-go calls it serially per SubConn.
+func (b *triageBalancer) oobState(sc balancer.SubConn, id string, st connectivity.State, period time.Duration) {
+	b.mu.Lock()
+	stop, listening := b.oob[sc]
+	if st != connectivity.Ready && listening {
+		delete(b.oob, sc)
+	}
+	closed := b.isClosed()
+	b.mu.Unlock()
+	switch {
+	case st == connectivity.Ready && !listening && !closed:
+		stop := orca.RegisterOOBListener(sc, oobListener{b: b, id: id}, orca.OOBListenerOptions{ReportInterval: period})
+		b.mu.Lock()
+		b.oob[sc] = stop
+		b.mu.Unlock()
+	case st != connectivity.Ready && listening:
+		stop()
+	}
+}
+
+func (b *triageBalancer) isClosed() bool {
+	select {
+	case <-b.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// oobListener takes one backend's out-of-band reports to its endpoint, or
+// keeps the latest until the endpoint exists.
+type oobListener struct {
+	b  *triageBalancer
+	id string
+}
+
+func (l oobListener) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
+	load := loadOf(r)
+	l.b.mu.Lock()
+	e := l.b.endpoints[l.id]
+	if e == nil {
+		if _, member := l.b.byID[l.id]; member {
+			l.b.oobPending[l.id] = load
+		}
+	}
+	l.b.mu.Unlock()
+	if e != nil {
+		e.Report(load)
 	}
 }

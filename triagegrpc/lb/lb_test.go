@@ -162,7 +162,7 @@ func TestBalancerEjectsStalledBackendBeforeDeadlines(t *testing.T) {
 // A malformed configuration is refused when the service config is parsed.
 func TestParseConfigErrors(t *testing.T) {
 	for _, js := range []string{
-		`{"policy":"fastest"}`, `{"maxActive":-5}`, `{"subsetSize":3}`, `{"subsetSize":-1}`,
+		`{"policy":"fastest"}`, `{"maxActive":-5}`, `{"subsetSize":-2}`, `{"replaceAfter":"0s"}`, `{"replaceAfter":"2m"}`, `{"replaceAfter":"soon"}`,
 		`{"subsetSize":3,"clientId":-1}`, `{"subsetAlgorithm":"consistent"}`, `{"errorWindow":"soon"}`,
 		`{"weightPeriod":"0s"}`, `{"blackout":"-1s"}`, `{"errorPenalty":-1}`, `{"errorWeight":-1}`, `{"unknown":1}`, `[]`,
 		`{"ejectAfter":-1}`, `{"ejectAfter":70000}`, `{"ejection":"soon"}`, `{"ejection":"0s"}`, `{"ejection":"1h"}`,
@@ -174,7 +174,8 @@ func TestParseConfigErrors(t *testing.T) {
 	}
 	for _, js := range []string{`{"policy":"least_loaded","subsetSize":20,"clientId":3,"blackout":"0s","maxActive":-1}`,
 		`{"ejectAfter":0}`, `{"ejectAfter":3,"ejection":"500ms"}`, `{"ejection":"30s"}`,
-		`{"stallPicks":0}`, `{"stallPicks":8,"stallAfter":"1s"}`} {
+		`{"stallPicks":0}`, `{"stallPicks":8,"stallAfter":"1s"}`,
+		`{"subsetSize":3}`, `{"subsetSize":-1}`, `{"subsetSize":5,"clientId":2,"replaceAfter":"200ms"}`} {
 		if _, err := lb.ParseConfig([]byte(js)); err != nil {
 			t.Errorf("a good config %s refused: %v", js, err)
 		}
@@ -191,6 +192,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`{"ejectAfter":5,"ejection":"2s"}`))
 	f.Add([]byte(`{"stallPicks":4,"stallAfter":"250ms"}`))
+	f.Add([]byte(`{"subsetSize":-1,"replaceAfter":"500ms"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = lb.ParseConfig(b)
 	})
