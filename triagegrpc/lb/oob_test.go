@@ -76,4 +76,3 @@ func TestBalancerFirstPicksFollowOOBReports(t *testing.T) {
 		t.Fatalf("split %d:%d, want about 4:1 (within 25%%)", l, h)
 	}
 }
-
