@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -14,10 +15,12 @@ import (
 )
 
 // Report is what a task tells the quota service: its id and each
-// customer's usage and demand on it (Usage.Snapshot).
+// customer's usage and demand on it (Usage.Snapshot), and whether it holds
+// no lease yet (its process received none since it started).
 type Report struct {
 	Task      string
 	Customers []CustomerUsage
+	NoLease   bool
 }
 
 // MaxReportCustomers bounds the customers in one Report: what a Usage can
@@ -62,8 +65,10 @@ func (r Report) Validate() error {
 
 // Allocator is the quota service's core (SRE book ch. 21 footnote:
 // Doorman): tasks report each customer's usage and demand, and get back a
-// Lease with their share of every customer's global limit, split in
-// proportion to where the customer's demand lands. Each task also gets a
+// Lease with their share of every customer's global limit. A customer
+// under its limit gives each task its demand and an even part of the
+// room left. A customer at or over its limit is split in proportion to
+// where its demand lands, and each task also gets a
 // floor of a twentieth of the limit divided by the N live tasks, so that a
 // task where a customer's demand appears has a share before its next
 // report: the tasks with demand split the limit exactly (their floors
@@ -83,6 +88,11 @@ func (r Report) Validate() error {
 // claim counts (ModePessimistic) only up to what this Allocator granted it.
 // So a task that lies about its share takes no other task's room; one
 // that lies about its demand gets what that demand would get.
+//
+// A task restarted under its name (its report says NoLease) gets, for its
+// first lease, the demand its predecessor last reported where its own is
+// smaller (ModeOptimistic): its traffic is coming back to it, and a floor
+// share would refuse its customers until its next report.
 //
 // Bounded: at most MaxTasks tasks (default 10,000; a task unheard of for a
 // lease is forgotten, and a new task beyond the bound is refused with
@@ -250,6 +260,7 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 	now := int64(a.since())
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	r = a.inherit(r, now)
 	t, err := a.record(r, now)
 	if err != nil {
 		return Lease{}, err
@@ -257,6 +268,35 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 	ls := a.leaseFor(p, r, a.shareFunc(p, t, r, now))
 	a.served.Add(1)
 	return ls, nil
+}
+
+// inherit returns r with, where larger, the demand its task's last report
+// gave, when r holds no lease (its process just started) and that report
+// is less than a lease old: a task restarted under its name, whose traffic
+// is coming back to it. Without it the new process would get a floor
+// share of every customer until its next report, and refuse its
+// customers' requests meanwhile. ModeOptimistic only: in ModePessimistic
+// the predecessor may still enforce its lease while it drains, and the
+// two together would hold more than the limit. a.mu is held.
+func (a *Allocator) inherit(r Report, now int64) Report {
+	t := a.tasks[r.Task]
+	if !r.NoLease || a.mode == ModePessimistic || t == nil || now-t.last >= int64(a.lease) || len(t.customer) == 0 {
+		return r
+	}
+	cs := slices.Clone(r.Customers)
+	at := make(map[string]int, len(cs))
+	for i, c := range cs {
+		at[c.Customer] = i
+	}
+	for _, old := range t.customer {
+		if i, ok := at[old.Customer]; ok {
+			cs[i].Demand = max(cs[i].Demand, old.Demand)
+		} else if len(cs) < MaxReportCustomers {
+			cs = append(cs, CustomerUsage{Customer: old.Customer, Demand: old.Demand})
+		}
+	}
+	r.Customers = cs
+	return r
 }
 
 // record takes r as its task's current report. a.mu is held.
@@ -316,6 +356,17 @@ func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func
 		d := a.total[customer]
 		if d <= 1e-9 {
 			return 1 / n
+		}
+		// Under its limit, a customer's unused room is split evenly: each
+		// task gets its demand and 1/n of the room, so that a task whose
+		// demand is not yet known (just restarted, or where traffic just
+		// moved) can serve the customer until its next report.
+		lim, ok := p.customers[customer]
+		if !ok {
+			lim = p.def
+		}
+		if l := lim.cpu; l > 0 && !math.IsInf(l, 1) && d < l {
+			return min(1, (mine[customer]+(l-d)/n)/l)
 		}
 		f := 0.05 * d / n
 		if a.mode == ModePessimistic { // every task's floor inside the limit

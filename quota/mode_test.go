@@ -3,6 +3,7 @@ package quota
 import (
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -328,5 +329,96 @@ func TestAllocatorBoundsEntries(t *testing.T) {
 	}
 	if _, err := NewAllocator(p, WithMaxEntries(10)); err == nil {
 		t.Error("a bound below one report accepted")
+	}
+}
+
+// A task restarted under its name (its first report holds no lease, and
+// shows no demand yet) gets the share its predecessor's demand justified,
+// not a floor: its customers' traffic is coming back to it. A report that
+// does not say NoLease, or a new name, gets the floor as before. In
+// pessimistic mode, where the draining predecessor may still enforce its
+// lease, it gets the floor too.
+func TestRestartedTaskInheritsItsDemand(t *testing.T) {
+	for _, mode := range []Mode{ModeOptimistic, ModePessimistic} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 3}}})
+		a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[string]float64{}
+		share := func(r Report) float64 {
+			ls, err := a.Refresh(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range ls.Grants {
+				if g.Customer == "a" {
+					held[r.Task] = g.Share
+					return g.Share
+				}
+			}
+			t.Fatalf("no grant for a: %+v", ls)
+			return 0
+		}
+		clk.Advance(6 * time.Second) // past learning mode
+		for range 3 {
+			for _, tk := range []string{"x", "y", "z"} {
+				share(Report{Task: tk, Customers: []CustomerUsage{{Customer: "a", Demand: 2, Share: held[tk]}}}) // over the limit: split by demand
+			}
+			clk.Advance(time.Second)
+		}
+		before := held["x"]
+		restarted := share(Report{Task: "x", NoLease: true})
+		// The same report without NoLease: the floor.
+		floor := share(Report{Task: "x"})
+		newcomer := share(Report{Task: "w", NoLease: true})
+		t.Logf("%v: x held %.3f; restarted %.3f; without NoLease %.3f; a new name %.3f", mode, before, restarted, floor, newcomer)
+		if mode == ModeOptimistic && restarted < 0.9*before {
+			t.Errorf("%v: restarted task got %.3f, its predecessor held %.3f", mode, restarted, before)
+		}
+		if mode == ModePessimistic && restarted > 0.05 {
+			t.Errorf("%v: restarted task got %.3f beside its predecessor's lease", mode, restarted)
+		}
+		if floor > 0.05 || newcomer > 0.05 {
+			t.Errorf("%v: without a predecessor's demand: %.3f and %.3f, want the floor", mode, floor, newcomer)
+		}
+	}
+}
+
+// A customer under its limit gives each task its demand and an even part
+// of the room left, so that a task where its demand has not shown yet (a
+// restarted task, or one its traffic just moved to) can serve it; the
+// shares still sum to 1.
+func TestUnderLimitRoomIsSplitEvenly(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 5}}})
+	a, err := NewAllocator(p, WithAllocatorClock(clk), WithLease(5*time.Second), WithRefresh(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(6 * time.Second)
+	got := map[string]float64{}
+	for range 2 {
+		for tk, d := range map[string]float64{"x": 1, "y": 0.5, "z": 0} {
+			ls, err := a.Refresh(Report{Task: tk, Customers: []CustomerUsage{{Customer: "a", Demand: d}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range ls.Grants {
+				if g.Customer == "a" {
+					got[tk] = g.Share * g.CPU
+				}
+			}
+		}
+	}
+	// Demand 1.5 of 5: each task gets its demand and 3.5/3.
+	for tk, want := range map[string]float64{"x": 1 + 3.5/3, "y": 0.5 + 3.5/3, "z": 3.5 / 3} {
+		if math.Abs(got[tk]-want) > 1e-9 {
+			t.Errorf("%s: limit %.4f, want %.4f", tk, got[tk], want)
+		}
+	}
+	if sum := got["x"] + got["y"] + got["z"]; math.Abs(sum-5) > 1e-9 {
+		t.Errorf("limits sum to %.4f, want 5", sum)
 	}
 }

@@ -233,20 +233,23 @@ func (u *Usage) lookup(customer string) *usageOf {
 	return uo
 }
 
-// perSecond converts a window's sum of microseconds to CPU-seconds per
-// second.
-func (u *Usage) perSecond(us float64) float64 {
-	return us / 1e6 / time.Duration(u.width*int64(u.n)).Seconds()
+// perSecond converts a window's sum of microseconds at now to CPU-seconds
+// per second: over the window, or over the part of it the Usage has
+// existed (at least one bucket), so that a task just started does not
+// report a quarter of its rate for its first seconds.
+func (u *Usage) perSecond(us float64, now int64) float64 {
+	span := min(u.width*int64(u.n), max(now, u.width))
+	return us / 1e6 / time.Duration(span).Seconds()
 }
 
 // levels returns uo's usage per level, in CPU-seconds per second.
 func (u *Usage) levels(uo *usageOf, now int64) (r [criticality.NumLevels]float64) {
 	lo, _ := uo.lo.Sums(now)
 	hi, _ := uo.hi.Sums(now)
-	r[criticality.Sheddable] = u.perSecond(lo.A)
-	r[criticality.SheddablePlus] = u.perSecond(lo.B)
-	r[criticality.Critical] = u.perSecond(hi.A)
-	r[criticality.CriticalPlus] = u.perSecond(hi.B)
+	r[criticality.Sheddable] = u.perSecond(lo.A, now)
+	r[criticality.SheddablePlus] = u.perSecond(lo.B, now)
+	r[criticality.Critical] = u.perSecond(hi.A, now)
+	r[criticality.CriticalPlus] = u.perSecond(hi.B, now)
 	return r
 }
 
@@ -314,8 +317,9 @@ func (u *Usage) Total(customer string) float64 {
 
 // All returns the whole task's usage, every customer together.
 func (u *Usage) All() float64 {
-	w, _ := u.all.Sums(int64(u.since()))
-	return u.perSecond(w.A)
+	now := int64(u.since())
+	w, _ := u.all.Sums(now)
+	return u.perSecond(w.A, now)
 }
 
 // Tracked returns how many customers are tracked by name.
@@ -363,7 +367,7 @@ func (u *Usage) Snapshot() []CustomerUsage {
 		if r, _ := uo.reqs.Sums(now); r.A > 0 {
 			cu.Demand += used / r.A * r.B
 		} else if r.B > 0 {
-			cu.Demand += u.perSecond(r.B * 1000) // none served: guess 1 ms each
+			cu.Demand += u.perSecond(r.B*1000, now) // none served: guess 1 ms each
 		}
 		out = append(out, cu)
 	}

@@ -43,6 +43,32 @@ func TestUsageRates(t *testing.T) {
 	}
 }
 
+// A Usage younger than its window reports rates over the time it has
+// existed: a task restarted a second ago that spends 0.5 CPU-seconds per
+// second reports 0.5, not an eighth of it (which made the quota service
+// give a restarted task a sliver of each customer's limit).
+func TestUsageRatesOfAYoungTask(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	u, err := NewUsage(WithUsageClock(clk), WithUsageWindow(8*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 { // 1 s in 10 ms steps
+		u.Add("gmail", criticality.Critical, 5*time.Millisecond)
+		clk.Advance(10 * time.Millisecond)
+	}
+	if got := u.Rate("gmail", criticality.Critical); math.Abs(got-0.5) > 0.03 {
+		t.Errorf("after 1 s: rate %.3f, want 0.5", got)
+	}
+	if got := u.All(); math.Abs(got-0.5) > 0.03 {
+		t.Errorf("after 1 s: all %.3f, want 0.5", got)
+	}
+	snap := u.Snapshot()
+	if len(snap) != 1 || math.Abs(snap[0].Demand-0.5) > 0.03 {
+		t.Errorf("after 1 s: snapshot %+v, want demand 0.5", snap)
+	}
+}
+
 // However many customers appear, at most MaxTracked (plus Other) are
 // tracked; the excess is counted under Other, and idle customers make
 // room.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/retry"
 )
 
@@ -27,7 +28,7 @@ func BenchmarkBudget(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				bg.TryRetry()
+				bg.TryRetry(criticality.Critical)
 			}
 		})
 	})

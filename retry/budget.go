@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/window"
 )
 
@@ -16,6 +17,11 @@ import (
 // requests + 1 (the one spare retry lets a quiet client retry its first
 // overloaded request): in a total outage a busy client sends about 1.1
 // attempts per request instead of 3.
+//
+// Lower criticality gives way first here too: SHEDDABLE and
+// SHEDDABLE_PLUS retries may use only half the budget (retries under
+// ratio/2 x requests + 1), so that a stream of sheddable retries never
+// leaves a CRITICAL or CRITICAL_PLUS request without its retry.
 //
 // A Budget is safe for concurrent use and lock-free on the hot path; its
 // memory is fixed (one window.Counter). Concurrent callers may overshoot
@@ -65,13 +71,21 @@ func (b *Budget) Request() { b.request(b.now()) }
 
 func (b *Budget) request(ns int64) { b.c.Add(ns, 1, 0) }
 
-// TryRetry reports whether one more retry stays within the budget, and if
-// so counts it.
-func (b *Budget) TryRetry() bool { return b.tryRetry(b.now()) }
+// sheddableShare is the part of the budget the sheddable levels' retries
+// may use.
+const sheddableShare = 0.5
 
-func (b *Budget) tryRetry(ns int64) bool {
+// TryRetry reports whether one more retry of a request of level l stays
+// within the budget, and if so counts it.
+func (b *Budget) TryRetry(l criticality.Level) bool { return b.tryRetry(b.now(), l) }
+
+func (b *Budget) tryRetry(ns int64, l criticality.Level) bool {
 	w, _ := b.c.Sums(ns)
-	if w.B >= b.ratio*w.A+1 {
+	ratio := b.ratio
+	if l < criticality.Critical {
+		ratio *= sheddableShare
+	}
+	if w.B >= ratio*w.A+1 {
 		return false
 	}
 	b.c.Add(ns, 0, 1)

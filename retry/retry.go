@@ -371,7 +371,7 @@ func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, la
 	if d, ok := ctx.Deadline(); ok && !now.Add(wait).Before(d) {
 		return giveUp(last, "no time left to retry")
 	}
-	if p.budget != nil && !p.budget.tryRetry(now.UnixNano()) {
+	if p.budget != nil && !p.budget.tryRetry(now.UnixNano(), l) {
 		p.obs.BudgetRefused(l)
 		return giveUp(last, "retry budget exhausted")
 	}

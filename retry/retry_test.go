@@ -175,6 +175,36 @@ func TestBudgetRefusesBeyondTenPercent(t *testing.T) {
 	}
 }
 
+// Sheddable retries use at most half the budget, and leave the rest to
+// critical ones: after sheddable requests have spent their half, a CRITICAL
+// request is still retried; sheddable ones are not.
+func TestBudgetKeepsRoomForCriticalRetries(t *testing.T) {
+	b, err := retry.NewBudget(retry.DefaultRatio, time.Minute, clock.NewFake(epoch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
+		b.Request()
+	}
+	shed := 0
+	for b.TryRetry(criticality.Sheddable) {
+		shed++
+	}
+	if shed < 50 || shed > 51 {
+		t.Fatalf("%d SHEDDABLE retries for 1000 requests, want half the 10%%", shed)
+	}
+	if b.TryRetry(criticality.SheddablePlus) {
+		t.Fatal("a SHEDDABLE_PLUS retry past half the budget")
+	}
+	crit := 0
+	for b.TryRetry(criticality.Critical) {
+		crit++
+	}
+	if total := shed + crit; total < 100 || total > 101 {
+		t.Fatalf("%d sheddable and %d CRITICAL retries: the budget is 10%% + 1 in all", shed, crit)
+	}
+}
+
 // timerLog is a clock that records the duration of every timer it makes.
 type timerLog struct {
 	*clock.Fake

@@ -263,7 +263,7 @@ func runCascade(cfg CascadeConfig, protected bool) (*cascadeRun, error) {
 		a.done = true
 		c := clients[a.req.client]
 		if protected {
-			if !overloaded || a.req.attempts >= 3 || !c.budget.TryRetry() {
+			if !overloaded || a.req.attempts >= 3 || !c.budget.TryRetry(criticality.Critical) {
 				return
 			}
 		} else if a.req.attempts >= 3 {

@@ -136,7 +136,7 @@ func reportFromProto(req *quotapb.RefreshRequest) (quota.Report, error) {
 	if len(req.GetCustomers()) > quota.MaxReportCustomers {
 		return quota.Report{}, fmt.Errorf("quota: report has %d customers, at most %d", len(req.GetCustomers()), quota.MaxReportCustomers)
 	}
-	r := quota.Report{Task: req.GetTask(), Customers: make([]quota.CustomerUsage, 0, len(req.GetCustomers()))}
+	r := quota.Report{Task: req.GetTask(), NoLease: req.GetNoLease(), Customers: make([]quota.CustomerUsage, 0, len(req.GetCustomers()))}
 	for _, c := range req.GetCustomers() {
 		if len(c.GetUsed()) > criticality.NumLevels {
 			return quota.Report{}, fmt.Errorf("quota: customer %.64q: %d usage values, at most %d", c.GetCustomer(), len(c.GetUsed()), criticality.NumLevels)
@@ -149,7 +149,7 @@ func reportFromProto(req *quotapb.RefreshRequest) (quota.Report, error) {
 }
 
 func reportToProto(r quota.Report) *quotapb.RefreshRequest {
-	req := &quotapb.RefreshRequest{Task: r.Task, Customers: make([]*quotapb.CustomerUsage, 0, len(r.Customers))}
+	req := &quotapb.RefreshRequest{Task: r.Task, NoLease: r.NoLease, Customers: make([]*quotapb.CustomerUsage, 0, len(r.Customers))}
 	for _, c := range r.Customers {
 		req.Customers = append(req.Customers, &quotapb.CustomerUsage{Customer: c.Customer, Used: c.Used[:], Demand: c.Demand, Share: c.Share})
 	}
@@ -325,7 +325,7 @@ func (c *Client) RefreshOnce(ctx context.Context) error {
 	for i := range snap {
 		snap[i].Share = c.leased.Share(snap[i].Customer)
 	}
-	req := reportToProto(quota.Report{Task: c.task, Customers: snap})
+	req := reportToProto(quota.Report{Task: c.task, Customers: snap, NoLease: c.ok.Load() == 0})
 	resp, err := c.client.Refresh(ctx, req, grpc.WaitForReady(true))
 	if err != nil {
 		c.failed.Add(1)

@@ -38,11 +38,11 @@ func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (a
 }
 
 // Two tasks report over loopback; each gets its share of a customer's
-// limit by where the customer's demand lands, and a malformed report is
-// refused with INVALID_ARGUMENT.
+// limit by where the customer's demand lands (the customer wants more than
+// its limit), and a malformed report is refused with INVALID_ARGUMENT.
 func TestQuotaServiceOverLoopback(t *testing.T) {
 	clk := clock.NewFake(time.Now())
-	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2},
+	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}}, Tasks: 2},
 		quota.WithLease(10*time.Second), quota.WithRefresh(time.Second), quota.WithAllocatorClock(clk))
 	clk.Advance(10 * time.Second) // past learning mode
 	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
@@ -76,8 +76,8 @@ func TestQuotaServiceOverLoopback(t *testing.T) {
 	a, _ := tasks[0].l.Limit("ads", criticality.Critical)
 	b, _ := tasks[1].l.Limit("ads", criticality.Critical)
 	t.Logf("ads limit on task-a %.3f, task-b %.3f", a, b)
-	if math.Abs(a+b-4) > 1e-6 || b < 2.5*a {
-		t.Errorf("limits %.3f + %.3f: want 4 split about 1:3", a, b)
+	if math.Abs(a+b-1) > 1e-6 || b < 2.5*a {
+		t.Errorf("limits %.3f + %.3f: want 1 split about 1:3", a, b)
 	}
 	if ok, failed := tasks[0].c.Refreshes(); ok != 2 || failed != 0 {
 		t.Errorf("refreshes %d ok, %d failed", ok, failed)

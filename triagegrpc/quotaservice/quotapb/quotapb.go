@@ -20,6 +20,7 @@ import (
 type RefreshRequest struct {
 	Task      string           // 1
 	Customers []*CustomerUsage // 2
+	NoLease   bool             // 3
 }
 
 // CustomerUsage: one customer's usage on a task.
@@ -57,6 +58,13 @@ func (r *RefreshRequest) GetTask() string {
 		return ""
 	}
 	return r.Task
+}
+
+func (r *RefreshRequest) GetNoLease() bool {
+	if r == nil {
+		return false
+	}
+	return r.NoLease
 }
 
 func (r *RefreshRequest) GetCustomers() []*CustomerUsage {
@@ -228,6 +236,9 @@ func (r *RefreshRequest) Marshal() []byte {
 	for _, c := range r.GetCustomers() {
 		b = appendMessage(b, 2, c.Marshal())
 	}
+	if r.GetNoLease() {
+		b = appendVarint(b, 3, 1)
+	}
 	return b
 }
 
@@ -381,6 +392,8 @@ func (r *RefreshRequest) Unmarshal(b []byte) error {
 			if err = c.Unmarshal(fd.raw); err == nil {
 				r.Customers = append(r.Customers, c)
 			}
+		case fd.num == 3 && fd.typ == protowire.VarintType:
+			r.NoLease = fd.v != 0
 		}
 		return err
 	})

@@ -35,7 +35,7 @@ func schema(t testing.TB) (req, resp protoreflect.MessageDescriptor) {
 		Name: proto.String("quota.proto"), Package: proto.String("triage.quota.v1"), Syntax: proto.String("proto3"),
 		MessageType: []*descriptorpb.DescriptorProto{
 			{Name: proto.String("RefreshRequest"), Field: []*descriptorpb.FieldDescriptorProto{
-				f("task", 1, str, opt, ""), f("customers", 2, msg, rep, "CustomerUsage")}},
+				f("task", 1, str, opt, ""), f("customers", 2, msg, rep, "CustomerUsage"), f("no_lease", 3, boolean, opt, "")}},
 			{Name: proto.String("CustomerUsage"), Field: []*descriptorpb.FieldDescriptorProto{
 				f("customer", 1, str, opt, ""), f("used", 2, dbl, rep, ""), f("demand", 3, dbl, opt, ""), f("share", 4, dbl, opt, "")}},
 			{Name: proto.String("RefreshResponse"), Field: []*descriptorpb.FieldDescriptorProto{
@@ -55,7 +55,7 @@ func schema(t testing.TB) (req, resp protoreflect.MessageDescriptor) {
 }
 
 var (
-	sampleRequest = &RefreshRequest{Task: "task-1", Customers: []*CustomerUsage{
+	sampleRequest = &RefreshRequest{Task: "task-1", NoLease: true, Customers: []*CustomerUsage{
 		{Customer: "gmail", Used: []float64{0, 0.25, 1.5, 0}, Demand: 2, Share: 0.5},
 		{Customer: "(other)", Used: []float64{math.Inf(1)}, Demand: math.NaN()},
 		{},
@@ -109,7 +109,7 @@ func equalNaN(a, b any) bool {
 func normalise(v any) any {
 	switch m := v.(type) {
 	case *RefreshRequest:
-		c := &RefreshRequest{Task: m.Task}
+		c := &RefreshRequest{Task: m.Task, NoLease: m.NoLease}
 		for _, cu := range m.Customers {
 			x := *cu
 			x.Used = nanFree(x.Used)

@@ -248,8 +248,8 @@ type Second struct {
 	Limit            map[string]float64 `json:"limit,omitempty"`
 	// Refused is what the tasks refused or lost in this second, by tier
 	// and reason ("db admission concurrency SHEDDABLE", "a throttled
-	// SHEDDABLE", "db out-of-quota"): where a rejection the user saw was
-	// decided.
+	// SHEDDABLE", "db out-of-quota CRITICAL calendar on db-2"): where a
+	// rejection the user saw was decided.
 	Refused map[string]int `json:"refused,omitempty"`
 	// Admission is each task's admission state, read at the second's end.
 	Admission map[string]AdmissionStats `json:"admission,omitempty"`

@@ -529,7 +529,7 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 		if t.enf != nil {
 			var err error
 			if res, err = t.enf.Reserve(customer, criticality.Of(ctx)); err != nil {
-				t.reject("out-of-quota")
+				t.reject("out-of-quota " + criticality.Of(ctx).String() + " " + customer + " on " + t.cfg.ID)
 				return "", err
 			}
 		}
