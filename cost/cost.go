@@ -36,6 +36,14 @@
 // alone under the same load: within -14.5% to +13.5%; I/O-bound requests
 // come out low, long CPU-bound ones high.
 //
+// # Normalised CPU
+//
+// Machines differ: a CPU-second of a fast machine does more work than one
+// of a slow machine. WithSpeed scales costs by the machine's speed against
+// a reference core (ReferenceRate; MeasureSpeed measures it at start-up),
+// so that costs, and the quotas and reports built on them, are in
+// normalised CPU-seconds that mean the same work on every machine.
+//
 // # Cost
 //
 // Begin, Block, Unblock and End each read the monotonic clock once; Block
@@ -46,6 +54,7 @@ package cost
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -59,7 +68,8 @@ import (
 type Meter struct {
 	since   func() time.Duration
 	readCPU func() (time.Duration, error)
-	width   int64 // bucket width, ns
+	width   int64   // bucket width, ns
+	speed   float64 // WithSpeed
 
 	mu      sync.Mutex   // held while rotating; guards lastCPU and the cpu fields
 	epoch   atomic.Int64 // index of the current bucket
@@ -97,6 +107,7 @@ type config struct {
 	window time.Duration
 	clock  clock.Clock
 	cpu    func() (time.Duration, error)
+	speed  float64
 }
 
 // WithWindow sets the sliding window over which the CPU rate per active
@@ -106,6 +117,15 @@ func WithWindow(d time.Duration) Option { return optionFunc(func(c *config) { c.
 // WithClock sets the clock. Default clock.Real().
 func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
+// WithSpeed sets the machine's speed against the reference core (SRE
+// book ch. 21: a "virtual CPU" unit, so that a core of one machine type is
+// worth the same as a core of another): costs are multiplied by it, so
+// that they are in normalised CPU-seconds, and quotas fed by them hold the
+// same work on every machine. Configure it per machine type, or measure
+// it at start-up with MeasureSpeed. In (0, 100]; default 1 (costs in this
+// machine's CPU-seconds).
+func WithSpeed(f float64) Option { return optionFunc(func(c *config) { c.speed = f }) }
+
 // WithCPU sets where the process's CPU time comes from. Default getrusage.
 func WithCPU(f func() (time.Duration, error)) Option {
 	return optionFunc(func(c *config) { c.cpu = f })
@@ -113,19 +133,22 @@ func WithCPU(f func() (time.Duration, error)) Option {
 
 // New returns a Meter.
 func New(opts ...Option) (*Meter, error) {
-	c := config{window: time.Second, cpu: proc.CPU}
+	c := config{window: time.Second, cpu: proc.CPU, speed: 1}
 	for _, o := range opts {
 		o.apply(&c)
 	}
 	if c.window < buckets*time.Millisecond {
 		return nil, errors.New("cost: window under 20 ms")
 	}
+	if !(c.speed > 0 && c.speed <= 100) {
+		return nil, fmt.Errorf("cost: speed %v out of (0, 100]", c.speed)
+	}
 	cpu, err := c.cpu()
 	if err != nil {
 		return nil, err
 	}
 	clk := clock.OrReal(c.clock)
-	m := &Meter{since: clock.SinceFunc(clk, clk.Now()), readCPU: c.cpu, width: int64(c.window / buckets), lastCPU: cpu}
+	m := &Meter{since: clock.SinceFunc(clk, clk.Now()), readCPU: c.cpu, width: int64(c.window / buckets), lastCPU: cpu, speed: c.speed}
 	return m, nil
 }
 
@@ -169,7 +192,8 @@ func (m *Meter) End(r *Request) time.Duration {
 	return time.Duration(r.cost * float64(time.Second))
 }
 
-// Rate returns the current CPU-seconds per active-second.
+// Rate returns the current CPU-seconds per active-second (normalised by
+// WithSpeed).
 func (m *Meter) Rate() float64 { return loadFloat(&m.rate) }
 
 func (m *Meter) endSegment(r *Request, now int64) {
@@ -241,7 +265,7 @@ func (m *Meter) rotate(e int64) {
 		}
 	}
 	if a > 0 {
-		storeFloat(&m.rate, float64(c)/float64(a))
+		storeFloat(&m.rate, m.speed*float64(c)/float64(a))
 	}
 }
 

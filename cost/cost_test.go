@@ -66,9 +66,55 @@ func TestCostOnVirtualTime(t *testing.T) {
 	}
 }
 
+// A machine of half the reference speed (WithSpeed(0.5)) charges half
+// its CPU-seconds: costs are in normalised CPU-seconds, so a request that
+// takes twice the CPU on a machine half as fast costs the same.
+func TestSpeedNormalisesCost(t *testing.T) {
+	cost := func(speed float64, cores float64) time.Duration {
+		clk := clock.NewFake(time.Unix(0, 0))
+		cpu := &fakeCPU{clk: clk, start: clk.Now(), cores: cores}
+		m, err := New(WithClock(clk), WithCPU(cpu.read), WithSpeed(speed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r Request
+		var last time.Duration
+		for ms := 1; ms <= 2000; ms++ { // one request always active, 100 ms each
+			clk.Advance(time.Millisecond)
+			if ms%100 == 0 {
+				last = m.End(&r)
+				m.Begin(&r)
+			}
+		}
+		return last
+	}
+	fast := cost(1, 1)   // the reference machine: 100 ms of CPU
+	slow := cost(0.5, 2) // the same work takes twice the CPU
+	if math.Abs(fast.Seconds()-0.1) > 0.002 || math.Abs(slow.Seconds()-fast.Seconds()) > 0.002 {
+		t.Fatalf("reference machine %v, half-speed machine %v: want both 100ms", fast, slow)
+	}
+}
+
+func TestMeasureSpeed(t *testing.T) {
+	f, err := MeasureSpeed(20 * time.Millisecond)
+	if err != nil || !(f > 0) || math.IsInf(f, 0) {
+		t.Fatalf("MeasureSpeed = %v, %v", f, err)
+	}
+	for _, d := range []time.Duration{time.Millisecond, time.Minute} {
+		if _, err := MeasureSpeed(d); err == nil {
+			t.Errorf("MeasureSpeed(%v) accepted", d)
+		}
+	}
+}
+
 func TestNewRefusesBadInput(t *testing.T) {
 	if _, err := New(WithWindow(time.Millisecond)); err == nil {
 		t.Error("a 1 ms window")
+	}
+	for _, f := range []float64{0, -1, 101, math.NaN()} {
+		if _, err := New(WithSpeed(f)); err == nil {
+			t.Errorf("speed %v", f)
+		}
 	}
 	if _, err := New(WithCPU(func() (time.Duration, error) { return 0, errTest })); err == nil {
 		t.Error("an unreadable CPU clock")

@@ -1,7 +1,10 @@
 // Package quota holds per-customer limits in CPU-seconds per second: SRE
 // book ch. 21, "The Pitfalls of Queries per Second" ("a better solution is
 // to measure capacity directly in available resources") and "Per-Customer
-// Limits"; the CRE post's soft and hard quotas.
+// Limits"; the CRE post's soft and hard quotas. The CPU-seconds are
+// whatever the costs fed to Usage are in: normalised CPU-seconds (the
+// book's "virtual CPU": a core of the reference machine, whatever the
+// machine type) when they come from a cost.Meter with cost.WithSpeed.
 //
 // This file is the policy: which customer may use how much, optionally per
 // criticality, with a default for every other customer. A Policy is

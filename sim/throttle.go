@@ -116,6 +116,21 @@ func Throttle(cfg ThrottleConfig) (*Result, error) {
 			res.Headlines = append(res.Headlines, h)
 		}
 	}
+	// The book's equilibrium is a client's: with several clients sharing
+	// one backend the aggregate falls below K-1 at modest overload
+	// (docs/rationale.md, "K at modest overload"). One client shows it.
+	if cfg.Clients > 1 {
+		one := cfg
+		one.Clients = 1
+		for _, k := range cfg.Ks {
+			c, err := runThrottleCell(one, k, 2)
+			if err != nil {
+				return nil, err
+			}
+			res.Headlines = append(res.Headlines, Headline{Name: fmt.Sprintf("rejects per accept, K=%s, 2x, one client", format(k)), Value: c.ratio(),
+				Book: book(math.Round((min(k, 2)-1)*1000) / 1000), Note: "the book's equilibrium, per client; several clients sharing the backend settle lower"})
+		}
+	}
 	for _, k := range cfg.Ks {
 		worst := time.Duration(0)
 		for _, d := range cfg.Demands {

@@ -2,12 +2,14 @@ package lb_test
 
 import (
 	"context"
+	"os"
 	"sort"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	_ "google.golang.org/grpc/balancer/weightedroundrobin" // stock weighted_round_robin
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -74,5 +76,63 @@ func TestBalancerFirstPicksFollowOOBReports(t *testing.T) {
 	t.Logf("first %d calls: %d to the backend at 20%%, %d to the one at 80%% (ratio %.2f, weights imply 4)", calls, l, h, ratio)
 	if ratio < 3 || ratio > 5 {
 		t.Fatalf("split %d:%d, want about 4:1 (within 25%%)", l, h)
+	}
+}
+
+// Stock grpc-go weighted_round_robin with enableOobLoadReport splits
+// traffic by the out-of-band reports of two triage backends: the same
+// requests cost 1 ms of "CPU" on one and 3 ms on the other (utilization =
+// the backend's rate x its cost), so the weights (rate / utilization)
+// imply 3 to 1. grpc-go's orca service reports every 30 s at most and wrr
+// waits out its 10 s blackout, so this takes about 70 s: a measurement
+// (TRIAGE_MEASURE=1).
+func TestStockWRRFollowsOOBReports(t *testing.T) {
+	if os.Getenv("TRIAGE_MEASURE") != "1" {
+		t.Skip("a 70 s measurement: TRIAGE_MEASURE=1")
+	}
+	var served [2]atomic.Int64
+	backend := func(i int, cost float64) string {
+		rate, err := balance.NewMeter(balance.WithUtilization(func() float64 { return 0 }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return rate.Load().QPS * cost }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer()
+		if err := triagegrpc.RegisterLoadReportService(gs, m); err != nil {
+			t.Fatal(err)
+		}
+		relay.Register(gs, &relay.Tier{Name: "backend", Fail: func(context.Context, string) error {
+			served[i].Add(1)
+			rate.Record(false)
+			m.Record(false)
+			return nil
+		}})
+		return loopback.ServeGRPC(t, gs)
+	}
+	cheap, dear := backend(0, 0.001), backend(1, 0.003)
+	r := manual.NewBuilderWithScheme("stockwrr")
+	r.InitialState(resolver.State{Endpoints: []resolver.Endpoint{
+		{Addresses: []resolver.Address{{Addr: cheap}}}, {Addresses: []resolver.Address{{Addr: dear}}}}})
+	cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"weighted_round_robin":{"enableOobLoadReport":true,"oobReportingPeriod":"1s"}}]}`))
+	start := time.Now()
+	var mark [2]int64
+	for i := 0; time.Since(start) < 75*time.Second && i < 20000; i++ { // 200 calls a second
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		relay.Invoke(ctx, cc, "x")
+		cancel()
+		if mark == [2]int64{} && time.Since(start) >= 50*time.Second {
+			mark = [2]int64{served[0].Load(), served[1].Load()}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c, d := served[0].Load()-mark[0], served[1].Load()-mark[1]
+	ratio := float64(c) / float64(max(d, 1))
+	t.Logf("from 50 s to 75 s: %d calls to the 1 ms backend, %d to the 3 ms one (ratio %.2f, the weights imply 3)", c, d, ratio)
+	if ratio < 2.25 || ratio > 3.75 {
+		t.Fatalf("split %d:%d, want 3:1 within 25%%", c, d)
 	}
 }

@@ -13,6 +13,13 @@
 //	go run ./cmd/overload --scenario mix        # four criticalities at 5x
 //	go run ./cmd/overload --scenario recovery   # 30 s at 10x, then 0.5x
 //
+// Each load step probes the capacity again first (--reprobe, default on):
+// this machine's speed drifts by tens of percent within minutes, so a
+// step's goodput is taken against the capacity of the same minute
+// (C_step), and against the oracle's goodput in the same step (vs_oracle).
+// A row counts its sends more than 10 ms late (late_sends, and their share
+// of the sends); it is marked invalid if any was.
+//
 // It lives in its own module so that the peers it compares against never
 // reach triage's users. All traffic stays on 127.0.0.1; every phase is
 // bounded in count and time.
@@ -69,6 +76,7 @@ type config struct {
 	serverCPU string
 	loadCPU   string
 	stock     []stockRow
+	reprobe   bool
 }
 
 // stockRow is a step driven the way a stock load tool drives a server
@@ -126,6 +134,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.deadline, "deadline", time.Second, "deadline of each request")
 	fs.IntVar(&c.conns, "conns", 4, "client connections")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of the table")
+	fs.BoolVar(&c.reprobe, "reprobe", true, "probe the capacity again before every load step and take that step's goodput against it (this machine's speed drifts by tens of percent within minutes)")
 	fs.StringVar(&c.scenario, "scenario", "steps", "steps, mix (four criticalities at 5x) or recovery (30 s at 10x, then 0.5x)")
 	fs.StringVar(&c.serverCPU, "server-cpu", "0", "CPU to pin the backend to (taskset), empty for none")
 	fs.StringVar(&c.loadCPU, "load-cpu", "1", "CPU to pin the load generator to (taskset), empty for none")
@@ -371,6 +380,23 @@ type result struct {
 	// its second half, over which the other figures are taken.
 	Retries     map[string]int64 `json:"retries,omitempty"`
 	RetriesLate map[string]int64 `json:"retries_second_half,omitempty"`
+	// StepCapacityRPS is the capacity probed just before this load step
+	// (--reprobe), against which Goodput is taken; VsOracle is Goodput
+	// over the oracle's in the same step (when the oracle ran in it).
+	StepCapacityRPS float64 `json:"step_capacity_rps,omitempty"`
+	VsOracle        float64 `json:"vs_oracle,omitempty"`
+}
+
+// againstOracle sets each result's goodput over the oracle's, the results
+// of one load step.
+func againstOracle(rs []result) {
+	for _, o := range rs {
+		if o.Variant == "oracle-tap16" && o.Goodput > 0 {
+			for i := range rs {
+				rs[i].VsOracle = rs[i].Goodput / o.Goodput
+			}
+		}
+	}
 }
 
 type report struct {
@@ -401,14 +427,24 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	switch cfg.scenario {
 	case "steps":
 		for _, load := range cfg.loads {
+			cs := c
+			if cfg.reprobe {
+				if cs, err = probe(ctx, cfg); err != nil {
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "  capacity re-probed before %.1fx: %.0f req/s (%.2f of the first probe)\n", load, cs, cs/c)
+			}
+			first := len(rep.Results)
 			for _, v := range cfg.variants {
-				r, err := step(ctx, cfg, c, v, load, 0, []share{{criticality.Critical, 1}})
+				r, err := step(ctx, cfg, cs, v, load, 0, []share{{criticality.Critical, 1}})
 				if err != nil {
 					return err
 				}
+				r.StepCapacityRPS = cs
 				fmt.Fprintf(os.Stderr, "  %-17s %5.1fx goodput %.2f p99 %.0f ms\n", v, load, r.Goodput, r.P99ms)
 				rep.Results = append(rep.Results, r)
 			}
+			againstOracle(rep.Results[first:])
 		}
 		for _, row := range cfg.stock {
 			for _, v := range cfg.variants {
@@ -577,7 +613,7 @@ func recovery(ctx context.Context, cfg config, c float64, variant string) (recov
 }
 
 func printTable(w io.Writer, rep report) {
-	fmt.Fprintf(w, "capacity C = %.0f req/s at cost %.2f ms (one backend CPU)\n\n", rep.CapacityRPS, rep.CostMS)
+	fmt.Fprintf(w, "capacity C = %.0f req/s at cost %.2f ms (one backend CPU; the first probe: with --reprobe each load step's goodput is against its own C_step)\n\n", rep.CapacityRPS, rep.CostMS)
 	if rep.Recovery != nil {
 		b, _ := json.MarshalIndent(rep.Recovery, "", "  ")
 		fmt.Fprintln(w, string(b))
@@ -592,8 +628,14 @@ func printTable(w io.Writer, rep report) {
 		return res[i].Load < res[j].Load
 	})
 	for _, r := range res {
-		notes := fmt.Sprintf("sent=%d completed=%d late_sends=%d max_lag=%.0fms over_deadline_max=%.0fms untriaged_failures=%d goroutines=%d->%d",
-			r.Sent, r.Completed, r.LateSends, r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
+		notes := fmt.Sprintf("sent=%d completed=%d late_sends=%d (%.2f%%) max_lag=%.0fms over_deadline_max=%.0fms untriaged_failures=%d goroutines=%d->%d",
+			r.Sent, r.Completed, r.LateSends, 100*float64(r.LateSends)/float64(max(r.Sent, 1)), r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
+		if r.StepCapacityRPS > 0 {
+			notes = fmt.Sprintf("C_step=%.0f ", r.StepCapacityRPS) + notes
+		}
+		if r.VsOracle > 0 {
+			notes = fmt.Sprintf("vs_oracle=%.2f ", r.VsOracle) + notes
+		}
 		if len(r.ByCriticality) > 0 {
 			notes += fmt.Sprintf(" by_criticality=%v", r.ByCriticality)
 		}
