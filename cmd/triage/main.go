@@ -6,6 +6,7 @@
 //	triage sim SCENARIO [flags]      the book's experiments on virtual time (package sim)
 //	triage quota-server [flags]      the global quota service (triagegrpc/quotaservice)
 //	triage proxy [flags]             the batch proxy (triagegrpc.Proxy)
+//	triage loadtest [flags]          overload your own service (package loadtest)
 package main
 
 import (
@@ -54,8 +55,13 @@ Usage:
                          backends; it forwards any method, with its own admission
                          control, over few connections (the book's fuse)
 
-Run 'triage demo -h', 'triage sim SCENARIO -h', 'triage quota-server -h' or
-'triage proxy -h' for the flags.
+  triage loadtest -grpc ADDR -method /pkg.Svc/M | -url URL [flags]
+                         overload your own service: find its capacity, offer
+                         0.5x to 10x with a criticality mix, and see whether it
+                         keeps its provisioned rate (table, result.json, page)
+
+Run 'triage demo -h', 'triage sim SCENARIO -h', 'triage quota-server -h',
+'triage proxy -h' or 'triage loadtest -h' for the flags.
 `
 
 func main() {
@@ -80,6 +86,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runQuotaServer(ctx, args[1:], stdout, stderr)
 	case "proxy":
 		return runProxy(ctx, args[1:], stdout, stderr)
+	case "loadtest":
+		return runLoadtest(ctx, args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -119,6 +127,8 @@ Flags:
 	quiet := fs.Bool("quiet", false, "print one line a second instead of redrawing the live view")
 	only := fs.String("only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
 	rounds := fs.Int("rounds", 1, fmt.Sprintf("repeat the drill this many times (1-%d; each round lasts -duration) and report medians", drill.MaxRounds))
+	stackOnly := fs.String("stack", "", "start only the stack, \"with\" or \"without\" triage, print the frontend's URL and keep it up for -hold (for triage loadtest)")
+	hold := fs.Duration("hold", 10*time.Minute, "with -stack: how long to keep the stack up (at most 1h; Ctrl-C stops it sooner)")
 	faults := fs.String("faults", "", "run the fault harness instead of the overload drill: all, or a comma-separated list of "+strings.Join(drill.Faults(), ", ")+
 		" (each fault a run with triage and one without, its length set by the fault: -duration is not used)")
 	if err := fs.Parse(args); err != nil {
@@ -165,8 +175,23 @@ Flags:
 		fmt.Fprintf(stderr, "triage demo: %v\n", err)
 		return 1
 	}
+	command := func(args ...string) *exec.Cmd { return exec.Command(self, args...) } // the environment is inherited
+	if *stackOnly != "" {
+		if *stackOnly != "with" && *stackOnly != "without" {
+			fmt.Fprintf(stderr, "triage demo: -stack must be \"with\" or \"without\", got %q\n", *stackOnly)
+			return 2
+		}
+		err := drill.ServeStack(ctx, drill.Options{Out: *out, Command: command}, *stackOnly == "with", *hold, func(url string) {
+			fmt.Fprintf(stdout, "the drill's stack (%s triage) is up: frontend %s (paths /checkout, /search, /suggest, /prefetch; header X-Api-Key: key-gmail, key-calendar, key-android)\nit stops in %v or on Ctrl-C\n", *stackOnly, url, *hold)
+		})
+		if err != nil {
+			fmt.Fprintf(stderr, "triage demo: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs, Rounds: *rounds, Faults: faultNames,
-		Command: func(args ...string) *exec.Cmd { return exec.Command(self, args...) }}) // the environment is inherited
+		Command: command})
 	if err != nil && ctx.Err() != nil {
 		fmt.Fprintln(stderr, "triage demo: interrupted; every process it started is stopped")
 		return 130

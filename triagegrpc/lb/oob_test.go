@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,11 +45,38 @@ func oobBackend(t *testing.T, util float64, served *atomic.Int64) string {
 	return loopback.ServeGRPC(t, gs)
 }
 
+// reported closes ready when a balancer's weights first cover every
+// endpoint of its subset.
+type reported struct {
+	balance.Nop
+	n     int
+	once  sync.Once
+	ready chan struct{}
+}
+
+func (r *reported) Observer(string) balance.Observer { return r }
+func (r *reported) Add(string, *balance.Balancer)    {}
+func (r *reported) Remove(*balance.Balancer)         {}
+func (r *reported) WeightsUpdated(b *balance.Balancer) {
+	eps := b.Endpoints()
+	for _, e := range eps {
+		if e.Weight() <= 0 {
+			return
+		}
+	}
+	if len(eps) == r.n {
+		r.once.Do(func() { close(r.ready) })
+	}
+}
+
 // A client that has sent nothing yet splits its first calls by the
 // backends' out-of-band load reports: the same rate at 20% and at 80%
-// utilization weighs 4 to 1.
+// utilization weighs 4 to 1. The calls start once both reports are in
+// (on a busy machine they can come after the connections are ready).
 func TestBalancerFirstPicksFollowOOBReports(t *testing.T) {
-	lb.Register()
+	rep := &reported{n: 2, ready: make(chan struct{})}
+	lb.Register(lb.WithMetrics(rep))
+	defer lb.Register()
 	var light, heavy atomic.Int64
 	addrs := []string{oobBackend(t, 0.2, &light), oobBackend(t, 0.8, &heavy)}
 	sort.Strings(addrs)
@@ -64,6 +92,11 @@ func TestBalancerFirstPicksFollowOOBReports(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for st := cc.GetState(); st != connectivity.Ready && cc.WaitForStateChange(ctx, st); st = cc.GetState() {
+	}
+	select {
+	case <-rep.ready:
+	case <-ctx.Done():
+		t.Fatal("no out-of-band report from both backends within 10 s")
 	}
 	const calls = 200
 	for range calls {

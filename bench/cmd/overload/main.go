@@ -55,12 +55,13 @@ import (
 	"github.com/triagehq/triage/triagegrpc"
 )
 
-var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "oracle-tap16", "triage-admission", "triage"}
+var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "failsafe-go", "oracle-tap16", "triage-admission", "triage"}
 
 // otherVariants run only when named: triage-no-retry-after is triage whose
 // backend never sends a RetryAfter (admission.WithRetryAfter(0, 0)), to
-// measure what the sheddable levels' RetryAfter saves.
-var otherVariants = []string{"triage-no-retry-after"}
+// measure what the sheddable levels' RetryAfter saves; failsafe-go-naive is
+// failsafe-go wired through failsafegrpc's helpers (failsafe.go).
+var otherVariants = []string{"triage-no-retry-after", "failsafe-go-naive"}
 
 type config struct {
 	rounds    int // work per request, calibrated once by run

@@ -197,6 +197,10 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 		})}, nil, nil
 	case "oracle-tap16":
 		return oracleTap(16), nil, nil
+	case "failsafe-go":
+		return failsafeOptions(context.Background()), nil, nil
+	case "failsafe-go-naive":
+		return failsafeNaiveOptions(context.Background()), nil, nil
 	case "triage-admission", "triage", "triage-no-retry-after":
 		opts := append(admissionOptions(), admission.WithObserver(benchObs))
 		if variant == "triage-no-retry-after" {

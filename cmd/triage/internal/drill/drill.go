@@ -875,3 +875,50 @@ func percentile(xs []float64, q float64) float64 {
 	sort.Float64s(xs)
 	return xs[min(len(xs)-1, int(q*float64(len(xs))))]
 }
+
+// MaxHold bounds how long ServeStack keeps the stack up.
+const MaxHold = time.Hour
+
+// ServeStack starts the drill's stack (with triage's protections, or without),
+// calls ready with the frontend's URL, and keeps the stack up until ctx
+// ends or hold passes (at most MaxHold), for a load test pointed at it
+// (triage loadtest -url URL/search -header "X-Api-Key: key-gmail"). It
+// then stops every process it started. The tasks' logs go to
+// o.Out/tasks-stack.log.
+func ServeStack(ctx context.Context, o Options, protect bool, hold time.Duration, ready func(url string)) error {
+	if o.Command == nil {
+		return errors.New("drill: Options.Command is required")
+	}
+	if hold <= 0 || hold > MaxHold {
+		return fmt.Errorf("drill: hold must be between 0 and %v, got %v", MaxHold, hold)
+	}
+	if o.Out == "" {
+		dir, err := os.MkdirTemp("", "triage-stack-")
+		if err != nil {
+			return err
+		}
+		o.Out = dir
+	}
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return err
+	}
+	logf, err := os.Create(filepath.Join(o.Out, "tasks-stack.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	s := &stack{o: o, byName: map[string]*proc{}, deaths: make(chan death, 64), log: logf}
+	defer s.stopAll()
+	frontAddr, err := s.build(ctx, protect)
+	if err != nil {
+		return err
+	}
+	ready("http://" + frontAddr)
+	t := time.NewTimer(hold)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return nil
+}

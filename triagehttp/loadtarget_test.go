@@ -1,0 +1,74 @@
+package triagehttp_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/loadtest"
+	"github.com/triagehq/triage/triagehttp"
+)
+
+func TestLoadTargetOverLoopback(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, r.Method+" "+string(body)+" "+r.Header.Get("Triage-Criticality")+" "+r.Header.Get("X-Team"))
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/ok":
+			w.Write([]byte("fine"))
+		case "/shed":
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case "/quota":
+			w.WriteHeader(http.StatusTooManyRequests)
+		case "/slow":
+			<-r.Context().Done()
+		case "/gateway":
+			w.WriteHeader(http.StatusGatewayTimeout)
+		default:
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	u, _ := url.Parse(srv.URL)
+	client := &http.Client{Transport: &triagehttp.Transport{Internal: []string{u.Host}}}
+	for path, want := range map[string]loadtest.Outcome{
+		"/ok": loadtest.OK, "/shed": loadtest.Overloaded, "/quota": loadtest.Overloaded,
+		"/slow": loadtest.DeadlineExceeded, "/gateway": loadtest.DeadlineExceeded, "/bad": loadtest.Failed,
+	} {
+		target, err := triagehttp.NewLoadTarget(client, http.MethodPost, srv.URL+path, []byte("body"), http.Header{"X-Team": {"pay"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.CriticalPlus), 300*time.Millisecond)
+		got := target.Call(ctx)
+		cancel()
+		if got != want {
+			t.Errorf("%s: %v, want %v", path, got, want)
+		}
+	}
+	mu.Lock()
+	for _, s := range seen {
+		if s != "POST body CRITICAL_PLUS pay" {
+			t.Errorf("server saw %q, want the method, body, criticality and header", s)
+		}
+	}
+	mu.Unlock()
+	for _, bad := range []string{"ftp://127.0.0.1/", "127.0.0.1:80", "http://", "http://[::1"} {
+		if _, err := triagehttp.NewLoadTarget(nil, "", bad, nil, nil); err == nil {
+			t.Errorf("NewLoadTarget(%q) accepted", bad)
+		}
+	}
+	if _, err := triagehttp.NewLoadTarget(nil, "BAD METHOD", srv.URL, nil, nil); err == nil {
+		t.Error("a method with a space was accepted")
+	}
+}
