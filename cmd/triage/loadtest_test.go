@@ -181,7 +181,9 @@ func TestLoadtestCommandRefusesBadInput(t *testing.T) {
 	}
 }
 
-type helloService struct{ testgrpc.UnimplementedTestServiceServer }
+type helloService struct {
+	testgrpc.UnimplementedTestServiceServer
+}
 
 func (helloService) UnaryCall(_ context.Context, in *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	if string(in.GetPayload().GetBody()) != "hello" {
