@@ -346,33 +346,53 @@ func (r *Runner) Run(ctx context.Context) (*Result, error) {
 
 // Capacity probes the capacity: closed-loop callers, 1, 2, 4, ... up to
 // the probe's maximum, each for one probe step, until the rate of calls
-// that succeed stops growing by 5% for two steps in a row, or more than
-// 5% of calls fail, or the median latency passes half the deadline. It
-// returns the best rate of successes seen and every probe step.
+// that succeed stops growing by 5% for two steps in a row, or a step is
+// past the capacity (more than 5% of its calls fail, or its median
+// latency passes half the deadline). It returns the best rate of
+// successes of the steps within the capacity, and every probe step.
 func (r *Runner) Capacity(ctx context.Context) (float64, []ProbePoint, error) {
 	var points []ProbePoint
-	best, flat := 0.0, 0
+	var pr probe
 	for w := 1; w <= r.cfg.probeWorkers; w *= 2 {
 		p := r.closedLoop(ctx, w, r.cfg.probeStep)
 		points = append(points, p)
 		r.say("probe: %d callers: %.0f successes/s, p50 %.1f ms, %.1f%% failed", w, p.OKPerSecond, p.P50MS, 100*p.FailedFraction)
 		if err := ctx.Err(); err != nil {
-			return best, points, err
+			return pr.best, points, err
 		}
-		if p.OKPerSecond > best*1.05 {
-			flat = 0
-		} else {
-			flat++
-		}
-		best = max(best, p.OKPerSecond)
-		if flat >= 2 || p.FailedFraction > 0.05 || p.P50MS > ms(r.cfg.deadline)/2 {
+		if pr.done(p, r.cfg.deadline) {
 			break
 		}
 	}
+	best := pr.best
 	if best <= 0 {
-		return 0, points, errors.New("loadtest: no call succeeded while probing the capacity; check the target")
+		last := points[len(points)-1]
+		return 0, points, fmt.Errorf("loadtest: the probe found no rate the service sustains (with %d callers, %.0f%% of calls failed and the median took %.0f ms); check the target, or give the capacity", last.Workers, 100*last.FailedFraction, last.P50MS)
 	}
 	return best, points, nil
+}
+
+// probe is the capacity probe's decision.
+type probe struct {
+	best float64
+	flat int // steps in a row that did not raise best by 5%
+}
+
+// done takes one probe step and reports whether the probe is over: the
+// step is past the capacity (over 5% of its calls failed, or its median
+// passed half the deadline; its rate does not count), or the rate has not
+// grown by 5% for two steps in a row.
+func (pr *probe) done(p ProbePoint, deadline time.Duration) bool {
+	if p.FailedFraction > 0.05 || p.P50MS > ms(deadline)/2 {
+		return true
+	}
+	if p.OKPerSecond > pr.best*1.05 {
+		pr.flat = 0
+	} else {
+		pr.flat++
+	}
+	pr.best = max(pr.best, p.OKPerSecond)
+	return pr.flat >= 2
 }
 
 // ProbePoint is one step of the capacity probe.

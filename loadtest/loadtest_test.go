@@ -202,7 +202,7 @@ func TestCapacityProbeFailsWithoutSuccesses(t *testing.T) {
 	go drive(f, time.Millisecond, stop)
 	res, err := r.Run(context.Background())
 	close(stop)
-	if err == nil || !strings.Contains(err.Error(), "no call succeeded") {
+	if err == nil || !strings.Contains(err.Error(), "no rate the service sustains") {
 		t.Fatalf("Run = %v, want the probe's error", err)
 	}
 	if len(res.Steps) != 0 || len(res.Probe) != 1 {
@@ -311,6 +311,38 @@ func TestCheckLoopback(t *testing.T) {
 	for _, bad := range []string{"10.0.0.1:80", "192.0.2.7", "[2001:db8::1]:443", "0.0.0.0:80", "[::ffff:10.0.0.1]:80", ""} {
 		if err := CheckLoopback(ctx, bad); err == nil {
 			t.Errorf("CheckLoopback(%q) accepted a target off this machine", bad)
+		}
+	}
+}
+
+// The probe's decision: a step past the capacity (over 5% of its calls
+// failing, or a median over half the deadline) ends the probe and does not
+// count, however many calls it got through; a rate that stops growing
+// ends it after two steps.
+func TestProbeDecision(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		steps []ProbePoint
+		best  float64
+		ends  int // the step after which the probe is over, -1 for none
+	}{
+		{"grows then fails", []ProbePoint{{1, 100, 10, 0}, {2, 200, 10, 0}, {4, 320, 12, 0.2}}, 200, 2},
+		{"grows then slows", []ProbePoint{{1, 100, 10, 0}, {2, 200, 10, 0}, {4, 380, 600, 0}}, 200, 2},
+		{"flat twice", []ProbePoint{{1, 100, 10, 0}, {2, 104, 20, 0}, {4, 103, 40, 0}, {8, 300, 10, 0}}, 104, 2},
+		{"flat once, then grows", []ProbePoint{{1, 100, 10, 0}, {2, 104, 20, 0}, {4, 200, 40, 0}}, 200, -1},
+		{"fails at once", []ProbePoint{{1, 90, 10, 0.5}}, 0, 0},
+		{"five percent is within", []ProbePoint{{1, 90, 10, 0.05}}, 90, -1},
+	} {
+		var pr probe
+		ends := -1
+		for i, p := range tc.steps {
+			if pr.done(p, time.Second) {
+				ends = i
+				break
+			}
+		}
+		if pr.best != tc.best || ends != tc.ends {
+			t.Errorf("%s: best %v, over after step %d; want %v and %d", tc.name, pr.best, ends, tc.best, tc.ends)
 		}
 	}
 }

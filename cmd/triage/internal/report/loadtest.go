@@ -142,7 +142,8 @@ var loadtestTemplate = template.Must(template.New("loadtest").Funcs(template.Fun
 <title>triage loadtest{{with .Result.Target}} {{.}}{{end}}</title>
 <style>
 body { font: 15px/1.45 system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 13px; }
+.wide { overflow-x: auto; }
 th, td { border-bottom: 1px solid #ddd; padding: .3em .6em; text-align: left; }
 td { font-variant-numeric: tabular-nums; }
 figure { margin: 1.5em 0; }
@@ -154,8 +155,8 @@ figure svg { max-width: 100%; height: auto; }
 Deadline {{f0 .Result.DeadlineMS}} ms. Mix: {{range $i, $s := .Result.Mix}}{{if $i}}, {{end}}{{$s.Level}} {{$s.Weight}}{{end}}.</p>
 <p class="note">Each step offers load x C calls per second on an open loop (calls are sent on schedule whatever happened to earlier ones). Goodput is successes per second over C; a service that keeps its provisioned rate stays near min(load, 1), its critical traffic first. Per criticality: goodput (and the share of that criticality's calls that succeeded).</p>
 <h2>Steps</h2>
-<table>{{range $i, $row := .Table}}<tr>{{range $row}}{{if eq $i 0}}<th>{{.}}</th>{{else}}<td>{{.}}</td>{{end}}{{end}}</tr>
-{{end}}</table>
+<div class="wide"><table>{{range $i, $row := .Table}}<tr>{{range $row}}{{if eq $i 0}}<th>{{.}}</th>{{else}}<td>{{.}}</td>{{end}}{{end}}</tr>
+{{end}}</table></div>
 {{range .Figures}}<figure aria-label="{{.Title}}">{{.SVG}}</figure>
 {{end}}
 {{with .Result.Probe}}<h2>Capacity probe</h2>
