@@ -80,8 +80,9 @@ func (r Report) Validate() error {
 // Allocator has not heard from every task, and splitting by the demand of
 // the few it has heard from would hand them nearly whole limits. So it
 // hands each task back the share it reports holding (or, without one, the
-// safe share, 1/Tasks) until the lease is over; a restarted quota service
-// changes no limit. A claimed share is believed only up to what the
+// safe share, 1/Tasks; in ModePessimistic nothing, since the tasks not yet
+// heard from may hold the whole limit) until the lease is over; a
+// restarted quota service changes no limit. A claimed share is believed only up to what the
 // task's reported demand justifies (a quarter more than demand/limit) and
 // what the other tasks' claims leave (of 1, or 1.05 in ModeOptimistic for
 // the floors), never cut below the safe share; past learning, a task's
@@ -408,13 +409,19 @@ func (a *Allocator) learnCap() float64 {
 }
 
 // learn is a task's share of a customer in learning mode: the share it
-// reports holding (or, without one, the safe share, 1/Tasks), believed
-// up to what its demand justifies (a quarter more than demand/limit) and
-// what the other tasks have left of learnCap, and never cut below the
-// safe share: a task that claims a whole limit takes at most what its
+// reports holding (or, without one, the safe share, 1/Tasks; 0 in
+// ModePessimistic), believed up to what its demand justifies (a quarter
+// more than demand/limit) and what the other tasks have left of learnCap,
+// and never cut below the safe share: a task that claims a whole limit takes at most what its
 // demand could use and the others have not claimed. a.mu is held.
 func (a *Allocator) learn(p *Policy, t *taskState, customer string, held, demand float64) float64 {
 	safe := 1 / float64(p.tasks)
+	if a.mode == ModePessimistic {
+		// Tasks that have not reported yet may still enforce a previous
+		// Allocator's grants, up to the whole limit: only what a task holds
+		// is handed back.
+		safe = 0
+	}
 	if held <= 0 {
 		return safe
 	}

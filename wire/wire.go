@@ -64,6 +64,10 @@ const (
 	// (criticality.FormatDecay): the milliseconds left and the level it
 	// then falls to, "1850:SHEDDABLE".
 	DecayKey = "triage-criticality-decay"
+	// QuotaLeaderKey, on a quota service replica's refusal (a gRPC
+	// trailer), names the replica the caller should ask instead: the
+	// leader's advertised address, when the refusing replica knows it.
+	QuotaLeaderKey = "triage-quota-leader"
 	// CustomerMaxLen bounds a customer name on the wire; longer values
 	// are ignored (the customer is unknown).
 	CustomerMaxLen = 64
@@ -76,6 +80,7 @@ var registry = [...]Key{
 	{OutcomeKey, Response, 32, "overload outcome of an HTTP response: task-overloaded, overloaded-dont-retry, out-of-quota"},
 	{CustomerKey, Request, CustomerMaxLen, "customer the request is for (quotas); believed only from trusted peers"},
 	{LameDuckKey, Response, 1, "1 while the backend is in lame duck state: send new requests elsewhere"},
+	{QuotaLeaderKey, Response, 64, "on a quota service follower's refusal: the leader's address, host:port"},
 }
 
 // Keys returns every registered key. The result is a copy.

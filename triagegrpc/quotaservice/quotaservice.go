@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -26,6 +29,7 @@ import (
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 	"github.com/triagehq/triage/trust"
+	"github.com/triagehq/triage/wire"
 )
 
 // Service serves the quota service's protocol (quotapb.Quota) over a
@@ -223,13 +227,15 @@ func leaseFromProto(resp *quotapb.RefreshResponse) (quota.Lease, error) {
 //
 // Run is the only goroutine, and it stops when its context is done.
 type Client struct {
-	client  quotapb.QuotaClient
-	task    string
-	usage   *quota.Usage
-	leased  *quota.Leased
-	clock   clock.Clock
-	random  func() float64
-	refresh time.Duration // until a lease says otherwise
+	client   quotapb.QuotaClient
+	replicas []replicaConn // WithReplicas; empty for one service
+	current  atomic.Int64  // the replica asked first
+	task     string
+	usage    *quota.Usage
+	leased   *quota.Leased
+	clock    clock.Clock
+	random   func() float64
+	refresh  time.Duration // until a lease says otherwise
 
 	ok, failed atomic.Uint64
 }
@@ -240,6 +246,29 @@ type ClientOption interface{ apply(*Client) }
 type clientOptionFunc func(*Client)
 
 func (f clientOptionFunc) apply(c *Client) { f(c) }
+
+// replicaConn is one replica of a replicated quota service.
+type replicaConn struct {
+	addr   string
+	client quotapb.QuotaClient
+}
+
+// WithReplicas makes the Client one of a replicated quota service's
+// (Replica): conns maps each replica's advertised address to a connection
+// to it, and the connection given to NewClient is not used. A refresh asks
+// the replica it last got a lease from; one that refuses and names the
+// leader (wire.QuotaLeaderKey) is followed at once, and one that fails
+// otherwise is passed over for the next, each replica at most once per
+// refresh; the Run loop's jittered backoff paces the rounds.
+func WithReplicas(conns map[string]grpc.ClientConnInterface) ClientOption {
+	return clientOptionFunc(func(c *Client) {
+		c.replicas = c.replicas[:0]
+		for addr, cc := range conns {
+			c.replicas = append(c.replicas, replicaConn{addr, quotapb.NewQuotaClient(cc)})
+		}
+		slices.SortFunc(c.replicas, func(a, b replicaConn) int { return strings.Compare(a.addr, b.addr) })
+	})
+}
 
 // WithRefresh sets the refresh interval used until the first lease
 // names one. Default 5 s.
@@ -266,12 +295,18 @@ func NewClient(cc grpc.ClientConnInterface, task string, u *quota.Usage, l *quot
 	if err := quota.ValidName(task); err != nil {
 		return nil, fmt.Errorf("quotaservice: quota task id: %v", err)
 	}
-	if cc == nil || u == nil || l == nil {
+	if u == nil || l == nil {
 		return nil, errors.New("quotaservice: a Client needs a connection, a Usage and a Leased")
 	}
-	c := &Client{client: quotapb.NewQuotaClient(cc), task: task, usage: u, leased: l, random: rand.Float64, refresh: 5 * time.Second}
+	c := &Client{task: task, usage: u, leased: l, random: rand.Float64, refresh: 5 * time.Second}
 	for _, o := range opts {
 		o.apply(c)
+	}
+	if len(c.replicas) == 0 {
+		if cc == nil {
+			return nil, errors.New("quotaservice: a Client needs a connection, a Usage and a Leased")
+		}
+		c.client = quotapb.NewQuotaClient(cc)
 	}
 	if c.refresh <= 0 {
 		return nil, errors.New("quotaservice: quota refresh must be positive")
@@ -326,7 +361,13 @@ func (c *Client) RefreshOnce(ctx context.Context) error {
 		snap[i].Share = c.leased.Share(snap[i].Customer)
 	}
 	req := reportToProto(quota.Report{Task: c.task, Customers: snap, NoLease: c.ok.Load() == 0})
-	resp, err := c.client.Refresh(ctx, req, grpc.WaitForReady(true))
+	var resp *quotapb.RefreshResponse
+	var err error
+	if len(c.replicas) == 0 {
+		resp, err = c.client.Refresh(ctx, req, grpc.WaitForReady(true))
+	} else {
+		resp, err = c.refreshReplicas(ctx, req)
+	}
 	if err != nil {
 		c.failed.Add(1)
 		return err
@@ -341,6 +382,35 @@ func (c *Client) RefreshOnce(ctx context.Context) error {
 	}
 	c.ok.Add(1)
 	return nil
+}
+
+// refreshReplicas asks the current replica, then the leader it names or
+// the next one, each at most once, until one grants a lease.
+func (c *Client) refreshReplicas(ctx context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
+	n := int64(len(c.replicas))
+	i := c.current.Load() % n
+	var err error
+	for tried := int64(0); tried < n && ctx.Err() == nil; tried++ {
+		var trailer metadata.MD
+		var resp *quotapb.RefreshResponse
+		resp, err = c.replicas[i].client.Refresh(ctx, req, grpc.Trailer(&trailer))
+		if err == nil {
+			c.current.Store(i)
+			return resp, nil
+		}
+		next := (i + 1) % n
+		if hint := trailer.Get(wire.QuotaLeaderKey); len(hint) == 1 {
+			if j := slices.IndexFunc(c.replicas, func(r replicaConn) bool { return r.addr == hint[0] }); j >= 0 {
+				next = int64(j)
+			}
+		}
+		i = next
+		c.current.Store(i)
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	return nil, err
 }
 
 // Run refreshes the lease until ctx is done, and returns ctx's error.

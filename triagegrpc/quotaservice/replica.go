@@ -1,0 +1,287 @@
+package quotaservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
+	"github.com/triagehq/triage/wire"
+)
+
+// Replica is one of several quota service processes of which one, the
+// leader, grants leases: the replicas campaign in an etcd election
+// (go.etcd.io/etcd/client/v3/concurrency), each under an etcd session
+// whose lease lasts the session TTL, and the winner serves Refresh from a
+// quota.Allocator it creates when elected, so that it starts in learning
+// mode (tasks report the shares they hold). A follower, or a leader whose
+// session is in doubt, refuses Refresh with UNAVAILABLE and, when it knows
+// the leader, names it in the trailer wire.QuotaLeaderKey; the Client
+// follows the name (WithReplicas).
+//
+// A leader stops granting once half the TTL has passed since it sent the
+// latest renewal of its session's lease that etcd acknowledged (it renews
+// every third of the TTL), and steps down
+// when the session ends; etcd elects no other replica until that lease has
+// expired, and the new leader's Allocator starts in learning mode for a
+// lease length, so in pessimistic mode the shares two leaders granted never
+// overlap (ARCHITECTURE.md, "The quota service's replicas").
+//
+// The zero value is not usable; call NewReplica. A Replica is safe for
+// concurrent use. Run is its only goroutine besides the etcd client's and
+// ends with its context.
+type Replica struct {
+	cli       *clientv3.Client
+	advertise string
+	newAlloc  func() (*quota.Allocator, error)
+	svcOpts   []ServiceOption
+	prefix    string
+	ttl       int // seconds
+	clk       clock.Clock
+
+	leaderAddr atomic.Pointer[string] // the leader as last observed, nil if none
+	elections  atomic.Uint64          // times this replica was elected
+	lastRenew  atomic.Int64           // unix ns of the latest renewal of its session's lease, while leader
+	mu         sync.Mutex
+	leading    *Service // non-nil while this replica is the leader
+}
+
+// ReplicaOption configures a Replica.
+type ReplicaOption interface{ apply(*Replica) }
+
+type replicaOptionFunc func(*Replica)
+
+func (f replicaOptionFunc) apply(r *Replica) { f(r) }
+
+// DefaultElectionPrefix is the etcd key prefix of the election.
+const DefaultElectionPrefix = "/triage/quota/leader"
+
+// DefaultSessionTTL is the etcd session's TTL, in seconds: how long a
+// leader that died holds the election before another replica takes over.
+const DefaultSessionTTL = 5
+
+// WithElectionPrefix sets the etcd key prefix of the election (default
+// DefaultElectionPrefix); replicas of one service share it.
+func WithElectionPrefix(p string) ReplicaOption {
+	return replicaOptionFunc(func(r *Replica) { r.prefix = p })
+}
+
+// WithSessionTTL sets the session TTL in seconds (default
+// DefaultSessionTTL, at least 2).
+func WithSessionTTL(seconds int) ReplicaOption {
+	return replicaOptionFunc(func(r *Replica) { r.ttl = seconds })
+}
+
+// WithServiceOptions sets the options of the Service the leader serves.
+func WithServiceOptions(opts ...ServiceOption) ReplicaOption {
+	return replicaOptionFunc(func(r *Replica) { r.svcOpts = opts })
+}
+
+// WithReplicaClock sets the clock that dates lease renewals (default
+// clock.Real()).
+func WithReplicaClock(clk clock.Clock) ReplicaOption {
+	return replicaOptionFunc(func(r *Replica) { r.clk = clk })
+}
+
+// NewReplica returns a replica that campaigns through cli as advertise
+// (the address tasks reach it at, at most 64 bytes) and, when elected,
+// serves an Allocator from newAlloc. Register it with
+// quotapb.RegisterQuotaServer and call Run.
+func NewReplica(cli *clientv3.Client, advertise string, newAlloc func() (*quota.Allocator, error), opts ...ReplicaOption) (*Replica, error) {
+	if cli == nil || newAlloc == nil {
+		return nil, errors.New("quotaservice: a Replica needs an etcd client and an Allocator constructor")
+	}
+	if advertise == "" || len(advertise) > 64 {
+		return nil, fmt.Errorf("quotaservice: advertised address %q must be 1 to 64 bytes", advertise)
+	}
+	r := &Replica{cli: cli, advertise: advertise, newAlloc: newAlloc, prefix: DefaultElectionPrefix, ttl: DefaultSessionTTL}
+	for _, o := range opts {
+		o.apply(r)
+	}
+	if r.ttl < 2 {
+		return nil, fmt.Errorf("quotaservice: session TTL %d s must be at least 2", r.ttl)
+	}
+	if r.prefix == "" {
+		return nil, errors.New("quotaservice: empty election prefix")
+	}
+	r.clk = clock.OrReal(r.clk)
+	return r, nil
+}
+
+// Leader returns the leader's advertised address as last observed, and
+// whether there is one.
+func (r *Replica) Leader() (string, bool) {
+	if p := r.leaderAddr.Load(); p != nil {
+		return *p, true
+	}
+	return "", false
+}
+
+// IsLeader reports whether this replica grants leases now.
+func (r *Replica) IsLeader() bool { return r.granting() != nil }
+
+// Elections returns how many times this replica has been elected.
+func (r *Replica) Elections() uint64 { return r.elections.Load() }
+
+// granting returns the leader's Service while its session is certain.
+func (r *Replica) granting() *Service {
+	r.mu.Lock()
+	svc := r.leading
+	r.mu.Unlock()
+	if svc == nil {
+		return nil
+	}
+	if r.clk.Now().UnixNano()-r.lastRenew.Load() > int64(r.ttl)*int64(time.Second)/2 {
+		return nil // in doubt: etcd may be about to let the lease expire
+	}
+	return svc
+}
+
+// Refresh implements quotapb.QuotaServer: the leader's Allocator answers;
+// any other replica refuses with UNAVAILABLE, naming the leader.
+func (r *Replica) Refresh(ctx context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
+	if svc := r.granting(); svc != nil {
+		return svc.Refresh(ctx, req)
+	}
+	if addr, ok := r.Leader(); ok && addr != r.advertise {
+		grpc.SetTrailer(ctx, metadata.Pairs(wire.QuotaLeaderKey, addr))
+		return nil, status.Errorf(codes.Unavailable, "quotaservice: not the leader; ask %s", addr)
+	}
+	return nil, status.Error(codes.Unavailable, "quotaservice: no leader with a certain session here")
+}
+
+// Run campaigns, leads while elected and campaigns again when it loses the
+// lead, until ctx is done; then it resigns, so that another replica takes
+// over at once, and returns ctx's error.
+func (r *Replica) Run(ctx context.Context) error {
+	go r.observe(ctx)
+	failures := 0
+	for ctx.Err() == nil {
+		err := r.term(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			failures = min(failures+1, 6)
+		} else {
+			failures = 0
+		}
+		t := r.clk.NewTimer(time.Duration(failures) * 250 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C():
+		}
+		t.Stop()
+	}
+	return ctx.Err()
+}
+
+// term is one session: campaign, then lead until the session ends or ctx
+// is done.
+func (r *Replica) term(ctx context.Context) error {
+	s, err := concurrency.NewSession(r.cli, concurrency.WithTTL(r.ttl), concurrency.WithContext(ctx))
+	if err != nil {
+		return err
+	}
+	// s.Close (deferred below) revokes the lease: the election's key goes
+	// at once. The session's own keep-alive does not say when the lease
+	// was last renewed; renew does, dating each renewal by when it was
+	// sent (etcd extends the lease no earlier than that).
+	r.lastRenew.Store(r.clk.Now().UnixNano())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		r.renew(s)
+	}()
+	defer func() { s.Close(); <-stopped }()
+	e := concurrency.NewElection(s, r.prefix)
+	if err := e.Campaign(s.Ctx(), r.advertise); err != nil {
+		return err
+	}
+	alloc, err := r.newAlloc()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.leading = NewService(alloc, r.svcOpts...)
+	r.mu.Unlock()
+	r.elections.Add(1)
+	defer func() {
+		r.mu.Lock()
+		r.leading = nil
+		r.mu.Unlock()
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		e.Resign(rctx)
+		cancel()
+	}()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-s.Done():
+		return errors.New("quotaservice: the etcd session ended")
+	case <-stopped:
+		return errors.New("quotaservice: the etcd lease is gone")
+	}
+}
+
+// renew renews s's lease every third of the TTL, and records in lastRenew
+// when each renewal that etcd acknowledged was sent, until the session ends
+// or etcd says the lease is gone.
+func (r *Replica) renew(s *concurrency.Session) {
+	every := time.Duration(r.ttl) * time.Second / 3
+	for {
+		t := r.clk.NewTimer(every)
+		select {
+		case <-s.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		sent := r.clk.Now().UnixNano()
+		ctx, cancel := context.WithTimeout(s.Ctx(), every)
+		_, err := r.cli.KeepAliveOnce(ctx, s.Lease())
+		cancel()
+		switch {
+		case err == nil:
+			r.lastRenew.Store(sent)
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			return
+		}
+	}
+}
+
+// observe follows the election's leader until ctx is done.
+func (r *Replica) observe(ctx context.Context) {
+	for ctx.Err() == nil {
+		s, err := concurrency.NewSession(r.cli, concurrency.WithTTL(r.ttl), concurrency.WithContext(ctx))
+		if err != nil {
+			t := r.clk.NewTimer(500 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-t.C():
+			}
+			t.Stop()
+			continue
+		}
+		for resp := range concurrency.NewElection(s, r.prefix).Observe(s.Ctx()) {
+			if len(resp.Kvs) > 0 {
+				addr := string(resp.Kvs[0].Value)
+				r.leaderAddr.Store(&addr)
+			}
+		}
+		s.Close()
+	}
+}
