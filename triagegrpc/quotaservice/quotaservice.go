@@ -52,6 +52,7 @@ type Service struct {
 	alloc *quota.Allocator
 	bind  bool
 	tasks map[string]string
+	log   func(task string, ls quota.Lease)
 }
 
 // ServiceOption configures a Service.
@@ -76,6 +77,14 @@ func WithTaskIdentities(tasks map[string]string) ServiceOption {
 		m[id] = task
 	}
 	return serviceOptionFunc(func(s *Service) { s.bind, s.tasks = true, m })
+}
+
+// WithGrantLog calls log with every lease the Service grants, before the
+// lease is sent (an audit trail: `triage quota-server -grant-log` writes
+// one JSON line per lease). log runs on the Refresh call's goroutine and
+// must not block.
+func WithGrantLog(log func(task string, ls quota.Lease)) ServiceOption {
+	return serviceOptionFunc(func(s *Service) { s.log = log })
 }
 
 // NewService returns the service; register it with
@@ -105,6 +114,9 @@ func (s *Service) Refresh(ctx context.Context, req *quotapb.RefreshRequest) (*qu
 		return nil, status.Error(codes.ResourceExhausted, err.Error())
 	case err != nil:
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.log != nil {
+		s.log(r.Task, ls)
 	}
 	return leaseToProto(ls), nil
 }

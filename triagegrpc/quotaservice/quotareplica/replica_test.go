@@ -1,4 +1,4 @@
-package quotaservice_test
+package quotareplica_test
 
 import (
 	"context"
@@ -14,10 +14,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/etcdtest"
+	"github.com/triagehq/triage/internal/grantlog"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -27,7 +30,7 @@ import (
 // session TTL, as after a SIGKILL.
 type replicaProc struct {
 	addr   string
-	r      *quotaservice.Replica
+	r      *quotareplica.Replica
 	proxy  *etcdtest.Proxy
 	gs     *grpc.Server
 	cancel context.CancelFunc
@@ -43,18 +46,30 @@ func (p *replicaProc) crash() {
 
 func startReplica(t *testing.T, e *etcdtest.Server, ttl int, lease time.Duration) *replicaProc {
 	t.Helper()
+	return startReplicaWith(t, e, ttl, lease, quota.ModeOptimistic, 2, nil)
+}
+
+// startReplicaWith starts a replica whose Allocator runs in mode for tasks
+// tasks, and whose Service calls log with every lease it grants.
+func startReplicaWith(t *testing.T, e *etcdtest.Server, ttl int, lease time.Duration, mode quota.Mode, tasks int, log func(addr, task string, ls quota.Lease)) *replicaProc {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	policy, err := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2})
+	policy, err := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: tasks})
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxy := e.NewProxy(t)
-	r, err := quotaservice.NewReplica(proxy.Client(t), lis.Addr().String(), func() (*quota.Allocator, error) {
-		return quota.NewAllocator(policy, quota.WithLease(lease), quota.WithRefresh(lease/4))
-	}, quotaservice.WithSessionTTL(ttl))
+	addr := lis.Addr().String()
+	var svcOpts []quotaservice.ServiceOption
+	if log != nil {
+		svcOpts = append(svcOpts, quotaservice.WithGrantLog(func(task string, ls quota.Lease) { log(addr, task, ls) }))
+	}
+	r, err := quotareplica.New(proxy.Client(t), addr, policy, func(p *quota.Policy) (*quota.Allocator, error) {
+		return quota.NewAllocator(p, quota.WithLease(lease), quota.WithRefresh(lease/4), quota.WithAllocatorMode(mode))
+	}, quotareplica.WithSessionTTL(ttl), quotareplica.WithServiceOptions(svcOpts...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,8 +199,12 @@ func TestReplicasElectOneLeaderAndFailOver(t *testing.T) {
 }
 
 func TestNewReplicaRefusesBadInput(t *testing.T) {
-	newAlloc := func() (*quota.Allocator, error) { return nil, nil }
-	if _, err := quotaservice.NewReplica(nil, "127.0.0.1:1", newAlloc); err == nil {
+	newAlloc := func(*quota.Policy) (*quota.Allocator, error) { return nil, nil }
+	policy, err := quota.New(quota.Config{Tasks: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := quotareplica.New(nil, "127.0.0.1:1", policy, newAlloc); err == nil {
 		t.Error("a replica without an etcd client")
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
@@ -193,17 +212,20 @@ func TestNewReplicaRefusesBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cli.Close()
+	if _, err := quotareplica.New(cli, "127.0.0.1:1", nil, newAlloc); err == nil {
+		t.Error("a replica without a policy")
+	}
 	for _, tc := range []struct {
 		addr string
-		opts []quotaservice.ReplicaOption
+		opts []quotareplica.Option
 	}{
 		{"", nil},
 		{string(make([]byte, 65)), nil},
-		{"127.0.0.1:1", []quotaservice.ReplicaOption{quotaservice.WithSessionTTL(1)}},
-		{"127.0.0.1:1", []quotaservice.ReplicaOption{quotaservice.WithElectionPrefix("")}},
+		{"127.0.0.1:1", []quotareplica.Option{quotareplica.WithSessionTTL(1)}},
+		{"127.0.0.1:1", []quotareplica.Option{quotareplica.WithElectionPrefix("")}},
 	} {
-		if _, err := quotaservice.NewReplica(cli, tc.addr, newAlloc, tc.opts...); err == nil {
-			t.Errorf("NewReplica(%q, %d options) succeeded", tc.addr, len(tc.opts))
+		if _, err := quotareplica.New(cli, tc.addr, policy, newAlloc, tc.opts...); err == nil {
+			t.Errorf("New(%q, %d options) succeeded", tc.addr, len(tc.opts))
 		}
 	}
 }
@@ -269,4 +291,142 @@ func TestLeaderStopsGrantingWhenEtcdIsAway(t *testing.T) {
 		t.Fatalf("refresh after etcd came back: %v", err)
 	}
 	t.Logf("no replica granted %v after etcd stopped (TTL %d s); a leader %v after it came back", wait, ttl, back)
+}
+
+// partition cuts the replica off etcd but leaves it serving: a leader in
+// doubt that tasks can still reach.
+func (p *replicaProc) partition() { p.proxy.Cut() }
+
+// In ModePessimistic across a failover, the shares of a customer's limit
+// the tasks could hold at once never sum past 1, checked from every
+// replica's grant log: the leader is cut off etcd but stays reachable
+// (it must stop granting before another can be elected), and a new task
+// appears while the new leader is learning (it must get nothing it does
+// not hold).
+func TestPessimisticFailoverGrantsNeverOverlap(t *testing.T) {
+	e := etcdtest.Start(t)
+	const ttl = 2
+	const lease = 2 * time.Second
+	var (
+		logMu sync.Mutex
+		logs  []grantlog.Record
+	)
+	record := func(addr, task string, ls quota.Lease) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		for _, g := range ls.Grants {
+			logs = append(logs, grantlog.Record{At: time.Now(), Replica: addr, Task: task, Customer: g.Customer, Share: g.Share, Lease: ls.Duration})
+		}
+	}
+	var ps []*replicaProc
+	for range 3 {
+		ps = append(ps, startReplicaWith(t, e, ttl, lease, quota.ModePessimistic, 4, record))
+	}
+	waitFor(t, 10*time.Second, "a leader", func() bool { return len(leaders(ps)) == 1 })
+	leader := leaders(ps)[0]
+	conns := map[string]grpc.ClientConnInterface{}
+	for _, p := range ps {
+		cc, err := grpc.NewClient(p.addr, append(quotaservice.DialOptions(time.Second), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		conns[p.addr] = cc
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var clients []*quotaservice.Client
+	startTask := func(name string, cpuPerTick time.Duration) {
+		usage, _ := quota.NewUsage()
+		leased := quota.NewLeased(nil, nil)
+		qc, err := quotaservice.NewClient(nil, name, usage, leased, quotaservice.WithReplicas(conns), quotaservice.WithRefresh(lease/4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, qc)
+		wg.Add(2)
+		go func() { defer wg.Done(); qc.Run(ctx) }()
+		go func() { // demand: cpuPerTick of CPU every 50 ms
+			defer wg.Done()
+			tk := time.NewTicker(50 * time.Millisecond)
+			defer tk.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tk.C:
+					usage.Add("ads", criticality.Critical, cpuPerTick)
+				}
+			}
+		}()
+	}
+	// ads's limit is 4 CPU; demand 1.2, 2.4 and 0.8 CPU: 1.1 of it.
+	startTask("task-0", 60*time.Millisecond)
+	startTask("task-1", 120*time.Millisecond)
+	startTask("task-2", 40*time.Millisecond)
+	refreshes := func(qc *quotaservice.Client) uint64 { ok, _ := qc.Refreshes(); return ok }
+	waitFor(t, 20*time.Second, "tasks leasing past learning", func() bool {
+		a := leader.r.Allocator()
+		return a != nil && a.Refreshes() >= 3*uint64(3*lease/(lease/4))
+	})
+	leader.partition()
+	cut := time.Now()
+	var rest []*replicaProc
+	for _, p := range ps {
+		if p != leader {
+			rest = append(rest, p)
+		}
+	}
+	waitFor(t, 20*time.Second, "a new leader", func() bool { return len(leaders(rest)) == 1 })
+	elected := time.Now()
+	next := leaders(rest)[0]
+	startTask("task-3", 40*time.Millisecond)
+	var before []uint64
+	for _, qc := range clients {
+		before = append(before, refreshes(qc))
+	}
+	waitFor(t, 30*time.Second, "every task leasing from the new leader past its learning", func() bool {
+		a := next.r.Allocator()
+		if a == nil || a.Refreshes() < 4*uint64(2*lease/(lease/4)) {
+			return false
+		}
+		for i, qc := range clients {
+			if refreshes(qc) < before[i]+4 {
+				return false
+			}
+		}
+		return true
+	})
+	cancel()
+	wg.Wait()
+	logMu.Lock()
+	defer logMu.Unlock()
+	byReplica := map[string]int{}
+	lastOld := time.Time{}
+	for _, r := range logs {
+		byReplica[r.Replica]++
+		if r.Replica == leader.addr && r.At.After(lastOld) {
+			lastOld = r.At
+		}
+	}
+	peak := grantlog.MaxHeld(logs, 100*time.Millisecond)["ads"]
+	t.Logf("%d grants (%v); the cut-off leader's last grant %v after the cut, a new leader %v after it; peak held %.3f at %v after the cut",
+		len(logs), byReplica, lastOld.Sub(cut), elected.Sub(cut), peak.Sum, peak.At.Sub(cut))
+	if len(byReplica) < 2 {
+		t.Fatalf("grants from %d replicas: the test shows no failover", len(byReplica))
+	}
+	// No two leaders grant at once: the cut-off leader stopped half a TTL
+	// after its last renewal, the new one could be elected only a TTL
+	// after it.
+	if !lastOld.Before(elected) {
+		t.Errorf("the cut-off leader granted %v after the cut, past the new leader's election at %v", lastOld.Sub(cut), elected.Sub(cut))
+	}
+	if peak.Sum < 0.9 {
+		t.Errorf("the tasks never held more than %.3f of the limit: the test shows nothing", peak.Sum)
+	}
+	if peak.Sum > 1+1e-9 {
+		t.Errorf("the tasks could hold %.4f of ads's limit at once, %v after the cut", peak.Sum, peak.At.Sub(cut))
+	}
 }

@@ -1,4 +1,9 @@
-package quotaservice
+// Package quotareplica runs triage's quota service (quotaservice) as
+// replicas of which one, elected through etcd, grants leases (Doorman's
+// master election, on the coordination store operators already run), and
+// keeps the fleet's quota policy in etcd (WatchPolicy). Tasks reach the
+// replicas with quotaservice.Client's WithReplicas.
+package quotareplica
 
 import (
 	"context"
@@ -18,6 +23,7 @@ import (
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 	"github.com/triagehq/triage/wire"
 )
@@ -26,11 +32,11 @@ import (
 // leader, grants leases: the replicas campaign in an etcd election
 // (go.etcd.io/etcd/client/v3/concurrency), each under an etcd session
 // whose lease lasts the session TTL, and the winner serves Refresh from a
-// quota.Allocator it creates when elected, so that it starts in learning
-// mode (tasks report the shares they hold). A follower, or a leader whose
+// quota.Allocator it creates when elected, with the policy in force, so
+// that it starts in learning mode (tasks report the shares they hold). A follower, or a leader whose
 // session is in doubt, refuses Refresh with UNAVAILABLE and, when it knows
 // the leader, names it in the trailer wire.QuotaLeaderKey; the Client
-// follows the name (WithReplicas).
+// follows the name (quotaservice.WithReplicas).
 //
 // A leader stops granting once half the TTL has passed since it sent the
 // latest renewal of its session's lease that etcd acknowledged (it renews
@@ -40,14 +46,15 @@ import (
 // lease length, so in pessimistic mode the shares two leaders granted never
 // overlap (ARCHITECTURE.md, "The quota service's replicas").
 //
-// The zero value is not usable; call NewReplica. A Replica is safe for
+// The zero value is not usable; call New. A Replica is safe for
 // concurrent use. Run is its only goroutine besides the etcd client's and
 // ends with its context.
 type Replica struct {
+	quotapb.UnimplementedQuotaServer
 	cli       *clientv3.Client
 	advertise string
-	newAlloc  func() (*quota.Allocator, error)
-	svcOpts   []ServiceOption
+	newAlloc  func(*quota.Policy) (*quota.Allocator, error)
+	svcOpts   []quotaservice.ServiceOption
 	prefix    string
 	ttl       int // seconds
 	clk       clock.Clock
@@ -56,15 +63,18 @@ type Replica struct {
 	elections  atomic.Uint64          // times this replica was elected
 	lastRenew  atomic.Int64           // unix ns of the latest renewal of its session's lease, while leader
 	mu         sync.Mutex
-	leading    *Service // non-nil while this replica is the leader
+	policy     *quota.Policy
+	version    int64                 // of policy, as SetPolicy was told
+	leading    *quotaservice.Service // non-nil while this replica is the leader
+	alloc      *quota.Allocator      // leading's
 }
 
-// ReplicaOption configures a Replica.
-type ReplicaOption interface{ apply(*Replica) }
+// Option configures a Replica.
+type Option interface{ apply(*Replica) }
 
-type replicaOptionFunc func(*Replica)
+type optionFunc func(*Replica)
 
-func (f replicaOptionFunc) apply(r *Replica) { f(r) }
+func (f optionFunc) apply(r *Replica) { f(r) }
 
 // DefaultElectionPrefix is the etcd key prefix of the election.
 const DefaultElectionPrefix = "/triage/quota/leader"
@@ -75,47 +85,47 @@ const DefaultSessionTTL = 5
 
 // WithElectionPrefix sets the etcd key prefix of the election (default
 // DefaultElectionPrefix); replicas of one service share it.
-func WithElectionPrefix(p string) ReplicaOption {
-	return replicaOptionFunc(func(r *Replica) { r.prefix = p })
+func WithElectionPrefix(p string) Option {
+	return optionFunc(func(r *Replica) { r.prefix = p })
 }
 
 // WithSessionTTL sets the session TTL in seconds (default
 // DefaultSessionTTL, at least 2).
-func WithSessionTTL(seconds int) ReplicaOption {
-	return replicaOptionFunc(func(r *Replica) { r.ttl = seconds })
+func WithSessionTTL(seconds int) Option {
+	return optionFunc(func(r *Replica) { r.ttl = seconds })
 }
 
 // WithServiceOptions sets the options of the Service the leader serves.
-func WithServiceOptions(opts ...ServiceOption) ReplicaOption {
-	return replicaOptionFunc(func(r *Replica) { r.svcOpts = opts })
+func WithServiceOptions(opts ...quotaservice.ServiceOption) Option {
+	return optionFunc(func(r *Replica) { r.svcOpts = opts })
 }
 
-// WithReplicaClock sets the clock that dates lease renewals (default
+// WithClock sets the clock that dates lease renewals (default
 // clock.Real()).
-func WithReplicaClock(clk clock.Clock) ReplicaOption {
-	return replicaOptionFunc(func(r *Replica) { r.clk = clk })
+func WithClock(clk clock.Clock) Option {
+	return optionFunc(func(r *Replica) { r.clk = clk })
 }
 
-// NewReplica returns a replica that campaigns through cli as advertise
-// (the address tasks reach it at, at most 64 bytes) and, when elected,
-// serves an Allocator from newAlloc. Register it with
-// quotapb.RegisterQuotaServer and call Run.
-func NewReplica(cli *clientv3.Client, advertise string, newAlloc func() (*quota.Allocator, error), opts ...ReplicaOption) (*Replica, error) {
-	if cli == nil || newAlloc == nil {
-		return nil, errors.New("quotaservice: a Replica needs an etcd client and an Allocator constructor")
+// New returns a replica that campaigns through cli as advertise (the
+// address tasks reach it at, at most 64 bytes) and, when elected, serves
+// the Allocator newAlloc makes of the policy in force (p, until SetPolicy).
+// Register it with quotapb.RegisterQuotaServer and call Run.
+func New(cli *clientv3.Client, advertise string, p *quota.Policy, newAlloc func(*quota.Policy) (*quota.Allocator, error), opts ...Option) (*Replica, error) {
+	if cli == nil || p == nil || newAlloc == nil {
+		return nil, errors.New("quotareplica: a Replica needs an etcd client, a policy and an Allocator constructor")
 	}
 	if advertise == "" || len(advertise) > 64 {
-		return nil, fmt.Errorf("quotaservice: advertised address %q must be 1 to 64 bytes", advertise)
+		return nil, fmt.Errorf("quotareplica: advertised address %q must be 1 to 64 bytes", advertise)
 	}
-	r := &Replica{cli: cli, advertise: advertise, newAlloc: newAlloc, prefix: DefaultElectionPrefix, ttl: DefaultSessionTTL}
+	r := &Replica{cli: cli, advertise: advertise, policy: p, newAlloc: newAlloc, prefix: DefaultElectionPrefix, ttl: DefaultSessionTTL}
 	for _, o := range opts {
 		o.apply(r)
 	}
 	if r.ttl < 2 {
-		return nil, fmt.Errorf("quotaservice: session TTL %d s must be at least 2", r.ttl)
+		return nil, fmt.Errorf("quotareplica: session TTL %d s must be at least 2", r.ttl)
 	}
 	if r.prefix == "" {
-		return nil, errors.New("quotaservice: empty election prefix")
+		return nil, errors.New("quotareplica: empty election prefix")
 	}
 	r.clk = clock.OrReal(r.clk)
 	return r, nil
@@ -136,8 +146,39 @@ func (r *Replica) IsLeader() bool { return r.granting() != nil }
 // Elections returns how many times this replica has been elected.
 func (r *Replica) Elections() uint64 { return r.elections.Load() }
 
+// SetPolicy puts p in force: in the leader's Allocator now, and in the
+// Allocator of any later term. version is what PolicyVersion reports (the
+// etcd revision of the policy's key with WatchPolicy).
+func (r *Replica) SetPolicy(p *quota.Policy, version int64) {
+	if p == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.policy, r.version = p, version
+	if r.alloc != nil {
+		r.alloc.SetPolicy(p)
+	}
+}
+
+// PolicyVersion returns the version given with the policy in force (0
+// for the policy given to New).
+func (r *Replica) PolicyVersion() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.version
+}
+
+// Allocator returns the leader's Allocator while this replica leads, else
+// nil (for metrics).
+func (r *Replica) Allocator() *quota.Allocator {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.alloc
+}
+
 // granting returns the leader's Service while its session is certain.
-func (r *Replica) granting() *Service {
+func (r *Replica) granting() *quotaservice.Service {
 	r.mu.Lock()
 	svc := r.leading
 	r.mu.Unlock()
@@ -158,9 +199,9 @@ func (r *Replica) Refresh(ctx context.Context, req *quotapb.RefreshRequest) (*qu
 	}
 	if addr, ok := r.Leader(); ok && addr != r.advertise {
 		grpc.SetTrailer(ctx, metadata.Pairs(wire.QuotaLeaderKey, addr))
-		return nil, status.Errorf(codes.Unavailable, "quotaservice: not the leader; ask %s", addr)
+		return nil, status.Errorf(codes.Unavailable, "quotareplica: not the leader; ask %s", addr)
 	}
-	return nil, status.Error(codes.Unavailable, "quotaservice: no leader with a certain session here")
+	return nil, status.Error(codes.Unavailable, "quotareplica: no leader with a certain session here")
 }
 
 // Run campaigns, leads while elected and campaigns again when it loses the
@@ -211,17 +252,19 @@ func (r *Replica) term(ctx context.Context) error {
 	if err := e.Campaign(s.Ctx(), r.advertise); err != nil {
 		return err
 	}
-	alloc, err := r.newAlloc()
+	r.mu.Lock()
+	alloc, err := r.newAlloc(r.policy)
+	if err == nil {
+		r.alloc, r.leading = alloc, quotaservice.NewService(alloc, r.svcOpts...)
+	}
+	r.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	r.leading = NewService(alloc, r.svcOpts...)
-	r.mu.Unlock()
 	r.elections.Add(1)
 	defer func() {
 		r.mu.Lock()
-		r.leading = nil
+		r.leading, r.alloc = nil, nil
 		r.mu.Unlock()
 		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		e.Resign(rctx)
@@ -231,9 +274,9 @@ func (r *Replica) term(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	case <-s.Done():
-		return errors.New("quotaservice: the etcd session ended")
+		return errors.New("quotareplica: the etcd session ended")
 	case <-stopped:
-		return errors.New("quotaservice: the etcd lease is gone")
+		return errors.New("quotareplica: the etcd lease is gone")
 	}
 }
 
