@@ -122,3 +122,59 @@ func (q *QuotaServiceMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descQuotaTasks, prometheus.GaugeValue, float64(q.a.Tasks()))
 	ch <- prometheus.MustNewConstMetric(descRefreshes, prometheus.CounterValue, float64(q.a.Refreshes()))
 }
+
+// QuotaReplicaState is what QuotaReplica reads of one replica of the quota
+// service (quotareplica.Replica).
+type QuotaReplicaState interface {
+	Leader() (string, bool)
+	IsLeader() bool
+	Elections() uint64
+	PolicyVersion() int64
+	Allocator() *quota.Allocator
+}
+
+// QuotaReplicaMetrics is a prometheus.Collector for one replica of the
+// quota service: triage_quota_leader (the leader this replica knows, by
+// address), triage_quota_granting (1 while this replica grants),
+// triage_quota_elections_total (times it was elected),
+// triage_quota_policy_version (the etcd revision of the policy in force,
+// or the file's load count), and, while it leads, the leader's
+// QuotaServiceMetrics. It is safe for concurrent use.
+type QuotaReplicaMetrics struct{ r QuotaReplicaState }
+
+// QuotaReplica returns the metrics of replica r.
+func (m *Metrics) QuotaReplica(r QuotaReplicaState) *QuotaReplicaMetrics {
+	return &QuotaReplicaMetrics{r: r}
+}
+
+var (
+	descQuotaLeader    = prometheus.NewDesc("triage_quota_leader", "1, labelled with the leader this replica of the quota service knows (absent while it knows none).", []string{"leader"}, nil)
+	descQuotaGranting  = prometheus.NewDesc("triage_quota_granting", "1 while this replica is the leader with a certain etcd session, granting leases.", nil, nil)
+	descQuotaElections = prometheus.NewDesc("triage_quota_elections_total", "Times this replica was elected leader.", nil, nil)
+	descPolicyVersion  = prometheus.NewDesc("triage_quota_policy_version", "Version of the quota policy in force: the etcd revision of its key, or how many times its file was loaded.", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (q *QuotaReplicaMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descQuotaLeader, descQuotaGranting, descQuotaElections, descPolicyVersion} {
+		ch <- d
+	}
+	(&QuotaServiceMetrics{}).Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (q *QuotaReplicaMetrics) Collect(ch chan<- prometheus.Metric) {
+	if addr, ok := q.r.Leader(); ok {
+		ch <- prometheus.MustNewConstMetric(descQuotaLeader, prometheus.GaugeValue, 1, addr)
+	}
+	granting := 0.0
+	if q.r.IsLeader() {
+		granting = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descQuotaGranting, prometheus.GaugeValue, granting)
+	ch <- prometheus.MustNewConstMetric(descQuotaElections, prometheus.CounterValue, float64(q.r.Elections()))
+	ch <- prometheus.MustNewConstMetric(descPolicyVersion, prometheus.GaugeValue, float64(q.r.PolicyVersion()))
+	if a := q.r.Allocator(); a != nil {
+		(&QuotaServiceMetrics{a: a}).Collect(ch)
+	}
+}

@@ -49,6 +49,8 @@ Usage:
   triage quota-server -config FILE [-listen ADDR] [flags]
                          the quota service: tasks report per-customer CPU usage
                          and lease their share of each customer's limit
+  triage quota-server -etcd ENDPOINTS -advertise ADDR [-policy-key KEY] [flags]
+                         one of its replicas, the leader elected through etcd
 
   triage proxy -backends ADDR,... [-listen ADDR] [flags]
                          the batch proxy: batch clients call it instead of the
@@ -222,7 +224,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.IntVar(&t.Slots, "slots", 4, "worker slots, the machine's speed (1-64)")
 	fs.DurationVar(&t.Work, "work", 10*time.Millisecond, "time a request holds a slot (0-1s)")
 	fs.BoolVar(&t.Protect, "protect", true, "triage's protections on (false: plain gRPC, naive retries)")
-	fs.StringVar(&t.Quota, "quota", "", "quota service address (DB tasks)")
+	fs.StringVar(&t.Quota, "quota", "", "quota service address, or the comma-separated addresses of its replicas (DB tasks)")
 	fs.Int64Var(&t.MemLimit, "mem-limit", 128<<20, "request memory the task may hold, bytes")
 	fs.Func("force-shed", "game-day drill: reject a fraction of one criticality for a time, LEVEL:FRACTION:DURATION (e.g. SHEDDABLE_PLUS:0.5:10m; repeatable; also POST /fault?shed=... on the stats address)", func(v string) error {
 		d, err := drill.ParseForceShed(v)

@@ -61,6 +61,14 @@ func TestRunArguments(t *testing.T) {
 		{[]string{"quota-server", "-config", goodQuota, "-refresh", "10s", "-lease", "5s"}, 2, "-refresh <= -lease"},
 		{[]string{"quota-server", "-config", goodQuota, "-listen", "not-an-address"}, 1, "missing port"},
 		{[]string{"quota-server", "-config", goodQuota, "-mode", "cautious"}, 2, "unknown throttling mode"},
+		{[]string{"quota-server", "-config", goodQuota, "-policy-key", "/p", "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070"}, 2, "contradict each other"},
+		{[]string{"quota-server", "-policy-key", "/p"}, 2, "need -etcd"},
+		{[]string{"quota-server", "-config", goodQuota, "-advertise", "127.0.0.1:7070"}, 2, "need -etcd"},
+		{[]string{"quota-server", "-config", goodQuota, "-etcd-tls-ca", "ca.pem"}, 2, "need -etcd"},
+		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379"}, 2, "-etcd needs -advertise"},
+		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-session-ttl", "1"}, 2, "-session-ttl must be"},
+		{[]string{"quota-server", "-config", goodQuota, "-etcd", " , ", "-advertise", "127.0.0.1:7070"}, 2, "no endpoints"},
+		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-etcd-tls-ca", filepath.Join(t.TempDir(), "missing.pem")}, 2, "no such file"},
 	}
 	for _, tt := range tests {
 		var out, errb strings.Builder

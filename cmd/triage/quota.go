@@ -9,10 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -20,11 +24,13 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
+	"github.com/triagehq/triage/internal/grantlog"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
+	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
 	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/triageyaml"
 )
@@ -47,7 +53,7 @@ func serveMetrics(addr string, reg *prometheus.Registry) (func(), error) {
 func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("triage quota-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	config := fs.String("config", "", "YAML quota policy (required; see quota.Config)")
+	config := fs.String("config", "", "YAML quota policy file (see quota.Config); this or -policy-key is required")
 	listen := fs.String("listen", "127.0.0.1:7070", "gRPC listen address")
 	lease := fs.Duration("lease", 30*time.Second, "how long a lease is valid")
 	refresh := fs.Duration("refresh", 5*time.Second, "how often tasks renew their lease (jittered ±25% by each task)")
@@ -59,6 +65,14 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.Var(binds, "bind", "IDENTITY=TASK: a task whose verified client certificate names IDENTITY reports as TASK (repeatable; needs -tls-ca). An identity not bound reports as itself")
 	unauthenticated := fs.Bool("unauthenticated", false, "accept reports from callers without a verified client certificate, their task ids believed as sent (needed to listen beyond loopback without -tls-ca)")
 	drain := fs.Duration("drain", time.Second, "on SIGTERM, how long the service answers in lame duck (health NOT_SERVING) before it stops; calls still running 5 s later are cut")
+	etcdEndpoints := fs.String("etcd", "", "comma-separated etcd endpoints: run as one of several replicas, the leader elected through etcd (quotareplica); default one process, no etcd")
+	advertise := fs.String("advertise", "", "with -etcd, the address tasks reach this replica at (told to tasks by the other replicas; required with -etcd)")
+	sessionTTL := fs.Int("session-ttl", quotareplica.DefaultSessionTTL, "with -etcd, the etcd session TTL in seconds: how long a dead leader holds the election")
+	electionPrefix := fs.String("election-prefix", quotareplica.DefaultElectionPrefix, "with -etcd, the etcd key prefix of the election (replicas of one service share it)")
+	policyKey := fs.String("policy-key", "", "with -etcd, the etcd key holding the YAML policy, instead of -config: every replica watches it, refuses a bad push and keeps the last good policy")
+	grantLog := fs.String("grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; internal/grantlog)")
+	var etcdTLS tlsfiles.Files
+	etcdTLS.Register(fs, "etcd-", "etcd")
 	modeName := fs.String("mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -70,8 +84,20 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	case fs.NArg() > 0:
 		fmt.Fprintf(stderr, "triage quota-server: unexpected argument %q\n", fs.Arg(0))
 		return 2
-	case *config == "":
-		fmt.Fprintln(stderr, "triage quota-server: -config is required")
+	case *config == "" && *policyKey == "":
+		fmt.Fprintln(stderr, "triage quota-server: -config is required (or -policy-key with -etcd)")
+		return 2
+	case *config != "" && *policyKey != "":
+		fmt.Fprintln(stderr, "triage quota-server: -config and -policy-key contradict each other: the policy lives in one place")
+		return 2
+	case *etcdEndpoints == "" && (*policyKey != "" || *advertise != "" || etcdTLS.Set()):
+		fmt.Fprintln(stderr, "triage quota-server: -policy-key, -advertise and -etcd-tls-* need -etcd")
+		return 2
+	case *etcdEndpoints != "" && *advertise == "":
+		fmt.Fprintln(stderr, "triage quota-server: -etcd needs -advertise, the address tasks reach this replica at")
+		return 2
+	case *etcdEndpoints != "" && (*sessionTTL < 2 || *sessionTTL > 3600):
+		fmt.Fprintln(stderr, "triage quota-server: -session-ttl must be 2 to 3600 seconds")
 		return 2
 	case *refresh <= 0 || *lease < *refresh || *lease > 24*time.Hour || *reload <= 0:
 		fmt.Fprintln(stderr, "triage quota-server: need 0 < -refresh <= -lease <= 24h and a positive -reload")
@@ -107,21 +133,63 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintf(stderr, "triage quota-server: -mode: %v\n", err)
 		return 2
 	}
-	var alloc *quota.Allocator
-	w, err := triageyaml.WatchQuota(*config, func(p *quota.Policy) {
-		if alloc != nil {
-			alloc.SetPolicy(p)
-			fmt.Fprintf(stdout, "policy reloaded: %d customers\n", len(p.Customers()))
+	var cli *clientv3.Client
+	if *etcdEndpoints != "" {
+		if cli, err = dialEtcd(*etcdEndpoints, etcdTLS); err != nil {
+			fmt.Fprintf(stderr, "triage quota-server: -etcd: %v\n", err)
+			return 2
 		}
-	}, triageyaml.WithWatchInterval(*reload))
+		defer cli.Close()
+	}
+	src, err := loadPolicySource(ctx, *config, *reload, cli, *policyKey)
 	if err != nil {
 		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 		return 1
 	}
-	p, _ := triageyaml.LoadQuota(*config) // just validated by WatchQuota
-	if alloc, err = quota.NewAllocator(p, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode)); err != nil {
-		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-		return 1
+	if *grantLog != "" {
+		f, err := os.OpenFile(*grantLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			fmt.Fprintf(stderr, "triage quota-server: -grant-log: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		name := *advertise
+		if name == "" {
+			name = *listen
+		}
+		gl := grantlog.NewWriter(f, name, time.Now)
+		svcOpts = append(svcOpts, quotaservice.WithGrantLog(gl.Lease))
+	}
+	newAlloc := func(p *quota.Policy) (*quota.Allocator, error) {
+		return quota.NewAllocator(p, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode))
+	}
+	// One process serves its Allocator; a replica serves the one of its
+	// term as leader.
+	var (
+		server    quotapb.QuotaServer
+		collector prometheus.Collector
+		setPolicy func(*quota.Policy, int64)
+		runMore   func(context.Context) error
+	)
+	if cli == nil {
+		alloc, err := newAlloc(src.policy)
+		if err != nil {
+			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
+			return 1
+		}
+		server = quotaservice.NewService(alloc, svcOpts...)
+		collector = triageprom.New().QuotaService(alloc)
+		setPolicy = func(p *quota.Policy, _ int64) { alloc.SetPolicy(p) }
+	} else {
+		r, err := quotareplica.New(cli, *advertise, src.policy, newAlloc, quotareplica.WithSessionTTL(*sessionTTL),
+			quotareplica.WithElectionPrefix(*electionPrefix), quotareplica.WithServiceOptions(svcOpts...))
+		if err != nil {
+			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
+			return 2
+		}
+		r.SetPolicy(src.policy, src.version)
+		server, setPolicy, runMore = r, r.SetPolicy, r.Run
+		collector = triageprom.New().QuotaReplica(r)
 	}
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -129,7 +197,7 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 1
 	}
 	gs := grpc.NewServer(append(creds, quotaservice.ServerOptions()...)...)
-	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(alloc, svcOpts...))
+	quotapb.RegisterQuotaServer(gs, server)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(*drain))
@@ -139,7 +207,7 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(triageprom.New().QuotaService(alloc))
+		reg.MustRegister(collector)
 		stopMetrics, err := serveMetrics(*metrics, reg)
 		if err != nil {
 			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
@@ -147,9 +215,20 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		defer stopMetrics()
 	}
-	go w.Run(ctx, func(err error) {
-		fmt.Fprintf(stderr, "triage quota-server: policy refused, keeping the last good one: %v\n", err)
+	go src.run(ctx, func(p *quota.Policy, version int64) {
+		setPolicy(p, version)
+		fmt.Fprintf(stdout, "policy %d in force: %d customers\n", version, len(p.Customers()))
+	}, func(version int64, err error) {
+		fmt.Fprintf(stderr, "triage quota-server: policy %d refused, keeping the last good one: %v\n", version, err)
 	})
+	ranMore := make(chan struct{})
+	if runMore != nil {
+		// Until ctx is done; then the replica resigns, so that another
+		// takes over at once: wait for it before exiting.
+		go func() { defer close(ranMore); runMore(ctx) }()
+	} else {
+		close(ranMore)
+	}
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -162,12 +241,17 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	if tlsFiles.CA == "" {
 		auth = "tasks NOT authenticated"
 	}
-	fmt.Fprintf(stdout, "quota service listening on %s: %d customers, lease %v, refresh %v, %s\n", lis.Addr(), len(p.Customers()), *lease, *refresh, auth)
+	how := "one process"
+	if cli != nil {
+		how = fmt.Sprintf("a replica advertised as %s, leader elected through etcd %s", *advertise, *etcdEndpoints)
+	}
+	fmt.Fprintf(stdout, "quota service listening on %s: %d customers (policy %s), lease %v, refresh %v, %s, %s\n", lis.Addr(), len(src.policy.Customers()), src.where, *lease, *refresh, auth, how)
 	if err := gs.Serve(lis); err != nil {
 		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 		return 1
 	}
 	<-stopped
+	<-ranMore
 	return 0
 }
 
@@ -203,4 +287,76 @@ func beyondLoopback(addr string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err != nil || !ip.IsLoopback()
+}
+
+// dialEtcd returns a client of the comma-separated etcd endpoints, over
+// TLS when files are named.
+func dialEtcd(endpoints string, files tlsfiles.Files) (*clientv3.Client, error) {
+	var eps []string
+	for _, e := range strings.Split(endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			eps = append(eps, e)
+		}
+	}
+	if len(eps) == 0 {
+		return nil, errors.New("no endpoints")
+	}
+	cfg := clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+	if files.Set() {
+		tc, err := files.Client()
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = tc
+	}
+	return clientv3.New(cfg)
+}
+
+// policySource is where the policy comes from: a file, watched for
+// changes, or an etcd key, watched by every replica.
+type policySource struct {
+	policy  *quota.Policy
+	version int64
+	where   string
+	run     func(ctx context.Context, apply func(*quota.Policy, int64), refused func(int64, error))
+}
+
+func loadPolicySource(ctx context.Context, file string, reload time.Duration, cli *clientv3.Client, key string) (*policySource, error) {
+	if key != "" {
+		w, err := quotareplica.WatchPolicy(cli, key, triageyaml.ParseQuota)
+		if err != nil {
+			return nil, err
+		}
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		p, rev, err := w.Load(lctx)
+		if err != nil {
+			return nil, err
+		}
+		return &policySource{policy: p, version: rev, where: "etcd key " + key,
+			run: func(ctx context.Context, apply func(*quota.Policy, int64), refused func(int64, error)) {
+				w.Run(ctx, rev, apply, refused)
+			}}, nil
+	}
+	// A file's versions count its loads: 1 is the file at start-up.
+	var version atomic.Int64
+	version.Store(1)
+	var apply atomic.Pointer[func(*quota.Policy, int64)]
+	w, err := triageyaml.WatchQuota(file, func(p *quota.Policy) {
+		if f := apply.Load(); f != nil {
+			(*f)(p, version.Add(1))
+		}
+	}, triageyaml.WithWatchInterval(reload))
+	if err != nil {
+		return nil, err
+	}
+	p, err := triageyaml.LoadQuota(file)
+	if err != nil {
+		return nil, err
+	}
+	return &policySource{policy: p, version: 1, where: file,
+		run: func(ctx context.Context, a func(*quota.Policy, int64), refused func(int64, error)) {
+			apply.Store(&a)
+			w.Run(ctx, func(err error) { refused(version.Load()+1, err) })
+		}}, nil
 }

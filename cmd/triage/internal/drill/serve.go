@@ -375,12 +375,34 @@ func Serve(ctx context.Context, cfg Task, stderr io.Writer) error {
 var ErrOutOfMemory = errors.New("drill: task out of memory")
 
 func (t *task) startQuota(ctx context.Context) error {
-	cc, err := grpc.NewClient("passthrough:///"+t.cfg.Quota, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		quotaservice.DialOptions(time.Second)...)...)
-	if err != nil {
-		return err
+	// One address is one quota service; several are its replicas
+	// (quotareplica), of which the client follows the leader.
+	conns := map[string]grpc.ClientConnInterface{}
+	for _, addr := range strings.Split(t.cfg.Quota, ",") {
+		addr = strings.TrimSpace(addr)
+		if addr == "" || conns[addr] != nil {
+			continue
+		}
+		cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			quotaservice.DialOptions(time.Second)...)...)
+		if err != nil {
+			return err
+		}
+		go func() { <-ctx.Done(); cc.Close() }()
+		conns[addr] = cc
 	}
-	go func() { <-ctx.Done(); cc.Close() }()
+	if len(conns) == 0 {
+		return fmt.Errorf("drill: -quota %q names no address", t.cfg.Quota)
+	}
+	var cc grpc.ClientConnInterface
+	var qopts []quotaservice.ClientOption
+	if len(conns) == 1 {
+		for _, c := range conns {
+			cc = c
+		}
+	} else {
+		qopts = append(qopts, quotaservice.WithReplicas(conns))
+	}
 	u, err := quota.NewUsage()
 	if err != nil {
 		return err
@@ -389,7 +411,7 @@ func (t *task) startQuota(ctx context.Context) error {
 	if t.enf, err = quota.NewEnforcer(t.leased, u, quota.WithOverload(t.ctl.Overloaded), quota.WithCapacity(0.9*float64(t.cfg.Slots))); err != nil {
 		return err
 	}
-	qc, err := quotaservice.NewClient(cc, t.cfg.ID, u, t.leased, quotaservice.WithRefresh(time.Second))
+	qc, err := quotaservice.NewClient(cc, t.cfg.ID, u, t.leased, append(qopts, quotaservice.WithRefresh(time.Second))...)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/triagehq/triage/internal/etcdtest"
+	"github.com/triagehq/triage/internal/grantlog"
+	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/triagegrpc/quotaservice"
+)
+
+func freeTCP(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func scrape(addr string) string {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return string(b)
+}
+
+// triage quota-server -etcd: two replicas with the policy in etcd elect
+// one leader (their metrics say which, and the policy version), a task
+// leases through either, every share goes to the grant log, and a bad
+// policy pushed to etcd is refused by both, the last good one kept.
+func TestQuotaServerReplicas(t *testing.T) {
+	e := etcdtest.Start(t)
+	admin := e.Client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const key = "/triage/test/policy"
+	put, err := admin.Put(ctx, key, "tasks: 2\ncustomers:\n  ads: {cpu: 4}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := put.Header.Revision
+	dir := t.TempDir()
+	type replica struct {
+		addr, metrics, log string
+		out, errb          *syncBuffer
+		done               chan int
+	}
+	var rs []*replica
+	runCtx, stop := context.WithCancel(context.Background())
+	for i := range 2 {
+		r := &replica{addr: freeTCP(t), metrics: freeTCP(t), log: filepath.Join(dir, fmt.Sprintf("grants-%d.jsonl", i)), out: &syncBuffer{}, errb: &syncBuffer{}, done: make(chan int, 1)}
+		rs = append(rs, r)
+		go func() {
+			r.done <- run(runCtx, []string{"quota-server", "-etcd", e.Endpoint, "-advertise", r.addr, "-listen", r.addr, "-metrics", r.metrics,
+				"-policy-key", key, "-session-ttl", "2", "-election-prefix", "/triage/test/leader", "-grant-log", r.log, "-lease", "4s", "-refresh", "1s", "-drain", "0s"}, r.out, r.errb)
+		}()
+	}
+	defer func() {
+		stop()
+		for i, r := range rs {
+			if code := <-r.done; code != 0 {
+				t.Errorf("replica %d exited %d: %s", i, code, r.errb.String())
+			}
+		}
+	}()
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		tk := time.NewTicker(20 * time.Millisecond)
+		defer tk.Stop()
+		for !cond() {
+			select {
+			case <-ctx.Done():
+				for i, r := range rs {
+					t.Logf("replica %d: %s%s", i, r.out.String(), r.errb.String())
+				}
+				t.Fatalf("%s: not within a minute", what)
+			case <-tk.C:
+			}
+		}
+	}
+	var leader string
+	wait("one leader, known to both", func() bool {
+		granting, known := 0, 0
+		for _, r := range rs {
+			m := scrape(r.metrics)
+			if strings.Contains(m, "\ntriage_quota_granting 1\n") {
+				granting++
+				leader = r.addr
+			}
+			if leader != "" && strings.Contains(m, fmt.Sprintf("triage_quota_leader{leader=%q} 1", leader)) {
+				known++
+			}
+		}
+		return granting == 1 && known == 2
+	})
+	for i, r := range rs {
+		if m := scrape(r.metrics); !strings.Contains(m, fmt.Sprintf("triage_quota_policy_version %d\n", rev)) {
+			t.Errorf("replica %d does not report policy version %d:\n%s", i, rev, m)
+		}
+	}
+	conns := map[string]grpc.ClientConnInterface{}
+	for _, r := range rs {
+		cc, err := grpc.NewClient(r.addr, append(quotaservice.DialOptions(time.Second), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		conns[r.addr] = cc
+	}
+	u, _ := quota.NewUsage()
+	leased := quota.NewLeased(nil, nil)
+	qc, err := quotaservice.NewClient(nil, "task-0", u, leased, quotaservice.WithReplicas(conns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := qc.RefreshOnce(rctx)
+		rcancel()
+		if err != nil {
+			t.Fatalf("refresh through the replicas: %v", err)
+		}
+	}
+	// A bad push: both refuse it and keep serving the last good policy.
+	if _, err := admin.Put(ctx, key, "tasks: 2\ncustomers:\n  ads: {cpu: -1}\n"); err != nil {
+		t.Fatal(err)
+	}
+	wait("both replicas refusing the bad policy", func() bool {
+		return strings.Contains(rs[0].errb.String(), "refused") && strings.Contains(rs[1].errb.String(), "refused")
+	})
+	for i, r := range rs {
+		if m := scrape(r.metrics); !strings.Contains(m, fmt.Sprintf("triage_quota_policy_version %d\n", rev)) {
+			t.Errorf("replica %d left policy version %d after a bad push", i, rev)
+		}
+		if !strings.Contains(r.errb.String(), "cpu is negative") {
+			t.Errorf("replica %d's refusal does not say why: %s", i, r.errb.String())
+		}
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer rcancel()
+	if err := qc.RefreshOnce(rctx); err != nil {
+		t.Fatalf("refresh after the bad push: %v", err)
+	}
+	// The leader logged its grants: ads, for task-0.
+	var recs []grantlog.Record
+	for _, r := range rs {
+		f, err := os.Open(r.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := grantlog.Read(f, 1000)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, got...)
+	}
+	if len(recs) != 3 || recs[0].Task != "task-0" || recs[0].Customer != "ads" || recs[0].Replica != leader || recs[0].Lease != 4*time.Second {
+		t.Errorf("grant log: %+v; want three grants of ads to task-0 from %s", recs, leader)
+	}
+}
