@@ -208,3 +208,4 @@ func TestAllocatorBounds(t *testing.T) {
 		t.Error("no policy")
 	}
 }
+

@@ -48,6 +48,7 @@ triage_untrusted_keys_stripped_total{key="triage-criticality-decay"} 0
 triage_untrusted_keys_stripped_total{key="triage-customer"} 0
 triage_untrusted_keys_stripped_total{key="triage-lame-duck"} 0
 triage_untrusted_keys_stripped_total{key="triage-outcome"} 0
+triage_untrusted_keys_stripped_total{key="triage-quota-leader"} 0
 triage_untrusted_keys_stripped_total{key="unregistered"} 1
 # HELP triage_edge_invalid_header_total Requests from trusted peers whose criticality header was malformed and ignored.
 # TYPE triage_edge_invalid_header_total counter

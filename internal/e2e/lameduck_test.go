@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -103,14 +104,23 @@ type backendProc struct {
 	lines chan string
 }
 
+// freeAddr returns a loopback address free now for a child process to
+// listen on. Its port is below the kernel's ephemeral range (32768 and
+// up on Linux), so that no outgoing connection of the test's processes
+// can take it before the child listens.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatal("no free port below the ephemeral range")
+	return ""
 }
 
 func startProc(t *testing.T, addr string) *backendProc {

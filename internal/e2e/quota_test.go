@@ -42,7 +42,7 @@ import (
 )
 
 const (
-	quotaBackendEnv = "TRIAGE_E2E_QUOTA_BACKEND" // "listen-addr,quota-service-addr,task-id"
+	quotaBackendEnv = "TRIAGE_E2E_QUOTA_BACKEND" // "listen-addr,quota-service-addr[;replica-addr...],task-id"
 	// Each request does workPerRequest of CPU work; a task is provisioned
 	// for taskCapacity CPU-seconds per second.
 	workPerRequest = time.Millisecond
@@ -120,11 +120,21 @@ func TestQuotaBackendProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qcc, err := grpc.NewClient(service, append(quotaservice.DialOptions(quotaRefresh), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
-		t.Fatal(err)
+	// service is one address, or its replicas' separated by ";".
+	conns := map[string]grpc.ClientConnInterface{}
+	var qcc grpc.ClientConnInterface
+	for _, addr := range strings.Split(service, ";") {
+		cc, err := grpc.NewClient(addr, append(quotaservice.DialOptions(quotaRefresh), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[addr], qcc = cc, cc
 	}
-	qc, err := quotaservice.NewClient(qcc, task, u, leased, quotaservice.WithRefresh(quotaRefresh))
+	qopts := []quotaservice.ClientOption{quotaservice.WithRefresh(quotaRefresh)}
+	if len(conns) > 1 {
+		qopts = append(qopts, quotaservice.WithReplicas(conns))
+	}
+	qc, err := quotaservice.NewClient(qcc, task, u, leased, qopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
