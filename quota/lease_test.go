@@ -208,4 +208,3 @@ func TestAllocatorBounds(t *testing.T) {
 		t.Error("no policy")
 	}
 }
-
