@@ -96,8 +96,8 @@ func (r Report) Validate() error {
 // share would refuse its customers until its next report.
 //
 // Bounded: at most MaxTasks tasks (default 10,000; a task unheard of for a
-// lease is forgotten, and a new task beyond the bound is refused with
-// ErrTooManyTasks), each with at most MaxReportCustomers customers, and
+// lease is forgotten at the next sweep, once a second, and a new task
+// beyond the bound is refused with ErrTooManyTasks), each with at most MaxReportCustomers customers, and
 // at most MaxEntries customer entries over all of them (default
 // DefaultMaxEntries).
 // Refresh takes one lock; it is safe for concurrent use.
@@ -118,6 +118,9 @@ type Allocator struct {
 	demanding map[string]int
 	used      map[string]*[criticality.NumLevels]float64
 	swept     int64
+	// accounted counts the customer entries account has added or taken
+	// out (the work of a refresh; see TestRefreshWorkFollowsItsReport).
+	accounted uint64
 	served    atomic.Uint64
 	mode      Mode
 	// holding sums, per customer, the shares the live tasks may hold
@@ -302,7 +305,7 @@ func (a *Allocator) inherit(r Report, now int64) Report {
 
 // record takes r as its task's current report. a.mu is held.
 func (a *Allocator) record(r Report, now int64) (*taskState, error) {
-	if now-a.swept >= int64(time.Second) || len(a.tasks) >= a.maxTasks {
+	if now-a.swept >= int64(time.Second) {
 		a.sweep(now)
 	}
 	t := a.tasks[r.Task]
@@ -499,6 +502,7 @@ func grantOf(name string, l limit, share float64) Grant {
 // account adds (sign +1) or removes (-1) a task's customers from the
 // totals.
 func (a *Allocator) account(cs []CustomerUsage, sign float64) {
+	a.accounted += uint64(len(cs))
 	for _, c := range cs {
 		if c.Demand > 0 {
 			a.demanding[c.Customer] += int(sign)
@@ -526,33 +530,26 @@ func (a *Allocator) account(cs []CustomerUsage, sign float64) {
 	}
 }
 
-// sweep forgets the tasks unheard of for a lease and recomputes the
-// totals (so float sums do not drift).
+// sweep forgets the tasks unheard of for a lease, taking each one's
+// report out of the totals: work in proportion to the tasks and the
+// reports forgotten, not to every live report. a.mu is held.
 func (a *Allocator) sweep(now int64) {
 	a.swept = now
 	for name, t := range a.tasks {
-		if now-t.last > int64(a.lease) {
-			a.entries -= len(t.customer)
-			delete(a.tasks, name)
+		if now-t.last <= int64(a.lease) {
+			continue
 		}
-	}
-	clear(a.total)
-	clear(a.used)
-	clear(a.demanding)
-	clear(a.holding)
-	if a.learned != nil {
-		clear(a.learned)
-	}
-	for _, t := range a.tasks {
-		a.account(t.customer, +1)
-		for c, h := range t.hold {
-			a.holding[c] += h
-		}
+		a.entries -= len(t.customer)
+		a.account(t.customer, -1)
+		a.release(t)
 		if a.learned != nil {
 			for c, h := range t.learned {
-				a.learned[c] += h
+				if a.learned[c] -= h; a.learned[c] <= 1e-12 {
+					delete(a.learned, c)
+				}
 			}
 		}
+		delete(a.tasks, name)
 	}
 }
 

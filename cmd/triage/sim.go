@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/cmd/triage/internal/report"
+	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/sim"
 	"github.com/triagehq/triage/subset"
 )
@@ -35,6 +36,9 @@ const simUsage = `Usage:
   triage sim throttling [flags]   the CRE post's optimistic and pessimistic throttling:
                                   a customer's global usage per 1 s window against its
                                   limit while its demand surges and moves between tasks
+  triage sim quota-tree [flags]   the quota service past one leader (Doorman's tree):
+                                  regional servers leasing from a root, against one
+                                  leader, as tasks and customers grow 10x
 `
 
 func runSim(args []string, stdout, stderr io.Writer) int {
@@ -42,7 +46,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "subsetting":
 			return runSimSubsetting(args[1:], stdout, stderr)
-		case "lb", "throttle", "retry", "stack", "shed", "cascade", "throttling":
+		case "lb", "throttle", "retry", "stack", "shed", "cascade", "throttling", "quota-tree":
 			return runSimScenario(args[0], args[1:], stdout, stderr)
 		case "-h", "--help", "help":
 			fmt.Fprint(stdout, simUsage)
@@ -104,6 +108,29 @@ var simScenarios = map[string]func(fs *flag.FlagSet, seed *uint64) func() (*sim.
 	"cascade":    simCascadeFlags,
 	"throttling": simThrottlingFlags,
 	"stack":      simStackFlags,
+	"quota-tree": simQuotaTreeFlags,
+}
+
+func simQuotaTreeFlags(fs *flag.FlagSet, _ *uint64) func() (*sim.Result, error) {
+	regions := fs.Int("regions", 4, "regional quota servers (2-16)")
+	tasks := fs.Int("tasks", 10, "tasks per region at 1x (2-100)")
+	customers := fs.Int("customers", 100, "customers at 1x (2-200)")
+	perTask := fs.Int("per-task", 10, "customers each task serves (1-customers)")
+	scale := fs.Int("scale", 10, "how much tasks and customers grow (1-10)")
+	modeName := fs.String("mode", "optimistic", "every quota server's throttling mode: optimistic or pessimistic")
+	refresh := fs.Duration("refresh", time.Second, "how often tasks and regions renew their leases (100ms-10s)")
+	duration := fs.Duration("duration", 40*time.Second, "virtual length of each run (10 refreshes-10m)")
+	return func() (*sim.Result, error) {
+		if *regions < 1 || *tasks < 1 || *customers < 1 || *perTask < 1 || *scale < 1 || *refresh <= 0 || *duration <= 0 { // 0 would mean the default
+			return nil, errors.New("regions, tasks, customers, per-task, scale, refresh and duration must be positive")
+		}
+		mode, err := quota.ParseMode(*modeName)
+		if err != nil {
+			return nil, err
+		}
+		return sim.QuotaTree(sim.QuotaTreeConfig{Regions: *regions, Tasks: *tasks, Customers: *customers, PerTask: *perTask,
+			Scale: *scale, Mode: mode, Refresh: *refresh, Duration: *duration})
+	}
 }
 
 func simThrottleFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {

@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -126,10 +127,15 @@ type result struct {
 	P50ms, P99ms, MaxMs float64
 	CPU                 float64 `json:"cpu_per_second"`
 	RSSMiB              float64 `json:"rss_mib"`
+	FirstError          string  `json:"first_error,omitempty"`
 }
 
 func (r result) String() string {
-	return fmt.Sprintf("%.0f refreshes/s (%d failed), p50 %.1f ms, p99 %.1f ms, max %.1f ms, CPU %.3f/s, RSS %.0f MiB", r.PerSecond, r.Failed, r.P50ms, r.P99ms, r.MaxMs, r.CPU, r.RSSMiB)
+	s := fmt.Sprintf("%.0f refreshes/s (%d failed), p50 %.1f ms, p99 %.1f ms, max %.1f ms, CPU %.3f/s, RSS %.0f MiB", r.PerSecond, r.Failed, r.P50ms, r.P99ms, r.MaxMs, r.CPU, r.RSSMiB)
+	if r.FirstError != "" {
+		s += "; first failure: " + r.FirstError
+	}
+	return s
 }
 
 func customerName(i int) string { return "customer-" + strconv.Itoa(i) }
@@ -175,6 +181,7 @@ func runOnce(cfg config) (result, error) {
 		mu        sync.Mutex
 		latencies []time.Duration
 		failed    int
+		firstErr  string
 		cpuFrom   float64
 	)
 	var wg sync.WaitGroup
@@ -215,6 +222,9 @@ func runOnce(cfg config) (result, error) {
 					mu.Lock()
 					if err != nil {
 						failed++
+						if firstErr == "" {
+							firstErr = err.Error()
+						}
 					} else {
 						latencies = append(latencies, d)
 					}
@@ -240,7 +250,7 @@ func runOnce(cfg config) (result, error) {
 	}
 	return result{PerSecond: float64(len(latencies)+failed) / cfg.measure.Seconds(), Failed: failed,
 		P50ms: ms(0.5), P99ms: ms(0.99), MaxMs: float64(latencies[len(latencies)-1]) / 1e6,
-		CPU: cpu / cfg.measure.Seconds(), RSSMiB: rss}, nil
+		CPU: cpu / cfg.measure.Seconds(), RSSMiB: rss, FirstError: firstErr}, nil
 }
 
 // rssMiB returns the resident memory of process pid, from /proc.
@@ -295,6 +305,21 @@ func serverMain(args []string) error {
 	}
 	gs := grpc.NewServer(quotaservice.ServerOptions()...)
 	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(a))
+	if path := os.Getenv("QUOTASCALE_CPUPROFILE"); path != "" {
+		// A CPU profile of the service's first 30 s after the warm-up
+		// (for finding where a refresh's CPU goes).
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		go func() {
+			time.Sleep(lease + refresh)
+			pprof.StartCPUProfile(f)
+			time.Sleep(30 * time.Second)
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
 	fmt.Printf("LISTEN %s\n", lis.Addr())
 	return gs.Serve(lis)
 }
