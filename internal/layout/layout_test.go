@@ -27,7 +27,7 @@ func notCore(rel string) bool {
 	switch rel {
 	case "deploy", // operator files; its tests run promtool
 		"internal/e2e", "internal/layout", // tests
-		"internal/loopback", "internal/relay", "internal/testcert": // test and demo helpers
+		"internal/loopback", "internal/relay", "internal/testcert", "internal/etcdtest": // test and demo helpers
 		return true
 	}
 	return false

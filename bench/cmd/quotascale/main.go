@@ -218,6 +218,9 @@ func runOnce(cfg config) (result, error) {
 						held[g.GetCustomer()] = g.GetShare()
 					}
 				}
+				if ctx.Err() != nil {
+					return // the run ended under this call
+				}
 				if t0.After(measureFrom) {
 					mu.Lock()
 					if err != nil {
