@@ -17,6 +17,7 @@ import (
 
 	"github.com/triagehq/triage/internal/etcdtest"
 	"github.com/triagehq/triage/internal/grantlog"
+	"github.com/triagehq/triage/internal/testcert"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 )
@@ -175,5 +176,74 @@ func TestQuotaServerReplicas(t *testing.T) {
 	}
 	if len(recs) != 3 || recs[0].Task != "task-0" || recs[0].Customer != "ads" || recs[0].Replica != leader || recs[0].Lease != 4*time.Second {
 		t.Errorf("grant log: %+v; want three grants of ads to task-0 from %s", recs, leader)
+	}
+}
+
+// triage quota-server -etcd over TLS: against an etcd that requires
+// client certificates, a replica with -etcd-tls-ca, -etcd-tls-cert and
+// -etcd-tls-key reads its policy and is elected; one without a client
+// certificate cannot read its policy and says so.
+func TestQuotaServerEtcdTLS(t *testing.T) {
+	ca, err := testcert.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	pair := func(name string) (string, string) {
+		leaf, err := ca.Leaf("spiffe://test/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, key, err := testcert.PEM(leaf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return write(name+".crt", cert), write(name+".key", key)
+	}
+	caFile := write("ca.pem", ca.PEM())
+	etcdCert, etcdKey := pair("etcd")
+	quotaCert, quotaKey := pair("quota")
+	e := etcdtest.StartTLS(t, etcdtest.TLS{Cert: etcdCert, Key: etcdKey, CA: caFile, ClientCert: quotaCert, ClientKey: quotaKey})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const key = "/triage/tls/policy"
+	if _, err := e.Client(t).Put(ctx, key, "tasks: 2\ncustomers:\n  ads: {cpu: 4}\n"); err != nil {
+		t.Fatal(err)
+	}
+	// Without a client certificate: refused by etcd, the policy unread.
+	var out, errb syncBuffer
+	addr := freeTCP(t)
+	code := run(ctx, []string{"quota-server", "-etcd", e.Endpoint, "-advertise", addr, "-listen", addr, "-policy-key", key, "-etcd-tls-ca", caFile}, &out, &errb)
+	if code != 1 || !strings.Contains(errb.String(), "reading policy") {
+		t.Fatalf("without a client certificate: exit %d, stderr %q; want 1, the policy unread", code, errb.String())
+	}
+	// With one: elected.
+	addr, metrics := freeTCP(t), freeTCP(t)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	var out2, errb2 syncBuffer
+	go func() {
+		done <- run(runCtx, []string{"quota-server", "-etcd", e.Endpoint, "-advertise", addr, "-listen", addr, "-metrics", metrics, "-policy-key", key,
+			"-etcd-tls-ca", caFile, "-etcd-tls-cert", quotaCert, "-etcd-tls-key", quotaKey, "-session-ttl", "2", "-drain", "0s"}, &out2, &errb2)
+	}()
+	tk := time.NewTicker(20 * time.Millisecond)
+	defer tk.Stop()
+	for !strings.Contains(scrape(metrics), "\ntriage_quota_granting 1\n") {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("not elected over TLS within a minute: %s%s", out2.String(), errb2.String())
+		case <-tk.C:
+		}
+	}
+	stop()
+	if code := <-done; code != 0 {
+		t.Errorf("exit %d: %s", code, errb2.String())
 	}
 }

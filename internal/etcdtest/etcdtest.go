@@ -5,6 +5,8 @@ package etcdtest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -22,8 +24,9 @@ import (
 
 // Server is one etcd process.
 type Server struct {
-	Endpoint string // http://127.0.0.1:PORT
+	Endpoint string // http://127.0.0.1:PORT, or https:// (StartTLS)
 	cmd      *exec.Cmd
+	tls      *tls.Config // the test's client's, with StartTLS
 }
 
 func freePort(tb testing.TB) string {
@@ -40,6 +43,26 @@ func freePort(tb testing.TB) string {
 // and waits until it answers; the process is killed when the test ends.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return start(tb, nil)
+}
+
+// TLS names the PEM files of an etcd that speaks TLS to its clients and
+// requires their certificates (verified against CA), and the client pair
+// the test's own client (Server.Client) presents.
+type TLS struct {
+	Cert, Key, CA         string // the server's
+	ClientCert, ClientKey string // the test's client's
+}
+
+// StartTLS starts etcd as Start does, serving https and requiring client
+// certificates that f.CA verifies.
+func StartTLS(tb testing.TB, f TLS) *Server {
+	tb.Helper()
+	return start(tb, &f)
+}
+
+func start(tb testing.TB, f *TLS) *Server {
+	tb.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -47,15 +70,33 @@ func Start(tb testing.TB) *Server {
 		}
 		tb.Skip("etcd is not installed (apt-get install etcd-server)")
 	}
-	client, peer := "http://"+freePort(tb), "http://"+freePort(tb)
-	cmd := exec.Command(bin, "--name", "t", "--data-dir", tb.TempDir(),
+	scheme := "http://"
+	var extra []string
+	s := &Server{}
+	if f != nil {
+		scheme = "https://"
+		extra = []string{"--cert-file", f.Cert, "--key-file", f.Key, "--trusted-ca-file", f.CA, "--client-cert-auth"}
+		pair, err := tls.LoadX509KeyPair(f.ClientCert, f.ClientKey)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ca, err := os.ReadFile(f.CA)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca)
+		s.tls = &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	client, peer := scheme+freePort(tb), "http://"+freePort(tb)
+	cmd := exec.Command(bin, append([]string{"--name", "t", "--data-dir", tb.TempDir(),
 		"--listen-client-urls", client, "--advertise-client-urls", client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "t="+peer, "--log-level", "error")
+		"--initial-cluster", "t=" + peer, "--log-level", "error"}, extra...)...)
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{Endpoint: client, cmd: cmd}
+	s.Endpoint, s.cmd = client, cmd
 	tb.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGCONT)
 		cmd.Process.Kill()
@@ -73,7 +114,7 @@ func Start(tb testing.TB) *Server {
 // Client returns a client of s, closed when the test ends.
 func (s *Server) Client(tb testing.TB) *clientv3.Client {
 	tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), TLS: s.tls})
 	if err != nil {
 		tb.Fatal(err)
 	}

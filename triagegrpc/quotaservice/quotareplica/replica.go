@@ -47,8 +47,10 @@ import (
 // overlap (ARCHITECTURE.md, "The quota service's replicas").
 //
 // The zero value is not usable; call New. A Replica is safe for
-// concurrent use. Run is its only goroutine besides the etcd client's and
-// ends with its context.
+// concurrent use. Its goroutines are Run's and the two Run starts (one
+// follows the election's leader, one renews the leader's session), besides
+// the etcd client's; all have ended when Run returns, with its context.
+// Bounded: one Allocator at a time, bounded as quota.Allocator says.
 type Replica struct {
 	quotapb.UnimplementedQuotaServer
 	cli       *clientv3.Client
@@ -208,7 +210,9 @@ func (r *Replica) Refresh(ctx context.Context, req *quotapb.RefreshRequest) (*qu
 // lead, until ctx is done; then it resigns, so that another replica takes
 // over at once, and returns ctx's error.
 func (r *Replica) Run(ctx context.Context) error {
-	go r.observe(ctx)
+	observed := make(chan struct{})
+	go func() { defer close(observed); r.observe(ctx) }()
+	defer func() { <-observed }()
 	failures := 0
 	for ctx.Err() == nil {
 		err := r.term(ctx)
