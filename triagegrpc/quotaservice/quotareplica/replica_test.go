@@ -37,11 +37,15 @@ type replicaProc struct {
 	done   chan struct{}
 }
 
-func (p *replicaProc) crash() {
+// crash cuts the replica off etcd and stops it, and returns when it was
+// cut off (its Run may take a while to give up on etcd afterwards).
+func (p *replicaProc) crash() time.Time {
 	p.proxy.Cut()
+	cut := time.Now()
 	p.cancel()
 	p.gs.Stop()
 	<-p.done
+	return cut
 }
 
 func startReplica(t *testing.T, e *etcdtest.Server, ttl int, lease time.Duration) *replicaProc {
@@ -177,15 +181,29 @@ func TestReplicasElectOneLeaderAndFailOver(t *testing.T) {
 		t.Fatal("no lease after a refresh")
 	}
 	before := leader.r.Elections()
-	leader.crash()
-	crashed := time.Now()
 	var rest []*replicaProc
 	for _, p := range ps {
 		if p != leader {
 			rest = append(rest, p)
 		}
 	}
-	elected := waitFor(t, time.Duration(ttl)*time.Second+5*time.Second, "a new leader", func() bool { return len(leaders(rest)) == 1 })
+	// Watch for the next leader from before the crash: the crashed
+	// replica's Run takes a while to give up on etcd.
+	electedAt := make(chan time.Time, 1)
+	go func() {
+		tk := time.NewTicker(5 * time.Millisecond)
+		defer tk.Stop()
+		deadline := time.Now().Add(time.Duration(ttl)*time.Second + 10*time.Second)
+		for len(leaders(rest)) != 1 && time.Now().Before(deadline) {
+			<-tk.C
+		}
+		electedAt <- time.Now()
+	}()
+	crashed := leader.crash()
+	elected := (<-electedAt).Sub(crashed)
+	if len(leaders(rest)) != 1 {
+		t.Fatalf("no new leader %v after the crash", elected)
+	}
 	if before != 1 {
 		t.Errorf("the first leader was elected %d times, want 1", before)
 	}
