@@ -580,6 +580,19 @@ func (a *Allocator) Usage() []GlobalUsage {
 	return out
 }
 
+// RefreshAges calls f with how long ago each live task last refreshed
+// (for metrics; O(tasks) under the Allocator's lock).
+func (a *Allocator) RefreshAges(f func(age time.Duration)) {
+	now := int64(a.since())
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, t := range a.tasks {
+		if age := now - t.last; age <= int64(a.lease) {
+			f(time.Duration(age))
+		}
+	}
+}
+
 // Tasks returns how many live tasks are known.
 func (a *Allocator) Tasks() int {
 	a.mu.Lock()

@@ -59,3 +59,58 @@ triage_quota_tasks 1
 		t.Errorf("%d series (%v), want 4 refused + 4 limits + 4 global usage", n, err)
 	}
 }
+
+// The quota service reports how long ago each live task last refreshed,
+// as a histogram over the tasks (bounded, whatever their number), and a
+// replica its leader, whether it grants, its elections and policy version.
+func TestQuotaServiceRefreshAges(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	p, _ := quota.New(quota.Config{Tasks: 3})
+	a, _ := quota.NewAllocator(p, quota.WithAllocatorClock(clk), quota.WithLease(30*time.Second))
+	for _, task := range []string{"t1", "t2", "t3"} {
+		if _, err := a.Refresh(quota.Report{Task: task}); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(3 * time.Second)
+	}
+	// Ages now 9, 6 and 3 s.
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(triageprom.New().QuotaReplica(fakeReplica{a}))
+	want := `
+# HELP triage_quota_elections_total Times this replica was elected leader.
+# TYPE triage_quota_elections_total counter
+triage_quota_elections_total 2
+# HELP triage_quota_granting 1 while this replica is the leader with a certain etcd session, granting leases.
+# TYPE triage_quota_granting gauge
+triage_quota_granting 1
+# HELP triage_quota_leader 1, labelled with the leader this replica of the quota service knows (absent while it knows none).
+# TYPE triage_quota_leader gauge
+triage_quota_leader{leader="10.0.0.5:7070"} 1
+# HELP triage_quota_policy_version Version of the quota policy in force: the etcd revision of its key, or how many times its file was loaded.
+# TYPE triage_quota_policy_version gauge
+triage_quota_policy_version 42
+# HELP triage_quota_task_refresh_age_seconds Time since each live task's last refresh, over the tasks.
+# TYPE triage_quota_task_refresh_age_seconds histogram
+triage_quota_task_refresh_age_seconds_bucket{le="1"} 0
+triage_quota_task_refresh_age_seconds_bucket{le="2"} 0
+triage_quota_task_refresh_age_seconds_bucket{le="5"} 1
+triage_quota_task_refresh_age_seconds_bucket{le="10"} 3
+triage_quota_task_refresh_age_seconds_bucket{le="30"} 3
+triage_quota_task_refresh_age_seconds_bucket{le="60"} 3
+triage_quota_task_refresh_age_seconds_bucket{le="+Inf"} 3
+triage_quota_task_refresh_age_seconds_sum 18
+triage_quota_task_refresh_age_seconds_count 3
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "triage_quota_elections_total", "triage_quota_granting", "triage_quota_leader",
+		"triage_quota_policy_version", "triage_quota_task_refresh_age_seconds"); err != nil {
+		t.Error(err)
+	}
+}
+
+type fakeReplica struct{ a *quota.Allocator }
+
+func (fakeReplica) Leader() (string, bool)        { return "10.0.0.5:7070", true }
+func (fakeReplica) IsLeader() bool                { return true }
+func (fakeReplica) Elections() uint64             { return 2 }
+func (fakeReplica) PolicyVersion() int64          { return 42 }
+func (f fakeReplica) Allocator() *quota.Allocator { return f.a }
