@@ -265,13 +265,17 @@ type replicaConn struct {
 	client quotapb.QuotaClient
 }
 
+// MaxReplicas bounds the replicas a Client is given (WithReplicas).
+const MaxReplicas = 64
+
 // WithReplicas makes the Client one of a replicated quota service's
-// (Replica): conns maps each replica's advertised address to a connection
+// (quotareplica.Replica): conns maps each replica's advertised address to a connection
 // to it, and the connection given to NewClient is not used. A refresh asks
 // the replica it last got a lease from; one that refuses and names the
 // leader (wire.QuotaLeaderKey) is followed at once, and one that fails
 // otherwise is passed over for the next, each replica at most once per
-// refresh; the Run loop's jittered backoff paces the rounds.
+// refresh (a named leader already asked is passed over too); the Run
+// loop's jittered backoff paces the rounds. At most MaxReplicas.
 func WithReplicas(conns map[string]grpc.ClientConnInterface) ClientOption {
 	return clientOptionFunc(func(c *Client) {
 		c.replicas = c.replicas[:0]
@@ -313,6 +317,9 @@ func NewClient(cc grpc.ClientConnInterface, task string, u *quota.Usage, l *quot
 	c := &Client{task: task, usage: u, leased: l, random: rand.Float64, refresh: 5 * time.Second}
 	for _, o := range opts {
 		o.apply(c)
+	}
+	if len(c.replicas) > MaxReplicas {
+		return nil, fmt.Errorf("quotaservice: %d replicas, at most %d", len(c.replicas), MaxReplicas)
 	}
 	if len(c.replicas) == 0 {
 		if cc == nil {
@@ -397,12 +404,16 @@ func (c *Client) RefreshOnce(ctx context.Context) error {
 }
 
 // refreshReplicas asks the current replica, then the leader it names or
-// the next one, each at most once, until one grants a lease.
+// else the next one, each at most once (a named leader already asked is
+// passed over: a follower's view of the election may lag), until one
+// grants a lease.
 func (c *Client) refreshReplicas(ctx context.Context, req *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
 	n := int64(len(c.replicas))
+	var asked uint64 // bit i: replica i asked (at most MaxReplicas)
 	i := c.current.Load() % n
 	var err error
 	for tried := int64(0); tried < n && ctx.Err() == nil; tried++ {
+		asked |= 1 << i
 		var trailer metadata.MD
 		var resp *quotapb.RefreshResponse
 		resp, err = c.replicas[i].client.Refresh(ctx, req, grpc.Trailer(&trailer))
@@ -411,9 +422,13 @@ func (c *Client) refreshReplicas(ctx context.Context, req *quotapb.RefreshReques
 			return resp, nil
 		}
 		next := (i + 1) % n
+		for k := int64(0); k < n && asked&(1<<next) != 0; k++ {
+			next = (next + 1) % n
+		}
 		if hint := trailer.Get(wire.QuotaLeaderKey); len(hint) == 1 {
-			if j := slices.IndexFunc(c.replicas, func(r replicaConn) bool { return r.addr == hint[0] }); j >= 0 {
-				next = int64(j)
+			j := int64(slices.IndexFunc(c.replicas, func(r replicaConn) bool { return r.addr == hint[0] }))
+			if j >= 0 && asked&(1<<j) == 0 {
+				next = j
 			}
 		}
 		i = next

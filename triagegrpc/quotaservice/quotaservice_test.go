@@ -5,11 +5,14 @@ import (
 	"crypto/tls"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/triagehq/triage/internal/testcert"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -21,6 +24,7 @@ import (
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
+	"github.com/triagehq/triage/wire"
 )
 
 func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (addr string, a *quota.Allocator) {
@@ -330,5 +334,66 @@ func TestLeasesRenewWithManyCustomers(t *testing.T) {
 		if got, _ := l.Limit(tc.customer, criticality.Critical); math.Abs(got-tc.want) > 1e-9 {
 			t.Errorf("%s: limit %v, want %v", tc.customer, got, tc.want)
 		}
+	}
+}
+
+// follower refuses every refresh, naming leader (none when empty).
+type follower struct {
+	quotapb.UnimplementedQuotaServer
+	leader string
+	calls  atomic.Int64
+}
+
+func (f *follower) Refresh(ctx context.Context, _ *quotapb.RefreshRequest) (*quotapb.RefreshResponse, error) {
+	f.calls.Add(1)
+	if f.leader != "" {
+		grpc.SetTrailer(ctx, metadata.Pairs(wire.QuotaLeaderKey, f.leader))
+	}
+	return nil, status.Error(codes.Unavailable, "not the leader")
+}
+
+// A client of replicas asks each at most once per refresh and does not
+// spend its round on a replica it has already asked: a follower whose
+// knowledge of the leader lags names the dead leader the client just
+// tried, and the client passes on to the replica it has not tried, the
+// new leader (TestReplicasElectOneLeaderAndFailOver failed so under the
+// race detector).
+func TestClientSkipsALeaderHintItTried(t *testing.T) {
+	dead := loopback.ServeGRPC(t, grpc.NewServer()) // no quota service: UNIMPLEMENTED
+	// The replicas by the names they advertise, which order them: the
+	// client asks "a-dead" first, then "b-lagging", which names "a-dead".
+	lagging := &follower{leader: "a-dead"}
+	gs := grpc.NewServer(quotapb.ServerOption())
+	quotapb.RegisterQuotaServer(gs, lagging)
+	laggingAddr := loopback.ServeGRPC(t, gs)
+	leaderAddr, a := quotaServer(t, quota.Config{Tasks: 2})
+	conns := map[string]grpc.ClientConnInterface{}
+	for name, addr := range map[string]string{"a-dead": dead, "b-lagging": laggingAddr, "c-leader": leaderAddr} {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		conns[name] = cc
+	}
+	u, _ := quota.NewUsage()
+	qc, err := quotaservice.NewClient(nil, "task-1", u, quota.NewLeased(nil, nil), quotaservice.WithReplicas(conns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := qc.RefreshOnce(ctx); err != nil {
+		t.Fatalf("refresh: %v (the lagging follower was asked %d times)", err, lagging.calls.Load())
+	}
+	if a.Refreshes() != 1 || lagging.calls.Load() != 1 {
+		t.Errorf("the leader granted %d leases and the follower was asked %d times, want 1 and 1", a.Refreshes(), lagging.calls.Load())
+	}
+	many := map[string]grpc.ClientConnInterface{}
+	for i := range quotaservice.MaxReplicas + 1 {
+		many[fmt.Sprint("r", i)] = conns["c-leader"]
+	}
+	if _, err := quotaservice.NewClient(nil, "task-1", u, quota.NewLeased(nil, nil), quotaservice.WithReplicas(many)); err == nil {
+		t.Errorf("a client of %d replicas", len(many))
 	}
 }
