@@ -76,7 +76,9 @@ func (r Report) Validate() error {
 // which they use only if demand arrives there. With no demand anywhere
 // every task gets 1/N.
 //
-// Learning mode (after Doorman): for one lease after it starts, the
+// Learning mode (after Doorman): for one lease after it starts (and after
+// a lease in which no task refreshed, when every grant it made has
+// expired), the
 // Allocator has not heard from every task, and splitting by the demand of
 // the few it has heard from would hand them nearly whole limits. So it
 // hands each task back the share it reports holding (or, without one, the
@@ -123,6 +125,11 @@ type Allocator struct {
 	accounted uint64
 	served    atomic.Uint64
 	mode      Mode
+	fresh     bool // WithFreshStart, or learning again after a lease without refreshes
+	// learnFrom is when learning mode began (ns on since's scale): at the
+	// start, or at the first refresh after a lease without any.
+	learnFrom int64
+	lastSeen  int64 // the latest refresh
 	// holding sums, per customer, the shares the live tasks may hold
 	// (ModePessimistic only; see taskState.hold).
 	holding map[string]float64
@@ -162,6 +169,7 @@ type allocatorConfig struct {
 	maxEntries     int
 	clock          clock.Clock
 	mode           Mode
+	fresh          bool
 }
 
 // WithLease sets how long a lease is valid. Default 30 s: long against
@@ -206,6 +214,15 @@ func WithAllocatorMode(m Mode) AllocatorOption {
 	return allocatorOptionFunc(func(c *allocatorConfig) { c.mode = m })
 }
 
+// WithFreshStart tells the Allocator that no grant of an earlier
+// Allocator can still be in force (the first leader a replicated service
+// ever had): while it learns, a task that reports holding nothing gets the
+// safe share in ModePessimistic too, as in ModeOptimistic, where
+// otherwise it would get nothing until learning is over.
+func WithFreshStart() AllocatorOption {
+	return allocatorOptionFunc(func(c *allocatorConfig) { c.fresh = true })
+}
+
 // WithAllocatorClock sets the clock. Default clock.Real().
 func WithAllocatorClock(c clock.Clock) AllocatorOption {
 	return allocatorOptionFunc(func(cfg *allocatorConfig) { cfg.clock = c })
@@ -235,7 +252,7 @@ func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
 	clk := clock.OrReal(c.clock)
 	a := &Allocator{
 		since: clock.SinceFunc(clk, clk.Now()), lease: c.lease, refresh: c.refresh, maxTasks: c.maxTasks, maxEntries: c.maxEntries,
-		mode: c.mode, holding: map[string]float64{},
+		mode: c.mode, fresh: c.fresh, holding: map[string]float64{},
 		tasks: map[string]*taskState{}, total: map[string]float64{}, demanding: map[string]int{}, used: map[string]*[criticality.NumLevels]float64{},
 	}
 	a.policy.Store(p)
@@ -264,6 +281,14 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 	now := int64(a.since())
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.served.Load() > 0 && now-a.lastSeen > int64(a.lease) {
+		// No refresh for a whole lease: every grant this Allocator made
+		// has expired, and the tasks it knew are forgotten. Learn again,
+		// as at a fresh start.
+		a.sweep(now)
+		a.learnFrom, a.fresh, a.learned = now, true, nil
+	}
+	a.lastSeen = now
 	r = a.inherit(r, now)
 	t, err := a.record(r, now)
 	if err != nil {
@@ -347,7 +372,7 @@ func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func
 		mine[c.Customer] = c.Demand
 		held[c.Customer] = c.Share
 	}
-	learning := now < int64(a.lease)
+	learning := now-a.learnFrom < int64(a.lease)
 	if learning && a.learned == nil {
 		a.learned = map[string]float64{}
 	} else if !learning {
@@ -419,7 +444,7 @@ func (a *Allocator) learnCap() float64 {
 // demand could use and the others have not claimed. a.mu is held.
 func (a *Allocator) learn(p *Policy, t *taskState, customer string, held, demand float64) float64 {
 	safe := 1 / float64(p.tasks)
-	if a.mode == ModePessimistic {
+	if a.mode == ModePessimistic && !a.fresh {
 		// Tasks that have not reported yet may still enforce a previous
 		// Allocator's grants, up to the whole limit: only what a task holds
 		// is handed back.

@@ -567,3 +567,86 @@ func TestRefreshWorkFollowsItsReport(t *testing.T) {
 		t.Errorf("%d customers with usage, want %d", n, perTask)
 	}
 }
+
+// An Allocator told that no earlier one's grant can be in force
+// (WithFreshStart: the first leader a replicated service ever had) hands a
+// task that holds nothing the safe share while it learns, in
+// ModePessimistic too, and the shares it hands out still never sum past 1;
+// without it, such a task gets nothing for a lease.
+func TestFreshStartGivesTheSafeShare(t *testing.T) {
+	p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 3, Hard: true}}})
+	for _, fresh := range []bool{false, true} {
+		opts := []AllocatorOption{WithAllocatorClock(clock.NewFake(time.Unix(0, 0))), WithAllocatorMode(ModePessimistic)}
+		if fresh {
+			opts = append(opts, WithFreshStart())
+		}
+		a, err := NewAllocator(p, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0.0
+		var first float64
+		for i, task := range []string{"x", "y", "z", "w"} {
+			ls, err := a.Refresh(Report{Task: task, NoLease: true, Customers: []CustomerUsage{{Customer: "a", Demand: 1}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := shareOf(ls, "a")
+			if i == 0 {
+				first = s
+			}
+			sum += s
+		}
+		want := 0.0
+		if fresh {
+			want = 1.0 / 3
+		}
+		if math.Abs(first-want) > 1e-9 {
+			t.Errorf("fresh %v: a task holding nothing got %.3f while learning, want %.3f", fresh, first, want)
+		}
+		if sum > 1+1e-9 {
+			t.Errorf("fresh %v: four tasks were handed %.4f of the limit", fresh, sum)
+		}
+	}
+}
+
+// An Allocator that heard from no task for a whole lease (its service was
+// cut off: every grant it made has expired) learns again as at a fresh
+// start, instead of splitting a limit among the first tasks back as if they
+// were all there is (before: the first task back got the whole of a
+// customer without demand, 1 + 1/2 + 1/3 of it over three tasks).
+func TestIdleAllocatorLearnsAgain(t *testing.T) {
+	p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 3}, "idle": {CPU: 3}}})
+	for _, mode := range []Mode{ModeOptimistic, ModePessimistic} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[string]float64{}
+		round := func() float64 {
+			sum := 0.0
+			for _, task := range []string{"x", "y", "z"} {
+				ls, err := a.Refresh(Report{Task: task, Customers: []CustomerUsage{{Customer: "a", Demand: 1, Share: held[task]}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				held[task] = shareOf(ls, "a")
+				sum += shareOf(ls, "idle")
+			}
+			return sum
+		}
+		for range 8 {
+			round()
+			clk.Advance(time.Second)
+		}
+		clk.Advance(7 * time.Second) // no refresh for more than a lease
+		clear(held)                  // the tasks' leases ran out
+		if sum := round(); sum > 1.05+1e-9 {
+			t.Errorf("%v: after a lease without refreshes, the tasks were handed %.3f of a customer without demand", mode, sum)
+		}
+		if held["x"] < 1.0/3-1e-9 {
+			t.Errorf("%v: the first task back got %.3f of a, want at least the safe share", mode, held["x"])
+		}
+	}
+}

@@ -160,8 +160,8 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		gl := grantlog.NewWriter(f, name, time.Now)
 		svcOpts = append(svcOpts, quotaservice.WithGrantLog(gl.Lease))
 	}
-	newAlloc := func(p *quota.Policy) (*quota.Allocator, error) {
-		return quota.NewAllocator(p, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode))
+	newAlloc := func(p *quota.Policy, extra ...quota.AllocatorOption) (*quota.Allocator, error) {
+		return quota.NewAllocator(p, append(extra, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode))...)
 	}
 	// One process serves its Allocator; a replica serves the one of its
 	// term as leader.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,7 +56,7 @@ type Replica struct {
 	quotapb.UnimplementedQuotaServer
 	cli       *clientv3.Client
 	advertise string
-	newAlloc  func(*quota.Policy) (*quota.Allocator, error)
+	newAlloc  func(*quota.Policy, ...quota.AllocatorOption) (*quota.Allocator, error)
 	svcOpts   []quotaservice.ServiceOption
 	prefix    string
 	ttl       int // seconds
@@ -69,6 +70,11 @@ type Replica struct {
 	version    int64                 // of policy, as SetPolicy was told
 	leading    *quotaservice.Service // non-nil while this replica is the leader
 	alloc      *quota.Allocator      // leading's
+	// last is the Allocator of this replica's latest term, and lastTerm
+	// the value it wrote to the term key: re-elected with no other leader
+	// between, the replica takes it up again (see term).
+	last     *quota.Allocator
+	lastTerm string
 }
 
 // Option configures a Replica.
@@ -110,9 +116,11 @@ func WithClock(clk clock.Clock) Option {
 
 // New returns a replica that campaigns through cli as advertise (the
 // address tasks reach it at, at most 64 bytes) and, when elected, serves
-// the Allocator newAlloc makes of the policy in force (p, until SetPolicy).
+// the Allocator newAlloc makes of the policy in force (p, until SetPolicy);
+// newAlloc must pass the options it is given on to quota.NewAllocator
+// (quota.WithFreshStart for the first leader the service ever had).
 // Register it with quotapb.RegisterQuotaServer and call Run.
-func New(cli *clientv3.Client, advertise string, p *quota.Policy, newAlloc func(*quota.Policy) (*quota.Allocator, error), opts ...Option) (*Replica, error) {
+func New(cli *clientv3.Client, advertise string, p *quota.Policy, newAlloc func(*quota.Policy, ...quota.AllocatorOption) (*quota.Allocator, error), opts ...Option) (*Replica, error) {
 	if cli == nil || p == nil || newAlloc == nil {
 		return nil, errors.New("quotareplica: a Replica needs an etcd client, a policy and an Allocator constructor")
 	}
@@ -160,6 +168,9 @@ func (r *Replica) SetPolicy(p *quota.Policy, version int64) {
 	r.policy, r.version = p, version
 	if r.alloc != nil {
 		r.alloc.SetPolicy(p)
+	}
+	if r.last != nil && r.last != r.alloc {
+		r.last.SetPolicy(p)
 	}
 }
 
@@ -256,10 +267,27 @@ func (r *Replica) term(ctx context.Context) error {
 	if err := e.Campaign(s.Ctx(), r.advertise); err != nil {
 		return err
 	}
+	prev, term, err := r.claimTerm(s.Ctx(), e)
+	if err != nil {
+		return err
+	}
 	r.mu.Lock()
-	alloc, err := r.newAlloc(r.policy)
+	var alloc *quota.Allocator
+	switch {
+	case prev == nil:
+		// No leader ever wrote the term key: no grant of another
+		// Allocator can be in force.
+		alloc, err = r.newAlloc(r.policy, quota.WithFreshStart())
+	case r.last != nil && *prev == r.lastTerm:
+		// This replica led last, and no one since: its Allocator holds
+		// every grant that can still be in force.
+		alloc = r.last
+	default:
+		alloc, err = r.newAlloc(r.policy)
+	}
 	if err == nil {
 		r.alloc, r.leading = alloc, quotaservice.NewService(alloc, r.svcOpts...)
+		r.last, r.lastTerm = alloc, term
 	}
 	r.mu.Unlock()
 	if err != nil {
@@ -282,6 +310,31 @@ func (r *Replica) term(ctx context.Context) error {
 	case <-stopped:
 		return errors.New("quotareplica: the etcd lease is gone")
 	}
+}
+
+// claimTerm writes this term to the term key (the election prefix plus
+// "-term", outside the election's keys), if this replica still leads, and
+// returns the value it held before (nil if none) and the one written. A
+// leader grants only after it, so the term key names the latest leader
+// that may have granted.
+func (r *Replica) claimTerm(ctx context.Context, e *concurrency.Election) (prev *string, term string, err error) {
+	term = r.advertise + " " + strconv.FormatInt(e.Rev(), 10)
+	key := r.prefix + "-term"
+	tctx, cancel := context.WithTimeout(ctx, time.Duration(r.ttl)*time.Second/2)
+	defer cancel()
+	resp, err := r.cli.Txn(tctx).If(clientv3.Compare(clientv3.CreateRevision(e.Key()), "=", e.Rev())).
+		Then(clientv3.OpGet(key), clientv3.OpPut(key, term)).Commit()
+	if err != nil {
+		return nil, "", err
+	}
+	if !resp.Succeeded {
+		return nil, "", errors.New("quotareplica: no longer the leader")
+	}
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		v := string(kvs[0].Value)
+		prev = &v
+	}
+	return prev, term, nil
 }
 
 // renew renews s's lease every third of the TTL, and records in lastRenew

@@ -71,8 +71,8 @@ func startReplicaWith(t *testing.T, e *etcdtest.Server, ttl int, lease time.Dura
 	if log != nil {
 		svcOpts = append(svcOpts, quotaservice.WithGrantLog(func(task string, ls quota.Lease) { log(addr, task, ls) }))
 	}
-	r, err := quotareplica.New(proxy.Client(t), addr, policy, func(p *quota.Policy) (*quota.Allocator, error) {
-		return quota.NewAllocator(p, quota.WithLease(lease), quota.WithRefresh(lease/4), quota.WithAllocatorMode(mode))
+	r, err := quotareplica.New(proxy.Client(t), addr, policy, func(p *quota.Policy, extra ...quota.AllocatorOption) (*quota.Allocator, error) {
+		return quota.NewAllocator(p, append(extra, quota.WithLease(lease), quota.WithRefresh(lease/4), quota.WithAllocatorMode(mode))...)
 	}, quotareplica.WithSessionTTL(ttl), quotareplica.WithServiceOptions(svcOpts...))
 	if err != nil {
 		t.Fatal(err)
@@ -217,7 +217,7 @@ func TestReplicasElectOneLeaderAndFailOver(t *testing.T) {
 }
 
 func TestNewReplicaRefusesBadInput(t *testing.T) {
-	newAlloc := func(*quota.Policy) (*quota.Allocator, error) { return nil, nil }
+	newAlloc := func(*quota.Policy, ...quota.AllocatorOption) (*quota.Allocator, error) { return nil, nil }
 	policy, err := quota.New(quota.Config{Tasks: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -446,5 +446,66 @@ func TestPessimisticFailoverGrantsNeverOverlap(t *testing.T) {
 	}
 	if peak.Sum > 1+1e-9 {
 		t.Errorf("the tasks could hold %.4f of ads's limit at once, %v after the cut", peak.Sum, peak.At.Sub(cut))
+	}
+}
+
+// The term key tells a new leader what grants may be in force, in
+// ModePessimistic: the first leader the service ever had hands a task
+// that holds nothing the safe share at once; a leader re-elected with no
+// other leader between (etcd was away) takes up its own Allocator, which
+// holds every grant in force, and does not learn again; a leader after
+// another one learns, handing such a task nothing for a lease.
+func TestTermKeyDecidesWhatANewLeaderTrusts(t *testing.T) {
+	e := etcdtest.Start(t)
+	const ttl = 2
+	lease := 20 * time.Second // longer than the test: learning never ends by itself
+	a := startReplicaWith(t, e, ttl, lease, quota.ModePessimistic, 2, nil)
+	waitFor(t, 10*time.Second, "a leader", func() bool { return a.r.IsLeader() })
+	ask := func(p *replicaProc, task string) float64 {
+		t.Helper()
+		cc, err := grpc.NewClient(p.addr, append(quotaservice.DialOptions(time.Second), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := quotapb.NewQuotaClient(cc).Refresh(ctx, &quotapb.RefreshRequest{Task: task, NoLease: true,
+			Customers: []*quotapb.CustomerUsage{{Customer: "ads", Used: []float64{0, 0, 1, 0}, Demand: 1}}})
+		if err != nil {
+			t.Fatalf("refresh at %s: %v", p.addr, err)
+		}
+		for _, g := range resp.GetGrants() {
+			if g.GetCustomer() == "ads" {
+				return g.GetShare()
+			}
+		}
+		t.Fatal("no grant of ads")
+		return 0
+	}
+	if s := ask(a, "task-1"); s != 0.5 {
+		t.Errorf("the first leader ever gave a task holding nothing %.3f, want the safe share 0.5", s)
+	}
+	first := a.r.Allocator()
+	// etcd away past the TTL, then back: the same replica leads again.
+	if err := e.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the leader to stop granting", func() bool { return !a.r.IsLeader() })
+	// etcd runs on real time: let the session's lease expire while it is away.
+	time.Sleep(time.Duration(ttl) * time.Second)
+	if err := e.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the leader back", func() bool { return a.r.IsLeader() })
+	if a.r.Elections() != 2 || a.r.Allocator() != first {
+		t.Errorf("re-elected (%d elections): Allocator taken up again %v, want 2 and true", a.r.Elections(), a.r.Allocator() == first)
+	}
+	// Another replica after it: it learns.
+	b := startReplicaWith(t, e, ttl, lease, quota.ModePessimistic, 2, nil)
+	a.crash()
+	waitFor(t, 20*time.Second, "the other replica leading", func() bool { return b.r.IsLeader() })
+	if s := ask(b, "task-2"); s != 0 {
+		t.Errorf("a leader after another gave a task holding nothing %.3f while learning, want 0", s)
 	}
 }
