@@ -47,7 +47,9 @@ func TestPolicyInEtcdRefusesBadPushes(t *testing.T) {
 		if err != nil || rev != rev1 {
 			t.Fatalf("Load: %v at revision %d, want %d", err, rev, rev1)
 		}
-		r, err := quotareplica.New(e.Client(t), "127.0.0.1:1", p, func(p *quota.Policy, opts ...quota.AllocatorOption) (*quota.Allocator, error) { return quota.NewAllocator(p, opts...) })
+		r, err := quotareplica.New(e.Client(t), "127.0.0.1:1", p, func(p *quota.Policy, opts ...quota.AllocatorOption) (*quota.Allocator, error) {
+			return quota.NewAllocator(p, opts...)
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
