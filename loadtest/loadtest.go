@@ -488,24 +488,30 @@ func (r *Runner) step(ctx context.Context, rate float64, d time.Duration, seed, 
 	samples := make([]sample, n)
 	rng := rand.New(rand.NewPCG(seed, stream))
 	for i := range samples {
-		samples[i].at = time.Duration(float64(i) / rate * float64(time.Second))
+		samples[i].at = time.Duration(math.Round(float64(i) / rate * float64(time.Second)))
 		samples[i].level = pick(r.cfg.mix, rng.Float64())
 	}
 	clk := r.cfg.clk
-	timer := clk.NewTimer(time.Hour)
-	timer.Stop()
+	var timer clock.Timer // made at the first wait: no timer pends but the schedule's
+	wait := func(d time.Duration) {
+		if timer == nil {
+			timer = clk.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C():
+		case <-ctx.Done():
+		}
+	}
 	var inFlight atomic.Int64
 	var wg sync.WaitGroup
 	start := clk.Now()
 	scheduled := 0
 	for i := range samples {
 		s := &samples[i]
-		if wait := s.at - clk.Now().Sub(start); wait > 0 {
-			timer.Reset(wait)
-			select {
-			case <-timer.C():
-			case <-ctx.Done():
-			}
+		if d := s.at - clk.Now().Sub(start); d > 0 {
+			wait(d)
 		}
 		if ctx.Err() != nil {
 			break
@@ -531,11 +537,10 @@ func (r *Runner) step(ctx context.Context, rate float64, d time.Duration, seed, 
 	}
 	// The step lasts its length: wait out the time after the last call.
 	if rest := d - clk.Now().Sub(start); rest > 0 && ctx.Err() == nil {
-		timer.Reset(rest)
-		select {
-		case <-timer.C():
-		case <-ctx.Done():
-		}
+		wait(rest)
+	}
+	if timer != nil {
+		timer.Stop()
 	}
 	wg.Wait()
 	length := d

@@ -101,7 +101,9 @@ func TestStepsBalanceTheLedgerOnVirtualTime(t *testing.T) {
 func TestCallsBeyondTheInFlightBoundAreNotSent(t *testing.T) {
 	// Calls hang until released, after the step's 50 ms: the step ends
 	// with a timer at 50 ms, so when the fake time reaches it every call
-	// has been scheduled.
+	// has been scheduled. The step starts at the fake clock's start,
+	// because no timer pends before its first wait
+	// (TestStepWaitsOnlyForItsSchedule).
 	release := make(chan struct{})
 	var mu sync.Mutex
 	made := 0
@@ -343,6 +345,71 @@ func TestProbeDecision(t *testing.T) {
 		}
 		if pr.best != tc.best || ends != tc.ends {
 			t.Errorf("%s: best %v, over after step %d; want %v and %d", tc.name, pr.best, ends, tc.best, tc.ends)
+		}
+	}
+}
+
+// recordingClock records every wait set on its timers.
+type recordingClock struct {
+	*clock.Fake
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+func (c *recordingClock) record(d time.Duration) {
+	c.mu.Lock()
+	c.waits = append(c.waits, d)
+	c.mu.Unlock()
+}
+
+func (c *recordingClock) NewTimer(d time.Duration) clock.Timer {
+	c.record(d)
+	return recordingTimer{c.Fake.NewTimer(d), c}
+}
+
+type recordingTimer struct {
+	clock.Timer
+	c *recordingClock
+}
+
+func (t recordingTimer) Reset(d time.Duration) bool {
+	t.c.record(d)
+	return t.Timer.Reset(d)
+}
+
+func TestStepWaitsOnlyForItsSchedule(t *testing.T) {
+	// A test driving a fake clock advances it while a timer is pending; a
+	// step must not leave a timer pending for anything but its next send
+	// or its end, or the driver moves time under it. Sends fall on whole
+	// milliseconds at 1,000 calls a second, not a nanosecond early.
+	target := TargetFunc(func(ctx context.Context) Outcome { return OK })
+	c := &recordingClock{Fake: clock.NewFake(time.Unix(1_000_000, 0))}
+	r, err := New(target, WithClock(c), WithCapacity(1000), WithLoads(1), WithStep(50*time.Millisecond), WithMix([]Share{{criticality.Critical, 1}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c.BlockUntil(1, stop) {
+			c.Advance(time.Millisecond)
+		}
+	}()
+	res, err := r.Run(context.Background())
+	close(stop)
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := res.Steps[0]; st.Scheduled != 50 || st.Outcomes[OK] != 50 {
+		t.Fatalf("scheduled %d, outcomes %v; want 50 OK", st.Scheduled, st.Outcomes)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, w := range c.waits {
+		if w <= 0 || w > 50*time.Millisecond || w%time.Millisecond != 0 {
+			t.Fatalf("the step waited %v on the clock (all waits %v); want only waits of whole milliseconds within its 50 ms", w, c.waits)
 		}
 	}
 }
