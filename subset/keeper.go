@@ -24,7 +24,8 @@ const (
 // ch. 20: "when a backend task becomes unavailable, its clients may need
 // to temporarily pick a replacement backend", with as little churn as
 // possible). The members are the algorithm's subset plus, for each member
-// failing for at least ReplaceAfter, one replacement; the failed member
+// failing for at least ReplaceAfter or announced as leaving (Leaving),
+// one replacement; the failed member
 // stays a member, so that its connection shows when it is back, and its
 // replacement leaves then. Replacements come from the backends outside
 // the subset in an order of the client's own (a permutation seeded by the
@@ -102,6 +103,18 @@ func (k *Keeper) Report(id string, failing bool, now time.Time) {
 	}
 	if _, ok := k.down[id]; !ok {
 		k.down[id] = now
+	}
+}
+
+// Leaving records that a member announced it is leaving (lame duck: a
+// drain before a restart). Its replacement is due at once, not after
+// ReplaceAfter: an announced departure is not a flap to wait out, and
+// meanwhile its share would fall on the rest of the subset. Report(id,
+// false) ends it, as it ends a failure.
+func (k *Keeper) Leaving(id string, now time.Time) {
+	due := now.Add(-k.after)
+	if since, ok := k.down[id]; !ok || since.After(due) {
+		k.down[id] = due
 	}
 }
 

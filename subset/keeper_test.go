@@ -109,3 +109,29 @@ func TestKeeperWithoutSubsetting(t *testing.T) {
 		t.Fatalf("after the list shrank: %v", m)
 	}
 }
+
+// A member that announces it is leaving (lame duck: a restart, a drain)
+// is replaced at once rather than after ReplaceAfter, so that its share
+// does not fall on the rest of the subset meanwhile; when it serves again
+// the replacement leaves, as for a failure.
+func TestKeeperReplacesALeavingMemberAtOnce(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	k := subset.NewKeeper(subset.Deterministic{}, 1, 3, time.Minute)
+	k.SetBackends(backendIDs(10))
+	base, _ := k.Members(t0)
+	k.Leaving(base[0], t0)
+	m, next := k.Members(t0)
+	if len(m) != 4 || !slices.Equal(m[:3], base) || slices.Contains(base, m[3]) || next != 0 {
+		t.Fatalf("a leaving member: %v (base %v), next %v; want one replacement at once", m, base, next)
+	}
+	// Failing afterwards (its connection closes as it exits) keeps the
+	// replacement; serving again removes it.
+	k.Report(base[0], true, t0.Add(time.Second))
+	if again, _ := k.Members(t0.Add(time.Second)); !slices.Equal(again, m) {
+		t.Fatalf("the leaving member's connection failed: %v, want %v", again, m)
+	}
+	k.Report(base[0], false, t0.Add(2*time.Second))
+	if back, _ := k.Members(t0.Add(2 * time.Second)); !slices.Equal(back, base) {
+		t.Fatalf("member back: %v, want %v", back, base)
+	}
+}

@@ -168,8 +168,9 @@ func TestFaultHarness(t *testing.T) {
 		t.Fatalf("triage demo -faults %s exited %d", faults, code)
 	}
 	var res struct {
-		Faults  []drill.FaultRow `json:"faults"`
-		Skipped []string         `json:"skipped"`
+		Faults  []drill.FaultRow  `json:"faults"`
+		Skipped []string          `json:"skipped"`
+		Runs    []drill.RunResult `json:"runs"`
 	}
 	b, err := os.ReadFile(filepath.Join(dir, "result.json"))
 	if err != nil {
@@ -215,6 +216,7 @@ func TestFaultHarness(t *testing.T) {
 		// through the fault.
 		if r.Load > 1 && r.CriticalDuring < 0.99 {
 			t.Errorf("with triage at %gx, %s: %.2f%% of CRITICAL_PLUS and CRITICAL answered during the fault", r.Load, r.Fault, 100*r.CriticalDuring)
+			logCriticalFailures(t, res.Runs, r)
 		}
 		// A gray failure (a task that hangs or slows) costs less with
 		// triage than without.
@@ -228,5 +230,24 @@ func TestFaultHarness(t *testing.T) {
 	}
 	if n := strings.Count(string(html), "fill:#DCDCDC"); n != len(res.Faults) {
 		t.Errorf("report.html shades %d fault windows, want %d", n, len(res.Faults))
+	}
+}
+
+// logCriticalFailures logs, for each second of the fault's window, how the
+// failed CRITICAL_PLUS and CRITICAL requests ended and what the tiers
+// refused, so that a failure in CI says where to look.
+func logCriticalFailures(t *testing.T, runs []drill.RunResult, row drill.FaultRow) {
+	for i := range runs {
+		run := &runs[i]
+		if run.Fault != row.Fault || run.Protection != row.Protection || run.Round != row.Round {
+			continue
+		}
+		t.Logf("%s: %v", run.Name, run.Notes)
+		for i, s := range run.Seconds {
+			if float64(i+1) < row.Window[0] || float64(i) > row.Window[1] || len(s.CriticalRejected) == 0 {
+				continue
+			}
+			t.Logf("second %d: critical failed %v; refused %v; utilization %v", i, s.CriticalRejected, s.Refused, s.Util)
+		}
 	}
 }

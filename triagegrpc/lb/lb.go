@@ -1,6 +1,7 @@
 // Package lb is triage's gRPC load balancer, "triage": subsetting over the
 // resolved endpoints (package subset: 20 backends by default, a failing
-// member replaced for as long as it fails), grpc-go's endpointsharding with a
+// member replaced for as long as it fails, one in lame duck at once),
+// grpc-go's endpointsharding with a
 // pick_first child and health checking per endpoint, and a picker over a
 // balance.Balancer: flow control, lame duck (from health checks and from
 // the triage-lame-duck trailer), round robin, least loaded or weighted
@@ -73,9 +74,11 @@ type Config struct {
 	// random one: subsets then spread like random subsetting's.
 	ClientID *int `json:"clientId,omitempty"`
 	// ReplaceAfter is how long a subset member must be failing (its
-	// connection down, or its health check not serving) before a
-	// replacement joins the subset, until it serves again ("1s" by
-	// default, at most 1m).
+	// connection down or failing to connect) before a replacement joins
+	// the subset, until it serves again ("1s" by default, at most 1m). A
+	// member that says it is not serving, by its health check turning
+	// NOT_SERVING while connected or by the triage-lame-duck trailer, is
+	// replaced at once.
 	ReplaceAfter string `json:"replaceAfter,omitempty"`
 	// MaxActive is the flow-control cap per backend (default 100; -1
 	// disables it).
@@ -340,6 +343,7 @@ type triageBalancer struct {
 	oobPending map[string]balance.Load
 	keeper     *subset.Keeper
 	members    []string
+	states     map[string]connectivity.State // each child's, as observe last saw it
 	clientID   int
 	// With isolation: sac picks among the sacrificial backends, core among
 	// the rest; children is the last state of every endpoint, from which
@@ -420,7 +424,9 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 // holds childMu.
 func (b *triageBalancer) resubset() error {
 	b.mu.Lock()
-	members, next := b.keeper.Members(time.Now())
+	now := time.Now()
+	b.observe(now)
+	members, next := b.keeper.Members(now)
 	if b.members != nil && slices.Equal(members, b.members) {
 		b.mu.Unlock()
 		b.arm(next)
@@ -435,6 +441,56 @@ func (b *triageBalancer) resubset() error {
 	b.mu.Unlock()
 	b.arm(next)
 	return b.child.UpdateClientConnState(balancer.ClientConnState{ResolverState: pickfirst.EnableHealthListener(rs)})
+}
+
+// observe tells the keeper each subset member's state: serving when it is
+// ready and not in lame duck (a member that announced lame duck on a
+// trailer while its connection stays ready keeps its replacement until
+// the announcement expires); leaving when it goes from ready straight to
+// failing, which only its health check does (a lost connection goes to
+// idle first): the backend itself says it is not serving, as a task in
+// lame duck does; failing otherwise. b.mu is held.
+func (b *triageBalancer) observe(now time.Time) {
+	lame := false
+	defer func() {
+		if lame {
+			b.arm(time.Second) // look again: the announcement may have expired
+		}
+	}()
+	was := b.states
+	b.states = make(map[string]connectivity.State, len(b.children))
+	for _, c := range b.children {
+		id, st := endpointID(c.Endpoint), c.State.ConnectivityState
+		b.states[id] = st
+		switch st {
+		case connectivity.Ready:
+			if e := b.endpoints[id]; e == nil || e.State() != balance.LameDuck {
+				b.keeper.Report(id, false, now)
+			} else {
+				lame = true
+			}
+		case connectivity.TransientFailure:
+			if was[id] == connectivity.Ready {
+				b.keeper.Leaving(id, now)
+			} else {
+				b.keeper.Report(id, true, now)
+			}
+		}
+	}
+}
+
+// leaving is called when a backend announces lame duck on a trailer: a
+// subset member's replacement is brought in at once.
+func (b *triageBalancer) leaving(id string) {
+	b.mu.Lock()
+	k := b.keeper
+	if k != nil {
+		k.Leaving(id, time.Now())
+	}
+	b.mu.Unlock()
+	if k != nil {
+		b.poke()
+	}
 }
 
 // arm wakes keep after d (0: no replacement pending).
@@ -532,6 +588,7 @@ func (b *triageBalancer) ExitIdle() {
 type endpointData struct {
 	picker balancer.Picker
 	e      *balance.Endpoint
+	lame   func()                  // the endpoint announced lame duck
 	done   func(balancer.DoneInfo) // for calls without a deadline
 }
 
@@ -546,14 +603,7 @@ func (b *triageBalancer) UpdateState(s balancer.State) {
 	b.children = children
 	if b.keeper != nil {
 		now := time.Now()
-		for _, c := range children {
-			switch c.State.ConnectivityState {
-			case connectivity.Ready:
-				b.keeper.Report(endpointID(c.Endpoint), false, now)
-			case connectivity.TransientFailure:
-				b.keeper.Report(endpointID(c.Endpoint), true, now)
-			}
-		}
+		b.observe(now)
 		members, next := b.keeper.Members(now)
 		if b.members != nil && !slices.Equal(members, b.members) {
 			b.poke() // a member back: its replacement leaves
@@ -617,7 +667,9 @@ func (b *triageBalancer) apply() (ready int, ok bool) {
 			default:
 				e.SetState(balance.Refusing) // a new connection starts afresh
 			}
-			e.SetValue(&endpointData{picker: c.State.Picker, e: e, done: doneFunc(e)})
+			id := p.ids[i]
+			lame := func() { b.leaving(id) }
+			e.SetValue(&endpointData{picker: c.State.Picker, e: e, lame: lame, done: doneFunc(e, lame)})
 		}
 	}
 	b.version.Store(version)
@@ -706,8 +758,8 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	}
 	done := d.done
 	if deadline, ok := info.Ctx.Deadline(); ok {
-		e, picked := d.e, time.Now()
-		done = func(di balancer.DoneInfo) { finish(e, di, unanswered(di, picked, deadline)) }
+		e, lame, picked := d.e, d.lame, time.Now()
+		done = func(di balancer.DoneInfo) { finish(e, di, unanswered(di, picked, deadline), lame) }
 	}
 	if inner := r.Done; inner != nil {
 		r.Done = func(di balancer.DoneInfo) { done(di); inner(di) }
@@ -735,14 +787,14 @@ func unanswered(di balancer.DoneInfo, picked, deadline time.Time) bool {
 // doneFunc is an endpoint's completion: it ends the active request,
 // counts backend errors, takes the load report and the lame duck
 // announcement from the trailer.
-func doneFunc(e *balance.Endpoint) func(balancer.DoneInfo) {
-	return func(di balancer.DoneInfo) { finish(e, di, false) }
+func doneFunc(e *balance.Endpoint, lame func()) func(balancer.DoneInfo) {
+	return func(di balancer.DoneInfo) { finish(e, di, false, lame) }
 }
 
 // finish ends a call on e: unanswered, or answered and counted against
 // the backend if its error says so; then the trailer's load report and
-// lame duck announcement.
-func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool) {
+// lame duck announcement (lame is called when it is new).
+func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool, lame func()) {
 	switch c := status.Code(di.Err); {
 	case unanswered:
 		e.DoneUnanswered()
@@ -755,7 +807,11 @@ func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool) {
 		e.Report(loadOf(l))
 	}
 	if v := di.Trailer.Get(wire.LameDuckKey); len(v) > 0 && v[0] == "1" {
+		was := e.State()
 		e.SetState(balance.LameDuck)
+		if was != balance.LameDuck {
+			lame()
+		}
 	}
 }
 

@@ -54,7 +54,7 @@ func FuzzLoadReport(f *testing.F) {
 			if err != nil {
 				return // every endpoint in lame duck
 			}
-			doneFunc(e)(di)
+			doneFunc(e, func() {})(di)
 			clk.Advance(2 * time.Second)
 		}
 		for _, e := range eps {
