@@ -284,7 +284,10 @@ func WithLimits(min, initial, max int) Option {
 }
 
 // WithMaxWait bounds the time a request waits for an execution slot.
-// Default DefaultMaxWait.
+// Default DefaultMaxWait. While the task's refusals say "don't retry"
+// (many recent requests are retries), a CRITICAL or CRITICAL_PLUS request
+// with a deadline waits until its deadline instead, also when that starts
+// during its wait: nobody would retry it elsewhere.
 func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c.maxWait = d }) }
 
 // WithTargetDelay sets the mean time an admitted request may wait between

@@ -252,11 +252,33 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 				timer, rest = c.clock.NewTimer(rest), 0
 				continue
 			}
+			if more, ok := c.waitOn(ctx, t.level, byDeadline); ok {
+				timer, byDeadline = c.clock.NewTimer(more), true
+				continue
+			}
 		case <-ctx.Done():
 			timer.Stop()
 		}
 		return c.giveUp(ctx, w, t.level, byDeadline)
 	}
+}
+
+// waitOn says whether a request whose maximum wait just ended waits on,
+// and for how long: a CRITICAL or CRITICAL_PLUS request with a deadline
+// does, until the deadline leaves only the expected service time, when
+// its refusal would now say "don't retry" (the retries rose while it
+// waited). Nobody would try it again elsewhere, which is what the maximum
+// wait was for; waitBudget gives the same wait to one arriving now.
+func (c *Controller) waitOn(ctx context.Context, l criticality.Level, byDeadline bool) (time.Duration, bool) {
+	if byDeadline || l < criticality.Critical {
+		return 0, false
+	}
+	d, ok := ctx.Deadline()
+	if !ok || !c.retriesHigh(c.now()) {
+		return 0, false
+	}
+	left := d.Sub(c.clock.Now()) - c.expectedService()
+	return left, left > 0
 }
 
 // answered ends a wait that got its answer: a slot (nil) or a

@@ -149,6 +149,11 @@ type Load struct {
 	// Utilization is the backend's utilization (CPU or application
 	// utilization), 0 to 1 or a little more.
 	Utilization float64
+	// Span is how long the backend measured the rates over (0: not
+	// said). A report measured over at least the blackout counts at
+	// once: the blackout is for a backend's first seconds, not a
+	// client's.
+	Span time.Duration
 }
 
 // Observer receives the Balancer's events, for metrics. Implementations
@@ -266,7 +271,8 @@ func WithWeightPeriod(d time.Duration) Option { return optionFunc(func(c *config
 // WithBlackout sets how long after a backend's first load report its score
 // is ignored (the mean of the others applies), so that a freshly started
 // task's noisy first reports do not swing traffic. Default 10 s (A58's
-// blackout_period). 0 disables it.
+// blackout_period). 0 disables it. A report whose Load.Span is at least
+// the blackout counts at once: the backend has measured that long.
 func WithBlackout(d time.Duration) Option { return optionFunc(func(c *config) { c.blackout = d }) }
 
 // WithExpiry sets after how long without a report a backend's score is
@@ -954,7 +960,7 @@ func (e *Endpoint) eject() {
 // Report records a load report from the backend (from a response trailer
 // or an out-of-band stream).
 func (e *Endpoint) Report(l Load) {
-	if !(l.QPS >= 0) || !(l.EPS >= 0) || !(l.Utilization >= 0) || math.IsInf(l.QPS+l.EPS+l.Utilization, 0) {
+	if !(l.QPS >= 0) || !(l.EPS >= 0) || !(l.Utilization >= 0) || math.IsInf(l.QPS+l.EPS+l.Utilization, 0) || l.Span < 0 {
 		return // malformed: ignored
 	}
 	now := e.b.readClock()
@@ -971,7 +977,7 @@ func (e *Endpoint) Report(l Load) {
 	// weights on time: reports read the clock anyway. Without a blackout,
 	// an endpoint's first report counts at once (an out-of-band report
 	// before the client's first call).
-	if b := e.b; b.cfg.policy == WeightedRoundRobin && (now >= b.nextUpdate.Load() || fresh && b.cfg.blackout == 0) {
+	if b := e.b; b.cfg.policy == WeightedRoundRobin && (now >= b.nextUpdate.Load() || fresh && l.Span >= b.cfg.blackout) {
 		b.updateWeights(now)
 	}
 }
@@ -1001,7 +1007,7 @@ func (e *Endpoint) score(now int64, cfg *config) float64 {
 	e.mu.Lock()
 	l, first, last := e.load, e.firstReport, e.lastReport
 	e.mu.Unlock()
-	if first == 0 || now-last > int64(cfg.expiry) || now-first < int64(cfg.blackout) {
+	if first == 0 || now-last > int64(cfg.expiry) || now-first < int64(cfg.blackout) && l.Span < cfg.blackout {
 		return 0
 	}
 	if l.QPS <= 0 || l.Utilization <= 0 {

@@ -445,19 +445,25 @@ func TestMeter(t *testing.T) {
 }
 
 // A quiet client's weights follow the reports without waiting for 64
-// picks: the Report that finds the period over recomputes them.
+// picks: the Report that finds the period over recomputes them. (Without
+// a blackout, an endpoint's first report counts at once.)
 func TestWeightsUpdateFromReport(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	b, eps := newBalancer(t, clk, 2, WithPolicy(WeightedRoundRobin), WithBlackout(0))
 	report(eps[0], 400, 0, 0.5)
 	report(eps[1], 100, 0, 0.5)
-	if eps[0].Weight() != 0 {
+	if eps[0].Weight() != 800 || eps[1].Weight() != 200 {
+		t.Fatalf("first reports: weights %v %v, want 800 and 200 at once", eps[0].Weight(), eps[1].Weight())
+	}
+	clk.Advance(100 * time.Millisecond)
+	report(eps[0], 100, 0, 0.5)
+	if eps[0].Weight() != 800 {
 		t.Fatal("weights computed before the period was over")
 	}
-	clk.Advance(1100 * time.Millisecond) // one period, not one pick
-	report(eps[0], 400, 0, 0.5)
-	if eps[0].Weight() != 800 || eps[1].Weight() != 200 || b.rr.Load() != 0 {
-		t.Fatalf("weights %v %v after the period, want 800 and 200 without picks", eps[0].Weight(), eps[1].Weight())
+	clk.Advance(time.Second) // one period, not one pick
+	report(eps[0], 100, 0, 0.5)
+	if eps[0].Weight() != 200 || eps[1].Weight() != 200 || b.rr.Load() != 0 {
+		t.Fatalf("weights %v %v after the period, want 200 and 200 without picks", eps[0].Weight(), eps[1].Weight())
 	}
 }
 
@@ -701,5 +707,39 @@ func TestReleaseKeepsMisses(t *testing.T) {
 	pick().DoneUnanswered()
 	if eps[0].State() != Unresponsive {
 		t.Fatalf("a release cleared the misses: state %v after %d unanswered", eps[0].State(), DefaultEjectAfter)
+	}
+}
+
+// The blackout guards against weights from a backend's first seconds, not
+// a client's: a report whose rates were measured over at least the
+// blackout (Load.Span) counts at once, so a client that starts (or
+// restarts) among long-running backends weighs them from its first
+// reports; a backend younger than the blackout still waits it out.
+func TestBlackoutCountsFromTheBackendsStart(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	b, eps := newBalancer(t, clk, 3, WithPolicy(WeightedRoundRobin), WithBlackout(10*time.Second))
+	eps[0].Report(Load{QPS: 300, Utilization: 0.5, Span: 10 * time.Second})
+	eps[1].Report(Load{QPS: 150, Utilization: 0.5, Span: time.Minute})
+	eps[2].Report(Load{QPS: 150, Utilization: 0.5, Span: 2 * time.Second}) // a backend 2 s old
+	b.UpdateWeights()
+	if w0, w1, w2 := eps[0].Weight(), eps[1].Weight(), eps[2].Weight(); math.Abs(w0/w1-2) > 1e-9 || w2 != 0 {
+		t.Fatalf("weights %v %v %v: want the long-measured two at once (2:1), the young one in its blackout", w0, w1, w2)
+	}
+	// The young one is weighted at the mean of the others meanwhile
+	// (600, 300: 450).
+	if s := shares(t, b, 4500); math.Abs(s["t0"]-4.0/9) > 0.01 || math.Abs(s["t2"]-1.0/3) > 0.01 {
+		t.Fatalf("shares %v, want 4/9, 2/9, 1/3", s)
+	}
+	clk.Advance(10 * time.Second)
+	eps[2].Report(Load{QPS: 150, Utilization: 0.5, Span: 10 * time.Second})
+	b.UpdateWeights()
+	if w1, w2 := eps[1].Weight(), eps[2].Weight(); w2 == 0 || math.Abs(w1/w2-1) > 1e-9 {
+		t.Fatalf("after its blackout: weights %v %v", w1, w2)
+	}
+	// A malformed span is ignored like the rest of a malformed report.
+	before := eps[1].Load()
+	eps[1].Report(Load{QPS: 1, Utilization: 0.5, Span: -time.Second})
+	if eps[1].Load() != before {
+		t.Fatal("a report with a negative span was taken")
 	}
 }

@@ -96,5 +96,5 @@ func (m *Meter) Load() Load {
 	if !(u >= 0) {
 		u = 0
 	}
-	return Load{QPS: w.A / span, EPS: w.B / span, Utilization: min(u, 10)}
+	return Load{QPS: w.A / span, EPS: w.B / span, Utilization: min(u, 10), Span: time.Duration(span * float64(time.Second))}
 }

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/orca"
 
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/wire"
 )
 
 // RegisterLoadReportService serves ORCA's out-of-band load reports
@@ -34,6 +35,6 @@ func (p meterMetrics) ServerMetrics() *orca.ServerMetrics {
 	return &orca.ServerMetrics{
 		CPUUtilization: l.Utilization, AppUtilization: l.Utilization, MemUtilization: -1,
 		QPS: l.QPS, EPS: l.EPS,
-		Utilization: map[string]float64{}, RequestCost: map[string]float64{}, NamedMetrics: map[string]float64{},
+		Utilization: map[string]float64{}, RequestCost: map[string]float64{}, NamedMetrics: map[string]float64{wire.ReportSpanMetric: l.Span.Seconds()},
 	}
 }

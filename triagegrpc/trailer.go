@@ -57,7 +57,7 @@ func (t *trailers) get() metadata.MD {
 	if t.meter != nil {
 		l := t.meter.Load()
 		b, err := proto.Marshal(&v3orcapb.OrcaLoadReport{
-			RpsFractional: l.QPS, Eps: l.EPS,
+			RpsFractional: l.QPS, Eps: l.EPS, NamedMetrics: map[string]float64{wire.ReportSpanMetric: l.Span.Seconds()},
 			CpuUtilization: l.Utilization, ApplicationUtilization: l.Utilization,
 		})
 		if err == nil {

@@ -68,6 +68,11 @@ const (
 	// trailer), names the replica the caller should ask instead: the
 	// leader's advertised address, when the refusing replica knows it.
 	QuotaLeaderKey = "triage-quota-leader"
+	// ReportSpanMetric is the named metric of an ORCA load report
+	// (per call or out of band) that says over how many seconds the
+	// backend measured the report's rates: a client weighs a report
+	// measured over its blackout period at once (balance.Load.Span).
+	ReportSpanMetric = "triage.report_span_s"
 	// CustomerMaxLen bounds a customer name on the wire; longer values
 	// are ignored (the customer is unknown).
 	CustomerMaxLen = 64

@@ -816,13 +816,18 @@ func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool, lame fun
 }
 
 // loadOf reads an ORCA load report: the application utilization, else the
-// CPU's.
+// CPU's, and the span of triage's backends (wire.ReportSpanMetric; 0 when
+// absent or not a number of seconds up to a day).
 func loadOf(l *v3orcapb.OrcaLoadReport) balance.Load {
 	u := l.GetApplicationUtilization()
 	if u <= 0 {
 		u = l.GetCpuUtilization()
 	}
-	return balance.Load{QPS: l.GetRpsFractional(), EPS: l.GetEps(), Utilization: u}
+	var span time.Duration
+	if s := l.GetNamedMetrics()[wire.ReportSpanMetric]; s > 0 && s <= 86400 {
+		span = time.Duration(s * float64(time.Second))
+	}
+	return balance.Load{QPS: l.GetRpsFractional(), EPS: l.GetEps(), Utilization: u, Span: span}
 }
 
 // NewSubConn is the children's, through endpointsharding; with

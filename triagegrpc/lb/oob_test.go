@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
@@ -167,5 +168,77 @@ func TestStockWRRFollowsOOBReports(t *testing.T) {
 	t.Logf("from 50 s to 75 s: %d calls to the 1 ms backend, %d to the 3 ms one (ratio %.2f, the weights imply 3)", c, d, ratio)
 	if ratio < 2.25 || ratio > 3.75 {
 		t.Fatalf("split %d:%d, want 3:1 within 25%%", c, d)
+	}
+}
+
+// A client that starts among backends that have measured their load for
+// longer than the blackout weighs them from their first answers' trailers
+// (the reports say over how long they were measured): its calls split
+// 4 to 1 by utilization at once, not evenly for the first 10 s. A client
+// restarted in a rolling restart would otherwise send a small task as
+// much as a big one for its first 10 s.
+func TestBalancerWeighsLongMeasuredReportsAtOnce(t *testing.T) {
+	rep := &reported{n: 2, ready: make(chan struct{})}
+	lb.Register(lb.WithMetrics(rep))
+	defer lb.Register()
+	backend := func(util float64, served *atomic.Int64) string {
+		clk := clock.NewFake(time.Unix(0, 0))
+		m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return util }), balance.WithMeterClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(30 * time.Second) // the backend has run for 30 s
+		for range 1000 {              // serving other clients
+			m.Record(false)
+		}
+		srv, err := triagegrpc.NewServer(triagegrpc.WithLoadReports(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs := grpc.NewServer(srv.ServerOptions()...)
+		relay.Register(gs, &relay.Tier{Name: "backend", Fail: func(context.Context, string) error {
+			served.Add(1)
+			return nil
+		}})
+		return loopback.ServeGRPC(t, gs)
+	}
+	var light, heavy atomic.Int64
+	addrs := []string{backend(0.2, &light), backend(0.8, &heavy)}
+	sort.Strings(addrs)
+	r := manual.NewBuilderWithScheme("spantest")
+	var eps []resolver.Endpoint
+	for _, a := range addrs {
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+	}
+	r.InitialState(resolver.State{Endpoints: eps})
+	cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"policy":"weighted_round_robin"}}]}`))
+	// Calls until both backends' weights are in: under the blackout (10 s)
+	// only if the reports' span counts.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for warm := false; !warm; {
+		if _, err := relay.Invoke(ctx, cc, "x"); err != nil {
+			t.Fatalf("no weight for both backends before the blackout would end: %v", err)
+		}
+		select {
+		case <-rep.ready:
+			warm = true
+		default:
+		}
+	}
+	light.Store(0)
+	heavy.Store(0)
+	const calls = 200
+	for range calls {
+		if _, err := relay.Invoke(ctx, cc, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, h := light.Load(), heavy.Load()
+	ratio := float64(l) / float64(max(h, 1))
+	t.Logf("%d calls: %d to the backend at 20%%, %d to the one at 80%% (ratio %.2f, weights imply 4)", calls, l, h, ratio)
+	if ratio < 3 || ratio > 5 {
+		t.Fatalf("split %d:%d, want about 4:1 (within 25%%)", l, h)
 	}
 }

@@ -135,3 +135,43 @@ func TestMedians(t *testing.T) {
 		t.Errorf("median of an even count: %v", m)
 	}
 }
+
+// The utilization a task reports to its clients' weighted round robin is
+// its busy share over the last moments, as a CPU measure over an interval
+// would be, not the slots busy at the instant a response leaves: that
+// instant excludes the finishing request itself, so a machine of two
+// slots, always full, would report 0.5 on every answer, and one of four
+// 0.75, and weights derived from them favour the smaller machine.
+func TestMachineReportsRecentBusyShare(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	m := newMachine(2, time.Millisecond)
+	m.now = func() time.Time { return now }
+	m.lastAt, m.lastRead, m.ewmaAt = now, now, now
+	m.account(+1)
+	m.account(+1)
+	now = now.Add(2 * time.Second)
+	m.account(-1) // a request finishes; its response reads the load
+	if u := m.reported(); u < 0.9 {
+		t.Fatalf("full for 2 s, then one request done: reported %.2f, want about 1", u)
+	}
+	m.account(+1) // the next one takes the slot at once
+	for range 100 {
+		now = now.Add(20 * time.Millisecond)
+		m.account(-1)
+		if u := m.reported(); u < 0.9 {
+			t.Fatalf("always full: reported %.2f as a response leaves", u)
+		}
+		m.account(+1)
+	}
+	m.account(-1)
+	now = now.Add(3 * time.Second)
+	if u := m.reported(); u < 0.4 || u > 0.6 {
+		t.Fatalf("half busy for 3 s: reported %.2f", u)
+	}
+	m.account(-1)
+	now = now.Add(5 * time.Second)
+	if u := m.reported(); u > 0.05 {
+		t.Fatalf("idle for 5 s: reported %.2f", u)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -175,25 +176,51 @@ type machine struct {
 	work  time.Duration
 	n     int
 
+	now      func() time.Time
 	mu       sync.Mutex
 	busy     int
 	busyArea float64 // slot-seconds since lastRead
 	lastAt   time.Time
 	lastRead time.Time
+	ewma     float64 // busy slots, averaged with time constant reportTau
+	ewmaAt   time.Time
 }
+
+// reportTau is the time constant of the busy share a task reports to its
+// clients: about the interval a CPU utilization is measured over.
+const reportTau = 500 * time.Millisecond
 
 func newMachine(n int, work time.Duration) *machine {
 	now := time.Now()
-	return &machine{slots: make(chan struct{}, n), work: work, n: n, lastAt: now, lastRead: now}
+	return &machine{slots: make(chan struct{}, n), work: work, n: n, now: time.Now, lastAt: now, lastRead: now, ewmaAt: now}
 }
 
 func (m *machine) account(delta int) {
 	m.mu.Lock()
-	now := time.Now()
+	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.decay(now)
 	m.busy += delta
 	m.lastAt = now
 	m.mu.Unlock()
+}
+
+// decay brings the average busy slots up to now. m.mu is held.
+func (m *machine) decay(now time.Time) {
+	if dt := now.Sub(m.ewmaAt); dt > 0 {
+		a := math.Exp(-float64(dt) / float64(reportTau))
+		m.ewma = m.ewma*a + float64(m.busy)*(1-a)
+		m.ewmaAt = now
+	}
+}
+
+// reported is the utilization a task reports in its load reports: its
+// busy share over the last reportTau or so.
+func (m *machine) reported() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.decay(m.now())
+	return m.ewma / float64(m.n)
 }
 
 // run holds a slot for d (waiting for one first, until ctx ends). It
@@ -221,8 +248,9 @@ func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, erro
 func (m *machine) utilization() float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := time.Now()
+	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.decay(now)
 	m.lastAt = now
 	span := now.Sub(m.lastRead).Seconds()
 	area := m.busyArea
@@ -238,7 +266,8 @@ func (m *machine) utilization() float64 {
 func (m *machine) Name() string         { return "machine" }
 func (m *machine) Utilization() float64 { return m.current() }
 
-// current is the instantaneous busy share, for load reports.
+// current is the instantaneous busy share: the saturation signal
+// admission reads, and the degradation threshold.
 func (m *machine) current() float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -479,7 +508,7 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		}()
 		return s.Stop, nil
 	}
-	meter, err := balance.NewMeter(balance.WithUtilization(t.mach.current))
+	meter, err := balance.NewMeter(balance.WithUtilization(t.mach.reported))
 	if err != nil {
 		return nil, err
 	}
