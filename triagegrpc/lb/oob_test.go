@@ -23,27 +23,53 @@ import (
 	"github.com/triagehq/triage/triagegrpc/lb"
 )
 
-// oobBackend serves the relay and ORCA's out-of-band load reports from a
-// Meter that already saw 1,000 requests (from other clients) at the given
-// utilization; it counts the calls it serves.
-func oobBackend(t *testing.T, util float64, served *atomic.Int64) string {
+// meteredBackend serves the relay with load reports from a Meter that has
+// measured for 30 s and saw 1,000 requests (from other clients) at the
+// given utilization: out of band (ORCA's service) when oob, else in each
+// answer's trailer. It counts the calls it serves.
+func meteredBackend(t *testing.T, util float64, served *atomic.Int64, oob bool) string {
 	t.Helper()
-	m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return util }))
+	clk := clock.NewFake(time.Unix(0, 0))
+	m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return util }), balance.WithMeterClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
+	clk.Advance(30 * time.Second)
 	for range 1000 {
 		m.Record(false)
 	}
-	gs := grpc.NewServer()
-	if err := triagegrpc.RegisterLoadReportService(gs, m); err != nil {
-		t.Fatal(err)
+	var gs *grpc.Server
+	if oob {
+		gs = grpc.NewServer()
+		if err := triagegrpc.RegisterLoadReportService(gs, m); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		srv, err := triagegrpc.NewServer(triagegrpc.WithLoadReports(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs = grpc.NewServer(srv.ServerOptions()...)
 	}
 	relay.Register(gs, &relay.Tier{Name: "backend", Fail: func(context.Context, string) error {
 		served.Add(1)
 		return nil
 	}})
 	return loopback.ServeGRPC(t, gs)
+}
+
+// dialBackends dials addrs (in sorted order, the balancer's) with the
+// given service config.
+func dialBackends(t *testing.T, scheme, config string, addrs ...string) *grpc.ClientConn {
+	t.Helper()
+	sort.Strings(addrs)
+	r := manual.NewBuilderWithScheme(scheme)
+	var eps []resolver.Endpoint
+	for _, a := range addrs {
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
+	}
+	r.InitialState(resolver.State{Endpoints: eps})
+	return loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(config))
 }
 
 // reported closes ready when a balancer's weights first cover every
@@ -79,16 +105,8 @@ func TestBalancerFirstPicksFollowOOBReports(t *testing.T) {
 	lb.Register(lb.WithMetrics(rep))
 	defer lb.Register()
 	var light, heavy atomic.Int64
-	addrs := []string{oobBackend(t, 0.2, &light), oobBackend(t, 0.8, &heavy)}
-	sort.Strings(addrs)
-	r := manual.NewBuilderWithScheme("oobtest")
-	var eps []resolver.Endpoint
-	for _, a := range addrs {
-		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
-	}
-	r.InitialState(resolver.State{Endpoints: eps})
-	cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"policy":"weighted_round_robin","oobLoadReport":true}}]}`))
+	cc := dialBackends(t, "oobtest", `{"loadBalancingConfig":[{"triage":{"policy":"weighted_round_robin","oobLoadReport":true}}]}`,
+		meteredBackend(t, 0.2, &light, true), meteredBackend(t, 0.8, &heavy, true))
 	cc.Connect()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -181,38 +199,9 @@ func TestBalancerWeighsLongMeasuredReportsAtOnce(t *testing.T) {
 	rep := &reported{n: 2, ready: make(chan struct{})}
 	lb.Register(lb.WithMetrics(rep))
 	defer lb.Register()
-	backend := func(util float64, served *atomic.Int64) string {
-		clk := clock.NewFake(time.Unix(0, 0))
-		m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return util }), balance.WithMeterClock(clk))
-		if err != nil {
-			t.Fatal(err)
-		}
-		clk.Advance(30 * time.Second) // the backend has run for 30 s
-		for range 1000 {              // serving other clients
-			m.Record(false)
-		}
-		srv, err := triagegrpc.NewServer(triagegrpc.WithLoadReports(m))
-		if err != nil {
-			t.Fatal(err)
-		}
-		gs := grpc.NewServer(srv.ServerOptions()...)
-		relay.Register(gs, &relay.Tier{Name: "backend", Fail: func(context.Context, string) error {
-			served.Add(1)
-			return nil
-		}})
-		return loopback.ServeGRPC(t, gs)
-	}
 	var light, heavy atomic.Int64
-	addrs := []string{backend(0.2, &light), backend(0.8, &heavy)}
-	sort.Strings(addrs)
-	r := manual.NewBuilderWithScheme("spantest")
-	var eps []resolver.Endpoint
-	for _, a := range addrs {
-		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a}}})
-	}
-	r.InitialState(resolver.State{Endpoints: eps})
-	cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
-		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{"policy":"weighted_round_robin"}}]}`))
+	cc := dialBackends(t, "spantest", `{"loadBalancingConfig":[{"triage":{"policy":"weighted_round_robin"}}]}`,
+		meteredBackend(t, 0.2, &light, false), meteredBackend(t, 0.8, &heavy, false))
 	// Calls until both backends' weights are in: under the blackout (10 s)
 	// only if the reports' span counts.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
