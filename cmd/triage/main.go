@@ -115,8 +115,9 @@ self-contained report.html with the plots.
 With -faults, the same stack (at the provisioned rate, or 2x where the
 fault says) meets faults instead, each injected mid-load and removed:
 crash (SIGKILL of a task of each tier in turn), hang (SIGSTOP), slow (10x
-slower handlers), partition (the DB tier cut off; needs root), quota (the
-quota service down), restart (rolling restart of every tier) and storm (the
+slower handlers), partition (the DB tier cut off; needs root),
+partition-one (the DB tier cut off from one task of tier B; needs root),
+quota (the quota service down), restart (rolling restart of every tier) and storm (the
 whole DB tier stopped for 5 s). Every request's outcome is checked.
 
 Flags:

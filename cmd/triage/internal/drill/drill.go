@@ -290,7 +290,7 @@ type stack struct {
 	deaths chan death
 	log    *os.File
 	// net, when set, puts the DB tier in a network namespace of its own
-	// (the partition fault), with the quota service on the drill's side
+	// (the partition faults), with the quota service on the drill's side
 	// of the link.
 	net *netns
 }
@@ -568,11 +568,12 @@ func (s *stack) startQuota(pp *ports) (string, error) {
 // addresses.
 func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quotaAddr string) ([]string, error) {
 	var addrs []string
-	host, ns := "127.0.0.1", false
-	if t.role == RoleDB && s.net != nil {
-		host, ns = s.net.nsIP, true
-	}
 	for i, slots := range t.slots {
+		id := fmt.Sprintf("%s-%d", t.role, i)
+		host, ns := "127.0.0.1", false
+		if s.net != nil && s.net.runsIn(t.role, id) {
+			host, ns = s.net.nsIP, true
+		}
 		listen, err := pp.getOn(host)
 		if err != nil {
 			return nil, err
@@ -581,7 +582,6 @@ func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quot
 		if err != nil {
 			return nil, err
 		}
-		id := fmt.Sprintf("%s-%d", t.role, i)
 		args := []string{"serve", t.role, "-id", id, "-index", strconv.Itoa(i), "-listen", listen, "-stats", stats,
 			"-slots", strconv.Itoa(slots), "-work", t.work.String(), "-protect=" + strconv.FormatBool(protect)}
 		if len(next) > 0 {

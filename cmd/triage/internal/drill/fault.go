@@ -48,6 +48,8 @@ var faults = []*fault{
 		says: "slow: db-0's handlers 10x slower for 20 s"},
 	{name: "partition", window: 10 * time.Second, load: 1, setup: setupPartition, inject: injectPartition,
 		says: "partition: the DB tier (in its own network namespace) unreachable from tier B for 10 s"},
+	{name: "partition-one", window: 10 * time.Second, load: 1, setup: setupPartitionOne, inject: injectPartition,
+		says: "partition of one task: the DB tier unreachable from b-0 for 10 s (the tier above has to notice and avoid b-0)"},
 	{name: "quota", window: 10 * time.Second, load: 2, inject: injectQuotaDown,
 		says: "quota service down (SIGKILL) for twice its 5 s lease, then back, at 2x load"},
 	{name: "restart", window: 30 * time.Second, load: 2, inject: injectRestart,
@@ -285,11 +287,17 @@ func injectRestart(ctx context.Context, dr *driver) {
 	wg.Wait()
 }
 
-// netns is the partition fault's network namespace: the DB tier runs in
-// it, behind a veth pair, so that a route can cut it off.
+// netns is the partition faults' network namespace: the DB tier runs in
+// it, behind a veth pair, so that a queueing discipline can cut it off.
+// With loopback set, the tasks named in also run in it too and reach the
+// DB tier over the namespace's loopback, which is what is cut: those
+// tasks lose the DB tier while the rest of the stack keeps it, and
+// everyone still reaches them.
 type netns struct {
 	name, link     string
 	hostIP, nsIP   string
+	loopback       bool
+	also           []string
 	partitionedMu  sync.Mutex
 	partitioned    bool
 	ipPath, tcPath string
@@ -338,6 +346,22 @@ func setupPartition(s *stack) (func(), error) {
 	return undo, nil
 }
 
+// setupPartitionOne is setupPartition with b-0 in the namespace, cut off
+// from the DB tier on the namespace's loopback.
+func setupPartitionOne(s *stack) (func(), error) {
+	undo, err := setupPartition(s)
+	if err != nil {
+		return nil, err
+	}
+	s.net.loopback, s.net.also = true, []string{RoleB + "-0"}
+	return undo, nil
+}
+
+// runsIn reports whether the task named id runs in the namespace.
+func (n *netns) runsIn(role, id string) bool {
+	return role == RoleDB || slices.Contains(n.also, id)
+}
+
 // ip runs `ip ARGS...`.
 func (n *netns) ip(args ...string) error { return n.cmd(n.ipPath, args...) }
 
@@ -353,9 +377,10 @@ func (n *netns) cmd(path string, args ...string) error {
 }
 
 // partition cuts (or restores) the link both ways: a blackhole queueing
-// discipline on each end of the veth pair drops every packet in silence,
-// as a partition does (open connections stall, new ones wait for their
-// SYN's answer). Nothing is routed off the machine.
+// discipline on each end of the veth pair (with loopback set, on the
+// namespace's loopback) drops every packet in silence, as a partition
+// does (open connections stall, new ones wait for their SYN's answer).
+// Nothing is routed off the machine.
 func (n *netns) partition(on bool) error {
 	n.partitionedMu.Lock()
 	defer n.partitionedMu.Unlock()
@@ -367,9 +392,14 @@ func (n *netns) partition(on bool) error {
 	if !on {
 		verb, tail = []string{"qdisc", "del", "dev"}, []string{"root"}
 	}
-	host := append(append(append([]string{}, verb...), n.link+"a"), tail...)
-	ns := append(append(append([]string{"netns", "exec", n.name, n.tcPath}, verb...), n.link+"b"), tail...)
-	err := errors.Join(n.cmd(n.tcPath, host...), n.ip(ns...))
+	var err error
+	if n.loopback {
+		err = n.ip(append(append(append([]string{"netns", "exec", n.name, n.tcPath}, verb...), "lo"), tail...)...)
+	} else {
+		host := append(append(append([]string{}, verb...), n.link+"a"), tail...)
+		ns := append(append(append([]string{"netns", "exec", n.name, n.tcPath}, verb...), n.link+"b"), tail...)
+		err = errors.Join(n.cmd(n.tcPath, host...), n.ip(ns...))
+	}
 	n.partitioned = on
 	return err
 }
@@ -382,7 +412,8 @@ func inNetns(cmd *exec.Cmd, n *netns) *exec.Cmd {
 	return out
 }
 
-// injectPartition cuts the DB tier off for the window.
+// injectPartition cuts the DB tier off for the window: from tier B and
+// the quota service, or with loopback set from the tasks in also only.
 func injectPartition(ctx context.Context, dr *driver) {
 	n := dr.s.net
 	if n == nil {
@@ -393,7 +424,11 @@ func injectPartition(ctx context.Context, dr *driver) {
 		n.partition(false)
 		return
 	}
-	dr.note("the DB tier cut off from tier B (and from the quota service)")
+	if n.loopback {
+		dr.note("the DB tier cut off from %s", strings.Join(n.also, ", "))
+	} else {
+		dr.note("the DB tier cut off from tier B (and from the quota service)")
+	}
 	defer func() {
 		if err := n.partition(false); err != nil {
 			dr.note("partition not removed: %v", err)
@@ -429,6 +464,11 @@ type FaultRow struct {
 	// seconds in a row at goodput 0.95 or more; -1 if that did not happen
 	// within the run.
 	Recovery float64 `json:"recovery_s"`
+	// RecoveryCritical is the time from the fault's removal to the first
+	// of three seconds in a row in which 99.9% or more of the
+	// CRITICAL_PLUS and CRITICAL requests sent were answered; -1 if that
+	// did not happen within the run.
+	RecoveryCritical float64 `json:"recovery_critical_s"`
 	// Lost is requests with no outcome recorded, Twice those with two,
 	// Late those answered past the user's timeout and LedgerSlack (in
 	// medians, these counts and TasksDied are totals over the rounds).
@@ -457,7 +497,7 @@ func faultRows(runs []*RunResult) []FaultRow {
 func (r *RunResult) faultRow() FaultRow {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	row := FaultRow{Fault: r.Fault, Protection: r.Protection, Round: r.Round, Window: r.FaultWindow, Recovery: -1,
+	row := FaultRow{Fault: r.Fault, Protection: r.Protection, Round: r.Round, Window: r.FaultWindow, Recovery: -1, RecoveryCritical: -1,
 		Twice: r.Ledger.Twice, Late: r.Ledger.Late, TasksDied: r.TasksDied}
 	for _, f := range faults {
 		if f.name == r.Fault {
@@ -487,13 +527,24 @@ func (r *RunResult) faultRow() FaultRow {
 	if r.FaultWindow[1] == 0 {
 		from = bounds["after"][0]
 	}
-	for i := from; i+2 < len(r.Seconds); i++ {
-		if r.secondGoodput(i) >= recoverAt && r.secondGoodput(i+1) >= recoverAt && r.secondGoodput(i+2) >= recoverAt {
-			row.Recovery = max(0, float64(i)-r.FaultWindow[1])
-			break
+	row.Recovery = r.recovery(from, func(i int) bool { return r.secondGoodput(i) >= recoverAt })
+	row.RecoveryCritical = r.recovery(from, func(i int) bool { return r.criticalShare([2]int{i, i + 1}) >= recoverCriticalAt })
+	return row
+}
+
+// recoverCriticalAt is the share of CRITICAL_PLUS and CRITICAL requests a
+// second needs answered for the stack to count as recovered for them.
+const recoverCriticalAt = 0.999
+
+// recovery is the time from the fault's removal to the first of three
+// seconds in a row from second from that are good; -1 if none.
+func (r *RunResult) recovery(from int, good func(i int) bool) float64 {
+	for i := max(from, 0); i+2 < len(r.Seconds); i++ {
+		if good(i) && good(i+1) && good(i+2) {
+			return max(0, float64(i)-r.FaultWindow[1])
 		}
 	}
-	return row
+	return -1
 }
 
 // secondGoodput is second i's goodput as a share of the provisioned rate.
@@ -548,13 +599,14 @@ func faultMedians(rows []FaultRow) []FaultRow {
 			return median(xs)
 		}
 		m := FaultRow{Fault: k.fault, Protection: k.protect, Rounds: len(g), Load: g[0].Load, Window: g[0].Window,
-			GoodputBefore:  med(func(r FaultRow) float64 { return r.GoodputBefore }),
-			GoodputDuring:  med(func(r FaultRow) float64 { return r.GoodputDuring }),
-			GoodputAfter:   med(func(r FaultRow) float64 { return r.GoodputAfter }),
-			CriticalDuring: med(func(r FaultRow) float64 { return r.CriticalDuring }),
-			CriticalAfter:  med(func(r FaultRow) float64 { return r.CriticalAfter }),
-			CriticalLater:  med(func(r FaultRow) float64 { return r.CriticalLater }),
-			Recovery:       medRecovery(g),
+			GoodputBefore:    med(func(r FaultRow) float64 { return r.GoodputBefore }),
+			GoodputDuring:    med(func(r FaultRow) float64 { return r.GoodputDuring }),
+			GoodputAfter:     med(func(r FaultRow) float64 { return r.GoodputAfter }),
+			CriticalDuring:   med(func(r FaultRow) float64 { return r.CriticalDuring }),
+			CriticalAfter:    med(func(r FaultRow) float64 { return r.CriticalAfter }),
+			CriticalLater:    med(func(r FaultRow) float64 { return r.CriticalLater }),
+			Recovery:         medRecovery(g, func(r FaultRow) float64 { return r.Recovery }),
+			RecoveryCritical: medRecovery(g, func(r FaultRow) float64 { return r.RecoveryCritical }),
 		}
 		for _, r := range g {
 			m.Lost += r.Lost
@@ -567,13 +619,13 @@ func faultMedians(rows []FaultRow) []FaultRow {
 	return out
 }
 
-// medRecovery is the median recovery time, a run that did not recover
-// counting as the longest.
-func medRecovery(g []FaultRow) float64 {
+// medRecovery is the median of a recovery time, a run that did not
+// recover counting as the longest.
+func medRecovery(g []FaultRow, of func(FaultRow) float64) float64 {
 	xs := make([]float64, len(g))
 	for i, r := range g {
-		xs[i] = r.Recovery
-		if r.Recovery < 0 {
+		xs[i] = of(r)
+		if xs[i] < 0 {
 			xs[i] = 1e9
 		}
 	}

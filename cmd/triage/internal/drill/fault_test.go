@@ -63,15 +63,22 @@ func TestFaultRow(t *testing.T) {
 		r.Seconds = append(r.Seconds, ok(n))
 	}
 	r.Seconds[8] = ok(94) // a dip below 0.95 after recovering: the first three in a row count
+	// Second 9 answers all but one CRITICAL request: goodput 0.99, but
+	// not 99.9% of CRITICAL*; 10-13 answer everything.
+	r.Seconds[9] = Second{Sent: [4]int{25, 25, 40, 10}, OK: [4]int{25, 25, 39, 10}}
+	r.Seconds = append(r.Seconds, ok(100), ok(100))
 	r.phaseAt("before", 0)
 	r.phaseAt("fault", 2*time.Second)
 	r.phaseAt("after", 5*time.Second)
 	r.faultWindow(2.1, 5.2)
 	r.Ledger.Sent, r.Ledger.Answered = [4]uint64{10, 10, 10, 10}, [4]uint64{10, 9, 10, 10}
-	r.finish(12 * time.Second)
+	r.finish(14 * time.Second)
 	row := r.faultRow()
 	if row.Recovery < 3.8-1e-9 || row.Recovery > 3.8+1e-9 {
 		t.Errorf("recovery %v s, want %v (seconds 9-11 are the first three in a row at 0.95)", row.Recovery, 9-5.2)
+	}
+	if row.RecoveryCritical < 4.8-1e-9 || row.RecoveryCritical > 4.8+1e-9 {
+		t.Errorf("recovery of CRITICAL* %v s, want %v (seconds 10-12 are the first three in a row at 99.9%%)", row.RecoveryCritical, 10-5.2)
 	}
 	if row.GoodputBefore != 1 || row.GoodputDuring < 0.6-1e-9 || row.GoodputDuring > 0.6+1e-9 || row.Lost != 1 || row.Load != 1 {
 		t.Errorf("row %+v", row)
@@ -92,12 +99,12 @@ func TestFaultRow(t *testing.T) {
 	never.phaseAt("after", 2*time.Second)
 	never.faultWindow(1, 2)
 	never.finish(4 * time.Second)
-	if row := never.faultRow(); row.Recovery != -1 {
-		t.Errorf("a stack that never recovered: recovery %v", row.Recovery)
+	if row := never.faultRow(); row.Recovery != -1 || row.RecoveryCritical != -1 {
+		t.Errorf("a stack that never recovered: recovery %v, of CRITICAL* %v", row.Recovery, row.RecoveryCritical)
 	}
-	meds := faultMedians([]FaultRow{{Fault: "a", Protection: true, GoodputAfter: 1, Recovery: -1, Lost: 1},
-		{Fault: "a", Protection: true, GoodputAfter: 0.5, Recovery: 2}, {Fault: "a", Protection: true, GoodputAfter: 0.8, Recovery: -1}})
-	if len(meds) != 1 || meds[0].GoodputAfter != 0.8 || meds[0].Recovery != -1 || meds[0].Rounds != 3 || meds[0].Lost != 1 {
+	meds := faultMedians([]FaultRow{{Fault: "a", Protection: true, GoodputAfter: 1, Recovery: -1, RecoveryCritical: 1, Lost: 1},
+		{Fault: "a", Protection: true, GoodputAfter: 0.5, Recovery: 2, RecoveryCritical: -1}, {Fault: "a", Protection: true, GoodputAfter: 0.8, Recovery: -1, RecoveryCritical: 3}})
+	if len(meds) != 1 || meds[0].GoodputAfter != 0.8 || meds[0].Recovery != -1 || meds[0].RecoveryCritical != 3 || meds[0].Rounds != 3 || meds[0].Lost != 1 {
 		t.Errorf("medians %+v", meds)
 	}
 	res := &Result{Runs: []*RunResult{r}, Faults: faultRows([]*RunResult{r})}

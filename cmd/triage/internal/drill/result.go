@@ -530,7 +530,7 @@ func (res *Result) faultSummary() string {
 	var b strings.Builder
 	table := func(rows []FaultRow) {
 		w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(w, "fault\trun\tload\tgoodput before/during/after\tCRITICAL* during/after\trecovery\tlost/twice/late\ttask deaths")
+		fmt.Fprintln(w, "fault\trun\tload\tgoodput before/during/after\tCRITICAL* during/after\trecovery\tCRITICAL* recovery\tlost/twice/late\ttask deaths")
 		for _, r := range rows {
 			name := "with triage"
 			if !r.Protection {
@@ -542,18 +542,22 @@ func (res *Result) faultSummary() string {
 			if r.Rounds > 0 {
 				name += fmt.Sprintf(", medians of %d", r.Rounds)
 			}
-			rec := "none"
-			if r.Recovery >= 0 {
-				rec = fmt.Sprintf("%.0f s", r.Recovery)
+			rec := func(s float64) string {
+				if s < 0 {
+					return "none"
+				}
+				return fmt.Sprintf("%.0f s", s)
 			}
-			fmt.Fprintf(w, "%s\t%s\t%gx\t%.2f / %.2f / %.2f\t%.2f%% (%.2f%%) / %.2f%%\t%s\t%d/%d/%d\t%d\n", r.Fault, name, r.Load,
-				r.GoodputBefore, r.GoodputDuring, r.GoodputAfter, 100*r.CriticalDuring, 100*r.CriticalLater, 100*r.CriticalAfter, rec, r.Lost, r.Twice, r.Late, r.TasksDied)
+			fmt.Fprintf(w, "%s\t%s\t%gx\t%.2f / %.2f / %.2f\t%.2f%% (%.2f%%) / %.2f%%\t%s\t%s\t%d/%d/%d\t%d\n", r.Fault, name, r.Load,
+				r.GoodputBefore, r.GoodputDuring, r.GoodputAfter, 100*r.CriticalDuring, 100*r.CriticalLater, 100*r.CriticalAfter,
+				rec(r.Recovery), rec(r.RecoveryCritical), r.Lost, r.Twice, r.Late, r.TasksDied)
 		}
 		w.Flush()
 	}
 	b.WriteString("faults (goodput: share of the provisioned rate; CRITICAL*: CRITICAL_PLUS and CRITICAL answered,\n" +
 		"during the fault (after its first second) / after it;\n" +
-		"recovery: from the fault's removal to three seconds in a row at goodput >= 0.95):\n")
+		"recovery: from the fault's removal to three seconds in a row at goodput >= 0.95;\n" +
+		"CRITICAL* recovery: to three seconds in a row with >= 99.9% of CRITICAL* answered):\n")
 	table(res.Faults)
 	if len(res.FaultMedians) > 0 {
 		b.WriteString("\nmedians over the rounds (lost, twice, late and deaths: totals):\n")
