@@ -40,7 +40,11 @@
 // loses every request sent to the hung backend until then, so a backend
 // is also ejected when it stalls: picked DefaultStallPicks times since
 // its last answer, then nothing from it for DefaultStallAfter while the
-// subset's other backends answered (WithStall).
+// subset's other backends answered (WithStall). After its ejection a
+// backend is on probation until it answers without an error (one that
+// fails fast is ejected again): one request at a time, and with
+// PickCritical not a critical one while it waits for another
+// (DefaultProbeWait).
 //
 // Pick and Done do not allocate and take no lock; a Pick reads the clock
 // once every 64 picks. Weights are recomputed by the Pick or Report that
@@ -435,27 +439,55 @@ func (b *Balancer) Endpoints() []*Endpoint { return b.set.Load().eps }
 // picks one in lame duck (they still serve); it returns ErrNoEndpoint
 // when there is none of either, ErrFlowControl when every healthy one is
 // at the cap.
-func (b *Balancer) Pick() (*Endpoint, error) {
-	for try := 0; ; try++ {
-		e, err := b.pick()
-		if err != nil {
-			return nil, err
-		}
-		if b.cfg.stallPicks > 0 {
-			// On probation (ejected, and no answer since), an endpoint
-			// takes one request at a time: the others go elsewhere. At
-			// most one try per endpoint skips.
-			unanswered, probation := e.picks.Load()-e.answered.Load(), e.ejections.Load() > 0
-			if (unanswered >= b.cfg.stallPicks || probation && unanswered > 0) &&
-				try < len(b.set.Load().eps) && (b.stalled(e) || probation) {
-				continue // ejected now, or its probe is out: pick another
+func (b *Balancer) Pick() (*Endpoint, error) { return b.pickFor(false) }
+
+// PickCritical is Pick for a request that must not be spent as a probe
+// (CRITICAL and above): it does not go to an endpoint on probation
+// (ejected, and no answer since) until that endpoint has waited
+// DefaultProbeWait past its ejection for a Pick, unless every endpoint
+// is on probation.
+func (b *Balancer) PickCritical() (*Endpoint, error) { return b.pickFor(true) }
+
+// DefaultProbeWait is how long after its ejection an endpoint on
+// probation waits for a request from Pick before PickCritical probes it.
+const DefaultProbeWait = time.Second
+
+func (b *Balancer) pickFor(critical bool) (*Endpoint, error) {
+	e, err := b.pick()
+	if err != nil {
+		return nil, err
+	}
+	if b.cfg.stallPicks > 0 && b.skip(e, critical) {
+		// The policy chose an endpoint that may not take this request
+		// (weighted round robin favours a backend that reports itself
+		// idle, as one whose dependencies are gone does): the next
+		// eligible one in round robin order that may, else e after all.
+		s := b.set.Load()
+		n := uint64(len(s.eps))
+		start := b.rr.Load()
+		for i := range n {
+			if x := s.eps[(start+i)%n]; x != e && x.eligible(b.cfg.maxActive) && !b.skip(x, critical) {
+				e = x
+				break
 			}
 		}
-		e.w.Add(oneActive)
-		e.picks.Add(1)
-		b.cfg.obs.Picked(e)
-		return e, nil
 	}
+	e.w.Add(oneActive)
+	e.picks.Add(1)
+	b.cfg.obs.Picked(e)
+	return e, nil
+}
+
+// skip reports whether e may not take a request now: it stalled (and is
+// ejected now), or it is on probation (ejected, and no answer since) and
+// takes one request at a time, not a critical one while it waits for
+// another.
+func (b *Balancer) skip(e *Endpoint, critical bool) bool {
+	unanswered, probation := e.picks.Load()-e.answered.Load(), e.ejections.Load() > 0
+	if (unanswered >= b.cfg.stallPicks || probation && unanswered > 0) && (b.stalled(e) || probation) {
+		return true
+	}
+	return critical && probation && unanswered == 0 && b.readClock()-e.ejectedUntil.Load() < int64(DefaultProbeWait)
 }
 
 // stalled reports whether e, picked stallPicks times since its last
@@ -896,7 +928,8 @@ func (b *Balancer) decayErrors(eps []*Endpoint, epoch int64) {
 
 // Done ends a request picked on e that the backend answered. failed says
 // the answer is an error that counts against the backend (not, say, the
-// caller's cancellation).
+// caller's cancellation). An answer ends an ejected endpoint's probation,
+// unless it is an error: then the endpoint is ejected again for as long.
 func (e *Endpoint) Done(failed bool) {
 	e.w.Add(^uint64(oneActive - 1)) // minus oneActive
 	e.answered.Store(e.picks.Load())
@@ -908,6 +941,13 @@ func (e *Endpoint) Done(failed bool) {
 	}
 	if e.misses.Load() != 0 || e.ejections.Load() != 0 {
 		e.misses.Store(0)
+		if failed && e.ejections.Load() != 0 && e.State() == Healthy {
+			// On probation, an error is no proof of service (a backend
+			// whose own dependencies are gone fails fast): ejected again,
+			// for as long.
+			e.ejectFor(e.ejections.Load())
+			return
+		}
 		e.ejections.Store(0)
 	}
 }
@@ -944,12 +984,18 @@ func (e *Endpoint) DoneUnanswered() {
 // as unanswered: after the ejection it gets requests again, and is
 // ejected again by a miss or by a new stall.
 func (e *Endpoint) eject() {
-	e.answered.Store(e.picks.Load())
-	e.suspect.Store(0)
 	k := e.ejections.Load()
 	if k < 16 {
 		k = e.ejections.Add(1)
 	}
+	e.ejectFor(k)
+}
+
+// ejectFor makes a Healthy endpoint Unresponsive for the ejection time of
+// the k-th ejection in a row.
+func (e *Endpoint) ejectFor(k uint32) {
+	e.answered.Store(e.picks.Load())
+	e.suspect.Store(0)
 	k = min(k, 16) - 1
 	d := min(e.b.cfg.ejection<<k, MaxEjection)
 	e.ejectedUntil.Store(e.b.readClock() + int64(d))

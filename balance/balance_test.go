@@ -547,6 +547,165 @@ func TestUnresponsiveBackendIsEjected(t *testing.T) {
 	}
 }
 
+// A backend on probation (its ejection over, no answer since) is probed
+// with a request that may be lost: PickCritical leaves it to Pick's
+// requests, and takes it only once it has waited DefaultProbeWait for
+// one, so that a client with only critical traffic still probes it.
+// (Under LeastLoaded its recent errors keep it out longer.)
+func TestCriticalRequestsAreNotProbes(t *testing.T) {
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 2, WithPolicy(p))
+		hung := eps[0]
+		// picks makes n picks, critical or not, and reports how many went
+		// to the hung backend, which leaves them unanswered.
+		picks := func(n int, critical bool) (onHung int) {
+			for range n {
+				pick := b.Pick
+				if critical {
+					pick = b.PickCritical
+				}
+				e, err := pick()
+				if err != nil {
+					t.Fatalf("%v: %v", p, err)
+				}
+				if e == hung {
+					onHung++
+					e.DoneUnanswered()
+					continue
+				}
+				e.Done(false)
+			}
+			return onHung
+		}
+		for range DefaultEjectAfter {
+			hung.w.Add(oneActive)
+			hung.DoneUnanswered()
+		}
+		if hung.State() != Unresponsive {
+			t.Fatalf("%v: the hung backend is %v", p, hung.State())
+		}
+		clk.Advance(DefaultEjection + time.Millisecond)
+		if n := picks(200, true); n != 0 {
+			t.Fatalf("%v: %d critical requests probed the backend on probation", p, n)
+		}
+		if n := picks(200, false); n != 1 || hung.State() != Unresponsive {
+			t.Fatalf("%v: %d other requests probed it (state %v), want 1", p, n, hung.State())
+		}
+		// Only critical traffic: the probe waits DefaultProbeWait past the
+		// (doubled) ejection, then one critical request takes it.
+		clk.Advance(2*DefaultEjection + time.Millisecond)
+		if n := picks(200, true); n != 0 {
+			t.Fatalf("%v: %d critical requests probed it before it waited for a probe", p, n)
+		}
+		clk.Advance(DefaultProbeWait)
+		if n := picks(200, true); n != 1 {
+			t.Fatalf("%v: %d critical requests probed it after it waited %v for a probe, want 1", p, n, DefaultProbeWait)
+		}
+		// Every backend on probation: critical requests still go somewhere.
+		clk.Advance(4*DefaultEjection + time.Millisecond)
+		for range DefaultEjectAfter {
+			eps[1].w.Add(oneActive)
+			eps[1].DoneUnanswered()
+		}
+		clk.Advance(DefaultEjection + time.Millisecond)
+		if e, err := b.PickCritical(); err != nil || e == nil {
+			t.Fatalf("%v: every backend on probation: %v, %v", p, e, err)
+		}
+	}
+}
+
+// A backend on probation is skipped even when the policy keeps choosing
+// it (weighted round robin with the backend reporting itself nearly idle,
+// as one whose dependencies are gone does): the skipped pick goes to
+// another backend, not back to it.
+func TestProbationHoldsWhenThePolicyPrefersTheBackend(t *testing.T) {
+	for _, p := range []Policy{WeightedRoundRobin, LeastLoaded} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 3, WithPolicy(p))
+		hung := eps[0]
+		for i, e := range eps {
+			u := 0.9
+			if i == 0 {
+				u = 0.01
+			}
+			e.Report(Load{QPS: 100, Utilization: u, Span: time.Minute})
+		}
+		for range DefaultEjectAfter {
+			hung.w.Add(oneActive)
+			hung.DoneUnanswered()
+		}
+		clk.Advance(DefaultEjection + time.Millisecond)
+		onHung, critical := 0, 0
+		for i := range 300 {
+			pick := b.Pick
+			if i%2 == 0 {
+				pick = b.PickCritical
+			}
+			e, err := pick()
+			if err != nil {
+				t.Fatalf("%v: %v", p, err)
+			}
+			if e == hung {
+				onHung++
+				if i%2 == 0 {
+					critical++
+				}
+				continue // the probe hangs: never answered
+			}
+			e.Done(false)
+		}
+		if onHung > 1 || critical != 0 {
+			t.Errorf("%v: %d requests (%d critical) to the backend on probation while its probe is out, want at most 1 (0)", p, onHung, critical)
+		}
+	}
+}
+
+// A probe answered with an error (a backend that fails fast, its own
+// dependencies gone) does not end the probation: the backend is ejected
+// again for as long, not doubled, and only an answer that is not an
+// error brings it back.
+func TestFailedProbeEjectsAgain(t *testing.T) {
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 2, WithPolicy(p))
+		bad := eps[0]
+		for range DefaultEjectAfter {
+			bad.w.Add(oneActive)
+			bad.DoneUnanswered()
+		}
+		// probe makes up to 200 picks and ends the first that lands on bad
+		// as told, the others answered; it reports whether one landed.
+		probe := func(failed bool) bool {
+			for range 200 {
+				e, err := b.Pick()
+				if err != nil {
+					t.Fatalf("%v: %v", p, err)
+				}
+				if e == bad {
+					e.Done(failed)
+					return true
+				}
+				e.Done(false)
+			}
+			return false
+		}
+		for round := range 3 {
+			clk.Advance(DefaultEjection + time.Millisecond)
+			if !probe(true) || bad.State() != Unresponsive {
+				t.Fatalf("%v, round %d: a failed probe left it %v", p, round, bad.State())
+			}
+		}
+		clk.Advance(DefaultEjection + time.Millisecond) // not doubled
+		if !probe(false) || bad.State() != Healthy {
+			t.Fatalf("%v: a good probe after the failed ones left it %v", p, bad.State())
+		}
+		if !probe(true) || bad.State() != Healthy {
+			t.Fatalf("%v: an error off probation ejected it (%v)", p, bad.State())
+		}
+	}
+}
+
 // A backend that stops answering is ejected before its requests reach
 // their deadlines: picked DefaultStallPicks times since its last answer,
 // then nothing from it for DefaultStallAfter while the others answer.

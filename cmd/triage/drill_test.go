@@ -218,6 +218,18 @@ func TestFaultHarness(t *testing.T) {
 			t.Errorf("with triage at %gx, %s: %.2f%% of CRITICAL_PLUS and CRITICAL answered during the fault", r.Load, r.Fault, 100*r.CriticalDuring)
 			logCriticalFailures(t, res.Runs, r)
 		}
+		// A hung task, or one cut off from the tier below, is noticed and
+		// avoided: after the fault's first second, 99% of the critical
+		// traffic is served.
+		if (r.Fault == "hang" || r.Fault == "partition-one") && r.CriticalLater < 0.99 {
+			t.Errorf("with triage, %s: %.2f%% of CRITICAL_PLUS and CRITICAL answered after the fault's first second", r.Fault, 100*r.CriticalLater)
+			logCriticalFailures(t, res.Runs, r)
+		}
+		// After the retry-storm trigger, 99.9% of the critical traffic is
+		// served again within 10 s of the DB's return.
+		if r.Fault == "storm" && (r.RecoveryCritical < 0 || r.RecoveryCritical > 10) {
+			t.Errorf("with triage, storm: %v s to 99.9%% of CRITICAL_PLUS and CRITICAL answered (-1: not within the run)", r.RecoveryCritical)
+		}
 		// A gray failure (a task that hangs or slows) costs less with
 		// triage than without.
 		if w, ok := without[r.Fault]; ok && (r.Fault == "hang" || r.Fault == "slow") && r.GoodputDuring <= w.GoodputDuring {

@@ -40,6 +40,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
@@ -727,8 +728,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		d   *endpointData
 		err error
 	)
+	pick := core.Pick
+	if criticality.Of(info.Ctx) >= criticality.Critical {
+		pick = core.PickCritical // not spent as a probe of an ejected backend
+	}
 	for try := 0; try < 3; try++ {
-		e, perr := core.Pick()
+		e, perr := pick()
 		if errors.Is(perr, balance.ErrFlowControl) {
 			// Every healthy backend has MaxActive of this client's
 			// requests: fail at once rather than leave the call blocked in
@@ -769,15 +774,17 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	return r, nil
 }
 
-// unanswered says a call ended with nothing received from the backend
-// after waiting at least nine tenths of its time: at its deadline, or
-// cancelled just before it by a caller upstream whose deadline came
-// first (each hop's deadline is a little later than its caller's).
+// unanswered says a call ended with nothing of use from the backend after
+// waiting at least nine tenths of its time: nothing received at its
+// deadline, or cancelled just before it by a caller upstream whose
+// deadline came first (each hop's deadline is a little later than its
+// caller's), or the backend's own DEADLINE_EXCEEDED then (a backend whose
+// dependencies hang answers so).
 func unanswered(di balancer.DoneInfo, picked, deadline time.Time) bool {
-	if di.BytesReceived {
-		return false
-	}
-	if c := status.Code(di.Err); c != codes.DeadlineExceeded && c != codes.Canceled {
+	switch c := status.Code(di.Err); {
+	case c == codes.DeadlineExceeded:
+	case c == codes.Canceled && !di.BytesReceived:
+	default:
 		return false
 	}
 	budget := deadline.Sub(picked)
