@@ -66,10 +66,14 @@ Run 'triage demo -h', 'triage sim SCENARIO -h', 'triage quota-server -h',
 'triage proxy -h' or 'triage loadtest -h' for the flags.
 `
 
-func main() {
+func main() { os.Exit(runProcess(os.Args[1:])) }
+
+// runProcess is the command as a process: run, with SIGINT and SIGTERM
+// ending its context (a clean shutdown: lame duck, drain, stop).
+func runProcess(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	return run(ctx, args, os.Stdout, os.Stderr)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// SIGTERM is a clean shutdown for the command as a process, and so for
+// this test binary when it runs as the command (the drill's and the fault
+// harness's tasks): the service says NOT_SERVING for its drain, then
+// exits 0. Without it the test binary's tasks died at once on SIGTERM, and
+// the fault harness's rolling restart was a crash in CI.
+func TestSIGTERMIsACleanShutdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := filepath.Join(t.TempDir(), "quota.yaml")
+	if err := os.WriteFile(policy, []byte("customers: {ads: {cpu: 2}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, self, "quota-server", "-config", policy, "-listen", "127.0.0.1:0", "-drain", "1s")
+	cmd.Env = append(os.Environ(), asCLI+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb syncBuffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() {
+		t.Fatalf("no output; stderr %q", errb.String())
+	}
+	m := regexp.MustCompile(`listening on (127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(sc.Text())
+	if m == nil {
+		t.Fatalf("first line %q", sc.Text())
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+	cc, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	w, err := healthpb.NewHealthClient(cc).Watch(wctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("before SIGTERM: %v, %v", r, err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r, err := w.Recv()
+	if err != nil || r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("after SIGTERM the health watch got %v, %v; want NOT_SERVING (lame duck)", r, err)
+	}
+	wcancel()
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("after SIGTERM: %v (want exit 0); stderr %q", err, errb.String())
+	}
+}
