@@ -402,7 +402,7 @@ func TestRejectProbabilityIsCapped(t *testing.T) {
 		cap, want float64
 	}{{throttle.DefaultMaxRejectProbability, 0.95}, {1, 0.999}} {
 		th, _ := throttle.New(throttle.WithMaxRejectProbability(tc.cap))
-		for i := 0; i < 5000; i++ {
+		for i := 0; i < 10000; i++ {
 			th.Record(criticality.Critical, epoch, false)
 		}
 		if p := th.StatsAt(criticality.Critical, epoch).RejectProbability; p < tc.want || p > tc.cap {
@@ -429,5 +429,34 @@ func TestNewErrors(t *testing.T) {
 		if _, err := throttle.New(opts...); !errors.Is(err, throttle.ErrConfig) {
 			t.Errorf("New: err = %v", err)
 		}
+	}
+}
+
+// A client with almost no history does not throttle on the first
+// rejection it sees: a task just restarted, whose first CRITICAL request
+// was refused by a busy backend task, retries it on another (the fault
+// harness's rolling restart lost CRITICAL requests this way, p = 1/2 for
+// the retry). Throttling starts once requests exceed K*accepts by more
+// than DefaultFloor, and then follows the book's formula.
+func TestThinHistoryDoesNotThrottle(t *testing.T) {
+	th, _ := throttle.New(throttle.WithRandom(func() float64 { return 0 }))
+	for i := 1; i <= throttle.DefaultFloor; i++ {
+		th.Record(criticality.Critical, epoch, false)
+		if _, ok := th.AllowAt(criticality.Critical, epoch); !ok {
+			t.Fatalf("rejected locally after %d rejections and no accept", i)
+		}
+	}
+	th.Record(criticality.Critical, epoch, false)
+	if _, ok := th.AllowAt(criticality.Critical, epoch); ok {
+		t.Fatalf("%d rejections and no accept, yet a draw of 0 passed", throttle.DefaultFloor+1)
+	}
+	// One accept among few requests: K*accepts covers most of them.
+	th2, _ := throttle.New(throttle.WithRandom(func() float64 { return 0 }))
+	th2.Record(criticality.Critical, epoch, true)
+	for i := 0; i < 1+throttle.DefaultFloor; i++ {
+		th2.Record(criticality.Critical, epoch, false)
+	}
+	if _, ok := th2.AllowAt(criticality.Critical, epoch); !ok {
+		t.Fatal("rejected locally with requests - K*accepts at the floor")
 	}
 }
