@@ -43,12 +43,11 @@
 //     the backend accepted per second, whichever the demand. This needs no
 //     minimum of recent requests, so a client whose rate fell below
 //     ShortMin per short window recovers too.
-//   - Requests must exceed K*accepts by more than a floor (DefaultFloor,
-//     5) before anything is rejected locally: the probability is
-//     max(0, (requests - K*accepts - floor) / (requests + 1)). Without it,
-//     a client with almost no history (a task just started) whose first
-//     answer is a rejection rejects its own retry with probability 1/2.
-//     In steady overload the floor is lost among the window's requests.
+//   - Nothing is rejected locally while the window holds fewer than
+//     DefaultMinRequests (10) requests of the level: a client with almost
+//     no history (a task just started) whose first answer is a rejection
+//     would otherwise reject its own retry with probability 1/2. Past
+//     that, the formula is the book's, so the equilibrium is unchanged.
 //   - When the backend answered every request of the last second without
 //     a rejection, the short window's rejections are history (an outage
 //     of its own dependency that ended, say), not an overload starting,
@@ -101,10 +100,9 @@ const (
 	// DefaultShortMin is the number of requests the short window must hold
 	// to be used instead of the whole window.
 	DefaultShortMin = 10
-	// DefaultFloor is how far requests must exceed K*accepts before any
-	// request is rejected locally (WithFloor). go-zero's breaker uses 5
-	// too.
-	DefaultFloor = 5
+	// DefaultMinRequests is how many requests of a level the window must
+	// hold before any of them is rejected locally (WithMinRequests).
+	DefaultMinRequests = 10
 )
 
 // MaxBuckets bounds the number of buckets, and so a Throttle's memory.
@@ -120,7 +118,7 @@ const MaxBuckets = 1024
 // the answer. A Throttle keeps separate statistics per criticality.
 type Throttle struct {
 	k        float64
-	floor    float64
+	minReq   float64
 	maxP     float64
 	shortMin float64
 	useShort bool
@@ -147,7 +145,7 @@ type Option interface{ apply(*config) }
 
 type config struct {
 	k        float64
-	floor    float64
+	minReq   int
 	maxP     float64
 	window   time.Duration
 	buckets  int
@@ -165,13 +163,11 @@ func (f optionFunc) apply(c *config) { f(c) }
 // locally: at 1.1 the backend rejects about one request per ten it accepts.
 func WithK(k float64) Option { return optionFunc(func(c *config) { c.k = k }) }
 
-// WithFloor sets how far the requests must exceed K*accepts before any
-// request is rejected locally (in [0, 1e6]): the rejection probability
-// is max(0, (requests - K*accepts - floor) / (requests + 1)). 0 is the
-// book's formula. Default DefaultFloor: a client with almost no history
-// (a task just started, a criticality it rarely sends) does not reject a
-// retry because its first answer was a rejection.
-func WithFloor(n float64) Option { return optionFunc(func(c *config) { c.floor = n }) }
+// WithMinRequests sets how many requests of a level the window must hold
+// before any of them is rejected locally (at least 0; 0 is the book's
+// rule, which rejects a client's second request with probability 1/2
+// when its first was rejected). Default DefaultMinRequests.
+func WithMinRequests(n int) Option { return optionFunc(func(c *config) { c.minReq = n }) }
 
 // WithMaxRejectProbability caps the probability of rejecting a request
 // locally, in (0, 1]; 1 is the book's formula uncapped. Default
@@ -212,15 +208,15 @@ var ErrConfig = errors.New("throttle: invalid config")
 
 // New returns a Throttle.
 func New(opts ...Option) (*Throttle, error) {
-	c := config{k: DefaultK, floor: DefaultFloor, maxP: DefaultMaxRejectProbability, window: DefaultWindow, buckets: DefaultBuckets, short: DefaultShortWindow, shortMin: DefaultShortMin}
+	c := config{k: DefaultK, minReq: DefaultMinRequests, maxP: DefaultMaxRejectProbability, window: DefaultWindow, buckets: DefaultBuckets, short: DefaultShortWindow, shortMin: DefaultShortMin}
 	for _, o := range opts {
 		o.apply(&c)
 	}
 	switch {
 	case !(c.k >= 1) || c.k > 1e6:
 		return nil, fmt.Errorf("%w: K must be in [1, 1e6], got %v", ErrConfig, c.k)
-	case !(c.floor >= 0) || c.floor > 1e6:
-		return nil, fmt.Errorf("%w: floor must be in [0, 1e6], got %v", ErrConfig, c.floor)
+	case c.minReq < 0:
+		return nil, fmt.Errorf("%w: minimum requests must be at least 0, got %d", ErrConfig, c.minReq)
 	case !(c.maxP > 0 && c.maxP <= 1):
 		return nil, fmt.Errorf("%w: max reject probability must be in (0, 1], got %v", ErrConfig, c.maxP)
 	case c.window < time.Second:
@@ -241,7 +237,7 @@ func New(opts ...Option) (*Throttle, error) {
 	clk := clock.OrReal(c.clock)
 	t := &Throttle{
 		k:        c.k,
-		floor:    c.floor,
+		minReq:   float64(c.minReq),
 		maxP:     c.maxP,
 		shortMin: float64(c.shortMin),
 		useShort: c.short != 0,
@@ -366,7 +362,10 @@ const (
 // counts it used and whether they are the short window's.
 func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool) {
 	w, sw := lv.Sums(ns)
-	book := t.rejectP(w.A, w.B)
+	if w.A < t.minReq {
+		return 0, w.A, w.B, false
+	}
+	book := rejectP(w.A, w.B, t.k)
 	if !t.useShort {
 		return book, w.A, w.B, false
 	}
@@ -374,7 +373,7 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 	fell := false
 	if pl > 0 {
 		rate := t.recentRate(lv, ns)
-		pl = min(pl, t.rejectP(rate*t.span(ns), w.B))
+		pl = min(pl, rejectP(rate*t.span(ns), w.B, t.k))
 		// Demand fell within the short window: its counts describe the
 		// traffic that is gone, not a new overload.
 		fell = 2*rate*t.shortNS < sw.A
@@ -382,7 +381,7 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 	if sw.A < t.shortMin || fell {
 		return pl, w.A, w.B, false
 	}
-	ps := t.rejectP(sw.A, sw.B)
+	ps := rejectP(sw.A, sw.B, t.k)
 	if ps == 0 {
 		// The recent requests were accepted as often as K allows: nothing
 		// to throttle, whatever older history says.
@@ -428,10 +427,9 @@ func (t *Throttle) span(ns int64) float64 {
 	return max(span, t.shortNS)
 }
 
-// rejectP is the book's max(0, (requests - K*accepts) / (requests + 1)),
-// less the floor in the numerator.
-func (t *Throttle) rejectP(req, acc float64) float64 {
-	p := (req - t.k*acc - t.floor) / (req + 1)
+// rejectP is the book's max(0, (requests - K*accepts) / (requests + 1)).
+func rejectP(req, acc, k float64) float64 {
+	p := (req - k*acc) / (req + 1)
 	if p < 0 {
 		return 0
 	}

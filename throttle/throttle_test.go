@@ -402,7 +402,7 @@ func TestRejectProbabilityIsCapped(t *testing.T) {
 		cap, want float64
 	}{{throttle.DefaultMaxRejectProbability, 0.95}, {1, 0.999}} {
 		th, _ := throttle.New(throttle.WithMaxRejectProbability(tc.cap))
-		for i := 0; i < 10000; i++ {
+		for i := 0; i < 5000; i++ {
 			th.Record(criticality.Critical, epoch, false)
 		}
 		if p := th.StatsAt(criticality.Critical, epoch).RejectProbability; p < tc.want || p > tc.cap {
@@ -424,7 +424,7 @@ func TestNewErrors(t *testing.T) {
 		{throttle.WithK(0.5)}, {throttle.WithK(-1)}, {throttle.WithWindow(time.Millisecond)},
 		{throttle.WithBuckets(1)}, {throttle.WithBuckets(throttle.MaxBuckets + 1)},
 		{throttle.WithShortWindow(time.Millisecond)}, {throttle.WithShortWindow(3 * time.Minute)},
-		{throttle.WithShortMin(0)}, {throttle.WithMaxRejectProbability(0)}, {throttle.WithMaxRejectProbability(1.5)},
+		{throttle.WithShortMin(0)}, {throttle.WithMinRequests(-1)}, {throttle.WithMaxRejectProbability(0)}, {throttle.WithMaxRejectProbability(1.5)},
 	} {
 		if _, err := throttle.New(opts...); !errors.Is(err, throttle.ErrConfig) {
 			t.Errorf("New: err = %v", err)
@@ -433,30 +433,28 @@ func TestNewErrors(t *testing.T) {
 }
 
 // A client with almost no history does not throttle on the first
-// rejection it sees: a task just restarted, whose first CRITICAL request
+// rejections it sees: a task just restarted, whose first CRITICAL request
 // was refused by a busy backend task, retries it on another (the fault
-// harness's rolling restart lost CRITICAL requests this way, p = 1/2 for
-// the retry). Throttling starts once requests exceed K*accepts by more
-// than DefaultFloor, and then follows the book's formula.
+// harness's rolling restart lost CRITICAL requests this way: the book's
+// rule gives the retry p = 1/2). Throttling starts once the window holds
+// DefaultMinRequests requests, with the book's formula.
 func TestThinHistoryDoesNotThrottle(t *testing.T) {
 	th, _ := throttle.New(throttle.WithRandom(func() float64 { return 0 }))
-	for i := 1; i <= throttle.DefaultFloor; i++ {
+	for i := 1; i < throttle.DefaultMinRequests; i++ {
 		th.Record(criticality.Critical, epoch, false)
 		if _, ok := th.AllowAt(criticality.Critical, epoch); !ok {
-			t.Fatalf("rejected locally after %d rejections and no accept", i)
+			t.Fatalf("rejected locally after %d rejections", i)
 		}
 	}
 	th.Record(criticality.Critical, epoch, false)
-	if _, ok := th.AllowAt(criticality.Critical, epoch); ok {
-		t.Fatalf("%d rejections and no accept, yet a draw of 0 passed", throttle.DefaultFloor+1)
+	s := th.StatsAt(criticality.Critical, epoch)
+	if want := float64(throttle.DefaultMinRequests) / float64(throttle.DefaultMinRequests+1); s.RejectProbability != want {
+		t.Fatalf("%d rejections: reject probability %v, want the book's %v", throttle.DefaultMinRequests, s.RejectProbability, want)
 	}
-	// One accept among few requests: K*accepts covers most of them.
-	th2, _ := throttle.New(throttle.WithRandom(func() float64 { return 0 }))
-	th2.Record(criticality.Critical, epoch, true)
-	for i := 0; i < 1+throttle.DefaultFloor; i++ {
-		th2.Record(criticality.Critical, epoch, false)
-	}
-	if _, ok := th2.AllowAt(criticality.Critical, epoch); !ok {
-		t.Fatal("rejected locally with requests - K*accepts at the floor")
+	// WithMinRequests(0) is the book's rule: one rejection, p = 1/2.
+	book, _ := throttle.New(throttle.WithMinRequests(0))
+	book.Record(criticality.Critical, epoch, false)
+	if p := book.StatsAt(criticality.Critical, epoch).RejectProbability; p != 0.5 {
+		t.Fatalf("the book's rule after one rejection: p = %v, want 0.5", p)
 	}
 }
