@@ -46,19 +46,22 @@ type Server struct {
 	retryLater      sync.Map
 	retryLaterCount atomic.Int32
 	group           func(context.Context, metadata.MD) string
-	connShare       int32 // 0: no share by connection
+	connShare       int32         // 0: no share by connection
+	slowPenalty     time.Duration // 0: no slow-sender penalty
+	since           func() time.Duration
 }
 
 // ServerOption configures a Server.
 type ServerOption interface{ applyServer(*serverConfig) }
 
 type serverConfig struct {
-	intake    []intake.Option
-	meter     *balance.Meter
-	lifecycle *lifecycle.Lifecycle
-	clock     clock.Clock
-	group     func(context.Context, metadata.MD) string
-	connShare int32
+	intake      []intake.Option
+	meter       *balance.Meter
+	lifecycle   *lifecycle.Lifecycle
+	clock       clock.Clock
+	group       func(context.Context, metadata.MD) string
+	connShare   int32
+	slowPenalty time.Duration
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -136,7 +139,7 @@ func WithServerClock(c clock.Clock) ServerOption {
 // NewServer returns a Server, or an error for an inconsistent
 // configuration.
 func NewServer(opts ...ServerOption) (*Server, error) {
-	c := serverConfig{connShare: DefaultConnShare}
+	c := serverConfig{connShare: DefaultConnShare, slowPenalty: DefaultSlowSenderPenalty}
 	for _, o := range opts {
 		o.applyServer(&c)
 	}
@@ -144,10 +147,11 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("triagegrpc: %w", err)
 	}
-	s := &Server{in: in, group: c.group, connShare: c.connShare, blackHole: compactStatus(intake.ErrBlackHoled).Err()}
-	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
 	clk := clock.OrReal(c.clock)
-	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: clock.SinceFunc(clk, clk.Now())}); t.enabled() {
+	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, since: clock.SinceFunc(clk, clk.Now()),
+		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
+	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
+	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: s.since}); t.enabled() {
 		s.trailers = t
 	}
 	for r := admission.Reason(0); r < admission.NumReasons; r++ {
@@ -239,8 +243,36 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 //     task's room, so that one connection's burst does not lock the
 //     others out.
 //
-// It keeps one counter per connection, in the connection's context.
+// With it, a connection one of whose streams the interceptors refused as
+// late (its message came past admission's message timeout) has its next
+// streams, health checks aside, refused in the tap for
+// WithSlowSenderPenalty (1 s, doubling to MaxSlowSenderPenalty while it
+// offends again): a slow sender's burst of late messages costs a
+// goroutine and a refusal per stream, which the tap's refusal does not.
+//
+// It keeps a few words per connection, in the connection's context: a
+// connection's state lives and dies with it.
 func (s *Server) StatsHandler() stats.Handler { return streamStats{} }
+
+// DefaultSlowSenderPenalty is how long a connection whose stream sent its
+// message past the message timeout has its next streams refused at
+// arrival (WithSlowSenderPenalty); it doubles while the connection
+// offends again within MaxSlowSenderPenalty of its last penalty's end.
+const DefaultSlowSenderPenalty = time.Second
+
+// MaxSlowSenderPenalty bounds the doubling of a connection's slow-sender
+// penalty.
+const MaxSlowSenderPenalty = time.Minute
+
+// WithSlowSenderPenalty sets how long a connection is refused new streams
+// at arrival after one of its streams sent its message past the message
+// timeout (admission.WithMessageTimeout: refused as late), doubling, up to
+// MaxSlowSenderPenalty, while it offends again within MaxSlowSenderPenalty
+// of its last penalty's end; 0 turns the penalty off. Health checks are
+// still answered. Default DefaultSlowSenderPenalty.
+func WithSlowSenderPenalty(d time.Duration) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.slowPenalty = min(max(d, 0), MaxSlowSenderPenalty) })
+}
 
 // DefaultConnShare is how many of a connection's streams may wait for
 // their goroutines before its next stream is over the connection's share
@@ -256,21 +288,67 @@ func WithConnShare(n int) ServerOption {
 }
 
 // streamStats is StatsHandler's handler. Each connection's context holds
-// the count of its streams the tap handle accepted whose goroutine has
-// not run yet.
+// its connState.
 type streamStats struct{}
 
-type waitingKey struct{}
+// connState is what a Server keeps of one connection: the count of its
+// streams the tap handle accepted whose goroutine has not run yet, and its
+// slow-sender penalty.
+type connState struct {
+	waiting atomic.Int32
+	// slowUntil is when the penalty ends, on the Server's clock (since its
+	// start, ns); 0: never penalised.
+	slowUntil atomic.Int64
+	mu        sync.Mutex    // orders penalties
+	penalty   time.Duration // the last one given
+}
 
-// waitingOf returns the count of ctx's connection, or nil without the
-// stats handler.
-func waitingOf(ctx context.Context) *atomic.Int32 {
-	n, _ := ctx.Value(waitingKey{}).(*atomic.Int32)
-	return n
+type connStateKey struct{}
+
+// connOf returns the state of ctx's connection, or nil without the stats
+// handler.
+func connOf(ctx context.Context) *connState {
+	c, _ := ctx.Value(connStateKey{}).(*connState)
+	return c
 }
 
 func (streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, waitingKey{}, new(atomic.Int32))
+	return context.WithValue(ctx, connStateKey{}, new(connState))
+}
+
+// slow reports whether the connection is serving a slow-sender penalty.
+func (s *Server) slow(c *connState) bool {
+	u := c.slowUntil.Load()
+	return u != 0 && int64(s.since()) < u
+}
+
+// noteLate penalises the connection of a request refused as late: its
+// client sent the message past the message timeout. One penalty per burst
+// of late messages: a refusal during the penalty adds nothing.
+func (s *Server) noteLate(ctx context.Context, err error) {
+	if s.slowPenalty <= 0 {
+		return
+	}
+	if r, _, ok := admission.RejectionOf(err); !ok || r != admission.Late {
+		return
+	}
+	c := connOf(ctx)
+	if c == nil {
+		return
+	}
+	now := int64(s.since())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	until := c.slowUntil.Load()
+	if now < until {
+		return
+	}
+	p := s.slowPenalty
+	if until != 0 && now < until+int64(MaxSlowSenderPenalty) {
+		p = min(2*c.penalty, MaxSlowSenderPenalty)
+	}
+	c.penalty = p
+	c.slowUntil.Store(now + int64(p))
 }
 
 // TagRPC runs on the stream's goroutine. A Handle in ctx means the tap
@@ -278,8 +356,8 @@ func (streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Co
 func (streamStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
 	if h := intake.HandleOf(ctx); h != nil {
 		h.Scheduled()
-		if n := waitingOf(ctx); n != nil {
-			n.Add(-1)
+		if c := connOf(ctx); c != nil {
+			c.waiting.Add(-1)
 		}
 	}
 	return ctx
@@ -296,10 +374,13 @@ func (streamStats) HandleConn(context.Context, stats.ConnStats) {}
 // goroutine, no message read.
 func (s *Server) TapHandle() tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		n := waitingOf(ctx)
-		c, err := s.accept(ctx, info.Header, info.FullMethodName, n != nil && s.connShare > 0 && n.Load() >= s.connShare)
-		if err == nil && n != nil {
-			n.Add(1)
+		cs := connOf(ctx)
+		if cs != nil && s.slowPenalty > 0 && s.slow(cs) && !isHealthCheck(info.FullMethodName) {
+			return nil, s.rejections[admission.Late][0]
+		}
+		c, err := s.accept(ctx, info.Header, info.FullMethodName, cs != nil && s.connShare > 0 && cs.waiting.Load() >= s.connShare)
+		if err == nil && cs != nil {
+			cs.waiting.Add(1)
 		}
 		return c, err
 	}
@@ -318,6 +399,7 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		if err := h.Start(); err != nil {
+			s.noteLate(ctx, err)
 			return nil, s.rejection(err)
 		}
 		resp, err := handler(ctx, req)
@@ -342,6 +424,7 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 			ss = &serverStream{ServerStream: ss, ctx: c}
 		}
 		if err := h.Start(); err != nil {
+			s.noteLate(c, err)
 			return s.rejection(err)
 		}
 		err = handler(srv, ss)

@@ -43,6 +43,7 @@ type slowServer struct {
 	obs            *refusals
 	served, tagged atomic.Int64
 	cc             *grpc.ClientConn
+	addr           string
 }
 
 func startSlowServer(t *testing.T, withStats bool) *slowServer {
@@ -54,7 +55,8 @@ func startSlowServer(t *testing.T, withStats bool) *slowServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(s.ctl))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(s.ctl),
+		triagegrpc.WithServerClock(s.f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,8 @@ func startSlowServer(t *testing.T, withStats bool) *slowServer {
 	opts = append(opts, grpc.StatsHandler(tagCounter{&s.tagged}))
 	gs := grpc.NewServer(opts...)
 	relay.Register(gs, &relay.Tier{Name: "B", Fail: func(context.Context, string) error { s.served.Add(1); return nil }, Observe: func(relay.Arrival) {}})
-	s.cc = plainConn(t, listenAndServe(t, gs))
+	s.addr = listenAndServe(t, gs)
+	s.cc = plainConn(t, s.addr)
 	return s
 }
 
@@ -77,14 +80,15 @@ func (s *slowServer) openSlow(t *testing.T, ctx context.Context, n int) []grpc.C
 	t.Helper()
 	var slow []grpc.ClientStream
 	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+	tagged, refused := s.tagged.Load(), s.obs.n.Load()
 	for len(slow) < n {
 		cs, err := s.cc.NewStream(ctx, desc, relay.CallMethod)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := int64(len(slow) + 1)
-		waitFor(t, "the stream's goroutine to run", func() bool { return s.tagged.Load() >= want || s.obs.n.Load() > 0 })
-		if s.obs.n.Load() > 0 {
+		want := tagged + int64(len(slow)+1)
+		waitFor(t, "the stream's goroutine to run", func() bool { return s.tagged.Load() >= want || s.obs.n.Load() > refused })
+		if s.obs.n.Load() > refused {
 			break // refused: the task is full of streams without messages
 		}
 		slow = append(slow, cs)
@@ -161,6 +165,50 @@ func TestSlowSendersAgeOut(t *testing.T) {
 		t.Fatalf("%d handlers ran, want 1 (the well-behaved call)", n)
 	}
 	s.lateMessages(t, slow)
+}
+
+// A connection whose messages came past the message timeout is a slow
+// sender: for DefaultSlowSenderPenalty its next streams are refused at
+// arrival, in the tap (no goroutine, no handler), while other connections
+// are served; a connection that offends again soon after gets twice the
+// penalty. Each late burst otherwise costs the task a goroutine wake-up
+// and a refusal per stream, which is what steady traffic beside 1,000
+// slow senders waited behind.
+func TestSlowConnectionIsRefusedAtArrival(t *testing.T) {
+	s := startSlowServer(t, true)
+	ctx, cancel := context.WithCancel(criticality.NewContext(context.Background(), criticality.Critical))
+	defer cancel()
+	other := plainConn(t, s.addr)
+	refusedAtArrival := func(what string) {
+		t.Helper()
+		served, tagged := s.served.Load(), s.tagged.Load()
+		_, err := relay.Invoke(ctx, s.cc, "fresh")
+		oe, ok := outcome.As(err)
+		if status.Code(err) != codes.Unavailable || !ok || oe.Reason != admission.Late.String() {
+			t.Fatalf("%s: a call on the slow connection got %v, want refused as late", what, err)
+		}
+		if s.served.Load() != served || s.tagged.Load() != tagged {
+			t.Fatalf("%s: the refused call got a goroutine (%d) or a handler (%d)", what, s.tagged.Load()-tagged, s.served.Load()-served)
+		}
+	}
+	served := func(cc *grpc.ClientConn, what string) {
+		t.Helper()
+		if _, err := relay.Invoke(ctx, cc, "fresh"); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	served(s.cc, "before any late message")
+	s.lateMessages(t, s.openSlow(t, ctx, 3))
+	refusedAtArrival("after its late messages")
+	served(other, "another connection beside the slow one")
+	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty)
+	served(s.cc, "once the penalty is over")
+	// Again, soon after: twice the penalty.
+	s.lateMessages(t, s.openSlow(t, ctx, 3))
+	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty + triagegrpc.DefaultSlowSenderPenalty/2)
+	refusedAtArrival("a second offence, 1.5 penalties later")
+	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty / 2)
+	served(s.cc, "after twice the penalty")
 }
 
 // refusals counts the controller's rejections.
