@@ -478,17 +478,25 @@ func runOnce(ctx context.Context, o Options, sc *scenario, protect bool, d time.
 	defer cancel()
 	dr := &driver{s: s, sc: sc, run: run, v: v, d: d, runCtx: runCtx, start: time.Now().Add(warmup),
 		restarts: make(chan string, 16), restarted: make(chan struct{}), killed: make(chan struct{})}
+	dr.phaseEnds = phaseEnds(sc.phases, d)
+	dr.d = dr.phaseEnds[len(dr.phaseEnds)-1]
+	return dr.drive(ctx, lg)
+}
+
+// phaseEnds returns when each phase of a run of length d ends, on whole
+// seconds, so that each of the run's seconds belongs to one phase.
+func phaseEnds(phases []phase, d time.Duration) []time.Duration {
+	var ends []time.Duration
 	acc := time.Duration(0)
-	for _, ph := range sc.phases {
+	for _, ph := range phases {
 		if ph.dur > 0 {
 			acc += ph.dur
 		} else {
 			acc += time.Duration(ph.share * float64(d))
 		}
-		dr.phaseEnds = append(dr.phaseEnds, acc)
+		ends = append(ends, acc.Round(time.Second))
 	}
-	dr.d = acc
-	return dr.drive(ctx, lg)
+	return ends
 }
 
 // build starts the stack's processes: the quota service (with triage),
@@ -614,6 +622,14 @@ type driver struct {
 	killed    chan struct{}
 }
 
+// phaseStart returns when phase i starts.
+func (dr *driver) phaseStart(i int) time.Duration {
+	if i == 0 {
+		return 0
+	}
+	return dr.phaseEnds[i-1]
+}
+
 // phase returns the index of the script's phase at el.
 func (dr *driver) phase(el time.Duration) int {
 	for i, end := range dr.phaseEnds {
@@ -685,7 +701,7 @@ func (dr *driver) drive(ctx context.Context, lg *load) (*RunResult, error) {
 			if ph != curPhase {
 				curPhase = ph
 				p := dr.sc.phases[ph]
-				dr.run.phaseAt(p.name, el)
+				dr.run.phaseAt(p.name, dr.phaseStart(ph))
 				dr.v.printf("-- %5.1fs  %s\n", el.Seconds(), p.says)
 				dr.sc.act(dr, p.name)
 			}

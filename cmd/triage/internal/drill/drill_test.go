@@ -175,3 +175,27 @@ func TestMachineReportsRecentBusyShare(t *testing.T) {
 		t.Fatalf("idle for 5 s: reported %.2f", u)
 	}
 }
+
+// Phases start on whole seconds, and a phase is recorded at its scheduled
+// start, not at the tick that notices it: the per-second figures then
+// belong to one phase each. Before, the drill's 60 s run switched to the
+// surge at 7.2 s and recorded it at the next tick, 8.0 s, so the normal
+// phase's shares counted the surge's first 0.8 s (SHEDDABLE 29% answered
+// "at the provisioned rate").
+func TestPhasesStartOnWholeSeconds(t *testing.T) {
+	for _, d := range []time.Duration{20 * time.Second, 60 * time.Second, 2 * time.Minute, 97 * time.Second} {
+		ends := phaseEnds(drillScenario.phases, d)
+		for i, e := range ends {
+			if e%time.Second != 0 {
+				t.Errorf("%v: phase %d ends at %v, not on a whole second", d, i, e)
+			}
+		}
+		dr := &driver{sc: drillScenario, phaseEnds: ends}
+		for i := range ends {
+			start := dr.phaseStart(i)
+			if dr.phase(start) != i || i > 0 && dr.phase(start-time.Nanosecond) != i-1 {
+				t.Errorf("%v: phase %d scheduled from %v, but phase(%v) = %d", d, i, start, start, dr.phase(start))
+			}
+		}
+	}
+}
