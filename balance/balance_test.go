@@ -534,10 +534,7 @@ func TestUnresponsiveBackendIsEjected(t *testing.T) {
 		if n := picks(200); n != DefaultEjectAfter {
 			t.Fatalf("%v: after an answer, %d requests unanswered before the backend is ejected again, want %d", p, n, DefaultEjectAfter)
 		}
-		for range DefaultEjectAfter {
-			eps[1].w.Add(oneActive)
-			eps[1].DoneUnanswered()
-		}
+		eject(eps[1])
 		if eps[1].State() != Unresponsive {
 			t.Fatalf("%v: the second backend is %v", p, eps[1].State())
 		}
@@ -578,10 +575,7 @@ func TestCriticalRequestsAreNotProbes(t *testing.T) {
 			}
 			return onHung
 		}
-		for range DefaultEjectAfter {
-			hung.w.Add(oneActive)
-			hung.DoneUnanswered()
-		}
+		eject(hung)
 		if hung.State() != Unresponsive {
 			t.Fatalf("%v: the hung backend is %v", p, hung.State())
 		}
@@ -604,10 +598,7 @@ func TestCriticalRequestsAreNotProbes(t *testing.T) {
 		}
 		// Every backend on probation: critical requests still go somewhere.
 		clk.Advance(4*DefaultEjection + time.Millisecond)
-		for range DefaultEjectAfter {
-			eps[1].w.Add(oneActive)
-			eps[1].DoneUnanswered()
-		}
+		eject(eps[1])
 		clk.Advance(DefaultEjection + time.Millisecond)
 		if e, err := b.PickCritical(); err != nil || e == nil {
 			t.Fatalf("%v: every backend on probation: %v, %v", p, e, err)
@@ -631,10 +622,7 @@ func TestProbationHoldsWhenThePolicyPrefersTheBackend(t *testing.T) {
 			}
 			e.Report(Load{QPS: 100, Utilization: u, Span: time.Minute})
 		}
-		for range DefaultEjectAfter {
-			hung.w.Add(oneActive)
-			hung.DoneUnanswered()
-		}
+		eject(hung)
 		clk.Advance(DefaultEjection + time.Millisecond)
 		onHung, critical := 0, 0
 		for i := range 300 {
@@ -670,10 +658,7 @@ func TestFailedProbeEjectsAgain(t *testing.T) {
 		clk := clock.NewFake(time.Unix(0, 0))
 		b, eps := newBalancer(t, clk, 2, WithPolicy(p))
 		bad := eps[0]
-		for range DefaultEjectAfter {
-			bad.w.Add(oneActive)
-			bad.DoneUnanswered()
-		}
+		eject(bad)
 		// probe makes up to 200 picks and ends the first that lands on bad
 		// as told, the others answered; it reports whether one landed.
 		probe := func(failed bool) bool {
@@ -900,5 +885,14 @@ func TestBlackoutCountsFromTheBackendsStart(t *testing.T) {
 	eps[1].Report(Load{QPS: 1, Utilization: 0.5, Span: -time.Second})
 	if eps[1].Load() != before {
 		t.Fatal("a report with a negative span was taken")
+	}
+}
+
+// eject leaves DefaultEjectAfter requests to e unanswered in a row, which
+// ejects it.
+func eject(e *Endpoint) {
+	for range DefaultEjectAfter {
+		e.w.Add(oneActive)
+		e.DoneUnanswered()
 	}
 }
