@@ -45,9 +45,10 @@
 // (SchedulerDelay), so that a client slow to send its message is not
 // mistaken for a queue (ArrivalDelay, the per-request alternative, ends at
 // Scheduled where the transport calls it). Work conservation: while the
-// task's CPU is clearly below saturation the cap does not shrink, and
-// grows while it turns requests away, since a task with idle CPU has no
-// queue of runnable requests to bound. A request not Scheduled stops
+// task's CPU is clearly below saturation the cap does not shrink, since a
+// task with idle CPU has no queue of runnable requests to bound; and while
+// it also turns requests away, the cap grows in proportion to the CPU left
+// idle, so that a client sending in bursts is served across its gaps. A request not Scheduled stops
 // counting towards the cap four target delays after it arrived: its client
 // is slow to send. When its message comes more than four target delays
 // after its headers it ranks below the fresh requests of its level, and
@@ -310,10 +311,12 @@ func WithMessageTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.messageTimeout = d })
 }
 
-// WithSaturation sets the signal that says whether the task's CPU is
-// saturated (work conservation): while it reads below 0.95, the pending
-// cap does not shrink, and grows while it turns requests away, since a
-// task with idle CPU has no queue of runnable requests to bound;
+// WithSaturation sets the signal that says how busy the task's CPU is
+// (work conservation): while it reads below 0.95, the pending cap does not
+// shrink, since a task with idle CPU has no queue of runnable requests to
+// bound, and while the cap turns requests away it grows each interval by
+// four times the idle share of itself (at least a tenth, at most
+// doubling: 90% busy, +40%);
 // execution slots, their queue and the deadline still apply. nil turns
 // the rule off (the cap follows the delay alone). Default: the process's
 // CPU against its reservation, sampled every half interval (CPU{Interval:
@@ -360,9 +363,10 @@ type Controller struct {
 	// sched measures the queueing delay (SchedulerDelay); nil: sampled
 	// requests measure it from Arrive to Start (ArrivalDelay).
 	sched *schedDelay
-	// saturation says whether the CPU is saturated (work conservation);
-	// nil: always.
+	// saturation says how busy the CPU is (work conservation); nil:
+	// saturated always.
 	saturation Signal
+	busy       float64 // its last reading; guarded by adjust
 
 	targetDelay    int64
 	interval       int64
@@ -535,6 +539,7 @@ func New(opts ...Option) (*Controller, error) {
 	}
 	ctl.saturation = c.saturation
 	ctl.saturated.Store(true)
+	ctl.busy = 1
 	if ctl.random == nil {
 		ctl.random = rand.Float64
 	} else {
@@ -1229,7 +1234,8 @@ func (c *Controller) maybeAdjust(now int64) {
 	intervals := max(1, (now-c.nextAdjust.Load())/c.interval+1) // since the last adjustment
 	c.nextAdjust.Store(now + c.interval)
 	if c.saturation != nil {
-		c.saturated.Store(c.saturation.Utilization() >= saturatedAt)
+		c.busy = c.saturation.Utilization()
+		c.saturated.Store(c.busy >= saturatedAt)
 	}
 	c.adjustPending()
 	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
@@ -1277,7 +1283,7 @@ func (c *Controller) adjustPending() {
 		return
 	}
 	c.lastDelay.Store(delay)
-	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.saturated.Load()))
+	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy))
 }
 
 // queueDelay is the interval's mean queueing delay, if it has a

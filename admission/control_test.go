@@ -540,3 +540,105 @@ func TestPhantomsLeaveNoDebt(t *testing.T) {
 		f.Advance(10 * time.Millisecond)
 	}
 }
+
+// busySignal is the share of virtual time the simulated CPU was busy
+// since its last reading.
+type busySignal struct {
+	f              *clock.Fake
+	busy           *time.Duration
+	lastBusy       time.Duration
+	lastT          time.Time
+	readings, idle int
+}
+
+func (s *busySignal) Name() string { return "busy" }
+
+func (s *busySignal) Utilization() float64 {
+	now := s.f.Now()
+	u := float64(*s.busy-s.lastBusy) / float64(now.Sub(s.lastT))
+	s.lastBusy, s.lastT = *s.busy, now
+	return u
+}
+
+// A client that sends in bursts, with gaps longer than the pending cap's
+// worth of work (a saturated load tool with thousands of workers): the cap
+// grows until the task carries its CPU across the gaps, rather than
+// refusing work and idling (work conservation), and the wait before start
+// stays bounded by the gaps, not by the offered load (virtual time).
+func TestPendingCapCarriesTheCPUAcrossAClientsGaps(t *testing.T) {
+	for seed := uint64(1); seed <= 4; seed++ {
+		util, mean := burstyClient(t, seed)
+		// Work conservation: a task that refuses requests keeps its CPU
+		// at least as busy as the saturation threshold.
+		if util < 0.95 {
+			t.Errorf("seed %d: served %.3f of capacity while refusing: the CPU idled in the client's gaps", seed, util)
+		}
+		if mean > 30*time.Millisecond {
+			t.Errorf("seed %d: mean wait before start %v, longer than the client's longest gap", seed, mean)
+		}
+	}
+}
+
+// burstyClient runs 30 s of the bursty client against a Controller and
+// returns the share of capacity served and the mean wait before start
+// over the last 10 s.
+func burstyClient(t *testing.T, seed uint64) (util float64, mean time.Duration) {
+	const cost = time.Millisecond
+	f := clock.NewFake(epoch)
+	var busy time.Duration
+	sig := &busySignal{f: f, busy: &busy, lastT: f.Now()}
+	c := mustNew(t, admission.WithClock(f), admission.WithSaturation(sig))
+	rng := rand.New(rand.NewPCG(seed, 2))
+	var queue []*admission.Ticket
+	var running *admission.Ticket
+	var busyUntil, nextBurst time.Time
+	arrivedAt := map[*admission.Ticket]time.Time{}
+	end := f.Now().Add(30 * time.Second)
+	measureFrom := end.Add(-10 * time.Second)
+	var served, waited int
+	var waitSum, maxWait time.Duration
+	for f.Now().Before(end) {
+		now := f.Now()
+		if running != nil && !now.Before(busyUntil) {
+			c.Done(running)
+			running = nil
+			if now.After(measureFrom) {
+				served++
+			}
+		}
+		if !now.Before(nextBurst) {
+			// 100 requests at once, then a gap of 2 to 30 ms: about 6x
+			// the task's capacity.
+			for i := 0; i < 100; i++ {
+				tk := &admission.Ticket{}
+				if c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
+					queue = append(queue, tk)
+					arrivedAt[tk] = now
+				}
+			}
+			nextBurst = now.Add(2*time.Millisecond + time.Duration(rng.Int64N(int64(28*time.Millisecond))))
+		}
+		if running == nil && len(queue) > 0 {
+			running, queue = queue[0], queue[1:]
+			if err := c.Start(context.Background(), running); err != nil {
+				t.Fatal(err)
+			}
+			if now.After(measureFrom) {
+				w := now.Sub(arrivedAt[running])
+				waitSum += w
+				maxWait = max(maxWait, w)
+				waited++
+			}
+			delete(arrivedAt, running)
+			busyUntil = now.Add(cost)
+		}
+		if running != nil {
+			busy += 100 * time.Microsecond
+		}
+		f.Advance(100 * time.Microsecond)
+	}
+	util = float64(served) * float64(cost) / float64(10*time.Second)
+	mean = waitSum / time.Duration(waited)
+	t.Logf("seed %d: served %.3f of capacity, mean wait before start %v (max %v), pending cap %.1f", seed, util, mean, maxWait, c.Stats().PendingCap)
+	return util, mean
+}

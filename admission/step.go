@@ -69,17 +69,30 @@ type pendingRule struct {
 	floor, ceiling int64 // thousandths
 }
 
+// idleGrowth is how fast the pending cap grows while the CPU idles and the
+// cap turns requests away: by idleGrowth times the idle share of itself
+// per interval, at least a tenth and at most doubling. Against the delay rule's tenth down
+// per saturated interval, the cap settles where the intervals that idle
+// idle about 1/(idleGrowth*stepDivisor) of the time.
+const idleGrowth = 4
+
 // step is one interval: delay is its mean queueing delay (ns), hit says
-// whether the cap turned a request away, saturated whether the CPU was
-// saturated. Work conservation: while the CPU is not saturated the cap
-// does not shrink (a task with idle CPU has no queue of runnable requests
-// to bound; the delay it measured came in bursts), and grows while it
-// turns requests away.
-func (r pendingRule) step(pendingCap, delay int64, hit, saturated bool) int64 {
+// whether the cap turned a request away, busy is the CPU's busy share
+// (1 when unknown). Work conservation: while the CPU is not saturated
+// (busy below saturatedAt) the cap does not shrink, since a task with
+// idle CPU has no queue of runnable requests to bound (the delay it
+// measured came in bursts); and while it also turns requests away, the
+// cap was too small to carry the task across its client's gaps, so it
+// grows in proportion to the CPU left idle.
+func (r pendingRule) step(pendingCap, delay int64, hit bool, busy float64) int64 {
+	saturated := busy >= saturatedAt
 	switch {
 	case delay > r.target && saturated:
 		return max(r.floor, min(pendingCap-milli/stepDivisor, pendingCap*(stepDivisor-1)/stepDivisor))
-	case hit && (delay < r.target/2 || !saturated):
+	case hit && !saturated:
+		grow := int64(math.Round(float64(pendingCap) * min(1, idleGrowth*(1-busy))))
+		return min(r.ceiling, pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor, grow))
+	case hit && delay < r.target/2:
 		return min(r.ceiling, pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor))
 	}
 	return pendingCap

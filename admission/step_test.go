@@ -57,26 +57,35 @@ func TestLimitRuleSteps(t *testing.T) {
 
 func TestPendingRuleSteps(t *testing.T) {
 	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli}
+	const saturated = 1.0
 	for _, tc := range []struct {
-		name           string
-		cap, delay     int64
-		hit, saturated bool
-		want           int64
+		name       string
+		cap, delay int64
+		hit        bool
+		busy       float64
+		want       int64
 	}{
-		{"over target: down by a tenth", 20 * milli, 5001, false, true, 18 * milli},
-		{"over target, small cap: down by a tenth of a request", 500, 9000, true, true, 400},
-		{"never below the floor", 150, 9000, false, true, milli / 10},
-		{"cap hit well under target: up by a tenth", 20 * milli, 2499, true, true, 22 * milli},
-		{"cap hit, small cap: up by a tenth of a request", 500, 0, true, true, 600},
-		{"never above the ceiling", 79 * milli, 0, true, true, 80 * milli},
-		{"cap hit between half the target and the target: hold", 20 * milli, 2500, true, true, 20 * milli},
-		{"under target without a hit: hold", 20 * milli, 0, false, true, 20 * milli},
-		{"over target, CPU not saturated: hold", 20 * milli, 9000, false, false, 20 * milli},
-		{"over target, CPU not saturated, cap hit: up by a tenth", 20 * milli, 9000, true, false, 22 * milli},
-		{"CPU not saturated, cap hit between half the target and the target: up", 20 * milli, 2500, true, false, 22 * milli},
+		{"over target: down by a tenth", 20 * milli, 5001, false, saturated, 18 * milli},
+		{"over target, small cap: down by a tenth of a request", 500, 9000, true, saturated, 400},
+		{"never below the floor", 150, 9000, false, saturated, milli / 10},
+		{"cap hit well under target: up by a tenth", 20 * milli, 2499, true, saturated, 22 * milli},
+		{"cap hit, small cap: up by a tenth of a request", 500, 0, true, saturated, 600},
+		{"never above the ceiling", 79 * milli, 0, true, saturated, 80 * milli},
+		{"cap hit between half the target and the target: hold", 20 * milli, 2500, true, saturated, 20 * milli},
+		{"under target without a hit: hold", 20 * milli, 0, false, saturated, 20 * milli},
+		{"95% busy is saturated", 20 * milli, 9000, true, 0.95, 18 * milli},
+		{"over target, CPU not saturated: hold", 20 * milli, 9000, false, 0.5, 20 * milli},
+		{"CPU 94% busy, cap hit: up by four times the 6% idle", 20 * milli, 9000, true, 0.94, 24800},
+		{"CPU 80% busy, cap hit: up by four times the 20% idle", 20 * milli, 9000, true, 0.8, 36 * milli},
+		{"CPU 94.9% busy: four times 5.1%", 20 * milli, 2500, true, 0.949, 24080},
+		{"CPU 75% busy or less, cap hit: doubles at most", 10 * milli, 0, true, 0.75, 20 * milli},
+		{"CPU idle, cap hit: doubles", 10 * milli, 0, true, 0, 20 * milli},
+		{"CPU idle, large cap hit: the ceiling", 50 * milli, 0, true, 0, 80 * milli},
+		{"a busy share below 0 (a broken signal) still doubles at most", 10 * milli, 0, true, -3, 20 * milli},
+		{"a busy share past 1 (a coarse signal) is saturated", 20 * milli, 9000, true, 1.3, 18 * milli},
 	} {
-		if got := r.step(tc.cap, tc.delay, tc.hit, tc.saturated); got != tc.want {
-			t.Errorf("%s: step(%d, %d, %v, %v) = %d, want %d", tc.name, tc.cap, tc.delay, tc.hit, tc.saturated, got, tc.want)
+		if got := r.step(tc.cap, tc.delay, tc.hit, tc.busy); got != tc.want {
+			t.Errorf("%s: step(%d, %d, %v, %v) = %d, want %d", tc.name, tc.cap, tc.delay, tc.hit, tc.busy, got, tc.want)
 		}
 	}
 }

@@ -54,6 +54,7 @@ type config struct {
 	rounds   int
 	capacity float64
 	stats    bool
+	rows     string
 }
 
 func main() {
@@ -72,6 +73,7 @@ func main() {
 	fs.DurationVar(&c.duration, "z", 10*time.Second, "length of each ghz run")
 	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU each call burns")
 	fs.Float64Var(&c.capacity, "capacity", 0, "capacity C in OK calls/s; 0 measures it (to compare two builds at the same offered rates, give both the same C)")
+	fs.StringVar(&c.rows, "rows", "5x3000,10x600,10x3000", "the table's rows, LOADxWORKERS: offered load in multiples of C and ghz workers")
 	fs.BoolVar(&c.stats, "stats", false, "the backends print the controller's state every 250 ms, and each run its status codes, to stderr")
 	fs.Parse(os.Args[1:])
 	if err := run(c); err != nil {
@@ -112,11 +114,12 @@ func run(c config) error {
 	if c.scenario == "slow" {
 		return slowScenario(c, capacity)
 	}
+	rows, err := parseRows(c.rows)
+	if err != nil {
+		return err
+	}
 	fmt.Printf("%-8s %8s %8s %10s %7s %12s %9s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "SERVER_CPU", "GHZ_CPU", "runs (OK/s @ server CPU)")
-	for _, row := range []struct {
-		load    float64
-		workers int
-	}{{5, 3000}, {10, 600}, {10, 3000}} {
+	for _, row := range rows {
 		rate := int(row.load * capacity)
 		var ok, cpu, gcpu []float64
 		var runs []string
@@ -132,6 +135,28 @@ func run(c config) error {
 			median(ok), median(ok)/capacity, 100*median(cpu), 100*median(gcpu), strings.Join(runs, " "))
 	}
 	return nil
+}
+
+// row is one line of the table: ghz at load x C with workers workers.
+type row struct {
+	load    float64
+	workers int
+}
+
+// parseRows parses -rows: comma-separated LOADxWORKERS, LOAD in (0, 100],
+// WORKERS in [1, 20000].
+func parseRows(s string) ([]row, error) {
+	var rows []row
+	for _, f := range strings.Split(s, ",") {
+		l, w, ok := strings.Cut(strings.TrimSpace(f), "x")
+		load, err1 := strconv.ParseFloat(l, 64)
+		workers, err2 := strconv.Atoi(w)
+		if !ok || err1 != nil || err2 != nil || !(load > 0 && load <= 100) || workers < 1 || workers > 20000 {
+			return nil, fmt.Errorf("-rows: %q is not LOADxWORKERS with LOAD in (0, 100] and WORKERS in [1, 20000]", f)
+		}
+		rows = append(rows, row{load, workers})
+	}
+	return rows, nil
 }
 
 func measureCapacity(c config) (float64, error) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -55,6 +56,7 @@ func serverCommand(args []string) error {
 	stats := fs.Bool("stats", false, "print the controller's state to stderr every 250 ms")
 	measure := fs.String("measure", "scheduler", "the controller's queueing delay measure: scheduler or arrival (admission.WithDelayMeasure)")
 	target := fs.Duration("target", admission.DefaultTargetDelay, "the controller's target delay (admission.WithTargetDelay)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole serving time to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,6 +97,17 @@ func serverCommand(args []string) error {
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
