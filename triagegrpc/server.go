@@ -249,6 +249,10 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 // WithSlowSenderPenalty (1 s, doubling to MaxSlowSenderPenalty while it
 // offends again): a slow sender's burst of late messages costs a
 // goroutine and a refusal per stream, which the tap's refusal does not.
+// After its penalty the connection is on probation for
+// MaxSlowSenderPenalty: it may hold at most WithConnShare streams whose
+// message has not come, and its next is refused in the tap too, so that
+// its next burst of late messages is a few streams.
 //
 // It keeps a few words per connection, in the connection's context: a
 // connection's state lives and dies with it.
@@ -296,6 +300,9 @@ type streamStats struct{}
 // slow-sender penalty.
 type connState struct {
 	waiting atomic.Int32
+	// probation counts the streams admitted while the connection was on
+	// probation whose message has not come and which have not ended.
+	probation atomic.Int32
 	// slowUntil is when the penalty ends, on the Server's clock (since its
 	// start, ns); 0: never penalised.
 	slowUntil atomic.Int64
@@ -316,10 +323,26 @@ func (streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Co
 	return context.WithValue(ctx, connStateKey{}, new(connState))
 }
 
-// slow reports whether the connection is serving a slow-sender penalty.
-func (s *Server) slow(c *connState) bool {
+// slow reports whether the connection is serving a slow-sender penalty,
+// and whether it is on probation after one (until MaxSlowSenderPenalty
+// past its end).
+func (s *Server) slow(c *connState) (penalty, probation bool) {
 	u := c.slowUntil.Load()
-	return u != 0 && int64(s.since()) < u
+	if u == 0 {
+		return false, false
+	}
+	now := int64(s.since())
+	return now < u, now < u+int64(MaxSlowSenderPenalty)
+}
+
+// probeKey keys a stream admitted on probation in its context.
+type probeKey struct{}
+
+// probeMark is a stream admitted on probation: it leaves its connection's
+// count once, at its first message or its end.
+type probeMark struct {
+	c    *connState
+	left atomic.Bool
 }
 
 // noteLate penalises the connection of a request refused as late: its
@@ -363,7 +386,16 @@ func (streamStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Cont
 	return ctx
 }
 
-func (streamStats) HandleRPC(context.Context, stats.RPCStats) {}
+// HandleRPC takes a stream admitted on probation out of its connection's
+// count at its first message or its end.
+func (streamStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
+	switch st.(type) {
+	case *stats.InPayload, *stats.End:
+		if m, _ := ctx.Value(probeKey{}).(*probeMark); m != nil && m.left.CompareAndSwap(false, true) {
+			m.c.probation.Add(-1)
+		}
+	}
+}
 
 func (streamStats) HandleConn(context.Context, stats.ConnStats) {}
 
@@ -375,12 +407,22 @@ func (streamStats) HandleConn(context.Context, stats.ConnStats) {}
 func (s *Server) TapHandle() tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		cs := connOf(ctx)
-		if cs != nil && s.slowPenalty > 0 && s.slow(cs) && !isHealthCheck(info.FullMethodName) {
-			return nil, s.rejections[admission.Late][0]
+		var probation bool
+		if cs != nil && s.slowPenalty > 0 && !isHealthCheck(info.FullMethodName) {
+			var penalty bool
+			penalty, probation = s.slow(cs)
+			probation = probation && s.connShare > 0
+			if penalty || probation && cs.probation.Load() >= s.connShare {
+				return nil, s.rejections[admission.Late][0]
+			}
 		}
 		c, err := s.accept(ctx, info.Header, info.FullMethodName, cs != nil && s.connShare > 0 && cs.waiting.Load() >= s.connShare)
 		if err == nil && cs != nil {
 			cs.waiting.Add(1)
+			if probation {
+				cs.probation.Add(1)
+				c = context.WithValue(c, probeKey{}, &probeMark{c: cs})
+			}
 		}
 		return c, err
 	}

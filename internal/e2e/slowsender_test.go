@@ -42,6 +42,7 @@ type slowServer struct {
 	ctl            *admission.Controller
 	obs            *refusals
 	served, tagged atomic.Int64
+	ended          atomic.Int64 // RPCs ended (stats.End)
 	cc             *grpc.ClientConn
 	addr           string
 }
@@ -65,7 +66,7 @@ func startSlowServer(t *testing.T, withStats bool) *slowServer {
 		opts = srv.ServerOptions()
 	}
 	// Added after triage's, so it sees each stream after triage's did.
-	opts = append(opts, grpc.StatsHandler(tagCounter{&s.tagged}))
+	opts = append(opts, grpc.StatsHandler(tagCounter{&s.tagged, &s.ended}))
 	gs := grpc.NewServer(opts...)
 	relay.Register(gs, &relay.Tier{Name: "B", Fail: func(context.Context, string) error { s.served.Add(1); return nil }, Observe: func(relay.Arrival) {}})
 	s.addr = listenAndServe(t, gs)
@@ -219,14 +220,20 @@ type refusals struct {
 
 func (r *refusals) Rejected(criticality.Level, admission.Reason, bool) { r.n.Add(1) }
 
-// tagCounter counts the RPCs whose goroutine has run (TagRPC).
-type tagCounter struct{ n *atomic.Int64 }
+// tagCounter counts the RPCs whose goroutine has run (TagRPC) and those
+// that ended.
+type tagCounter struct{ n, ended *atomic.Int64 }
 
 func (c tagCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
 	c.n.Add(1)
 	return ctx
 }
-func (tagCounter) HandleRPC(context.Context, stats.RPCStats)                         {}
+
+func (c tagCounter) HandleRPC(_ context.Context, st stats.RPCStats) {
+	if _, ok := st.(*stats.End); ok {
+		c.ended.Add(1)
+	}
+}
 func (tagCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (tagCounter) HandleConn(context.Context, stats.ConnStats)                       {}
 
@@ -267,5 +274,93 @@ func TestUnknownMethodsLeaveNoCounts(t *testing.T) {
 			return st.Pending == 0 && st.Executing == 0 && st.Queued == 0 && st.NotStarted == [criticality.NumLevels]int64{}
 		})
 		t.Logf("stats handler %v: %d calls to an unknown method, then %+v", withStats, calls, st)
+	}
+}
+
+// After its penalty a slow sender's connection is on probation for
+// MaxSlowSenderPenalty: it may hold at most its share (WithConnShare, 8)
+// of streams whose message has not come, and the next is refused at
+// arrival, so that its next burst of late messages is a few streams, not
+// hundreds. A stream leaves the count when its message comes or it ends.
+// Other connections are not bound, nor is the connection once probation
+// is over.
+func TestConnectionOnProbationHoldsFewStreamsWithoutTheirMessage(t *testing.T) {
+	s := startSlowServer(t, true)
+	// Real time bounds the test: a stream admitted where it should have
+	// been refused fails it instead of hanging.
+	ctx, cancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.Critical), 20*time.Second)
+	defer cancel()
+	other := plainConn(t, s.addr)
+	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+	open := func(cc *grpc.ClientConn, ctx context.Context, n int) []grpc.ClientStream {
+		t.Helper()
+		var css []grpc.ClientStream
+		for i := 0; i < n; i++ {
+			cs, err := cc.NewStream(ctx, desc, relay.CallMethod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			css = append(css, cs)
+		}
+		return css
+	}
+	refusedLate := func(what string, cs grpc.ClientStream) {
+		t.Helper()
+		err := cs.RecvMsg(new(wrapperspb.StringValue))
+		if oe, ok := outcome.As(err); status.Code(err) != codes.Unavailable || !ok || oe.Reason != admission.Late.String() {
+			t.Fatalf("%s: got %v, want refused as late at arrival", what, err)
+		}
+	}
+	tagged := func(want int64, what string) {
+		t.Helper()
+		waitFor(t, what, func() bool { return s.tagged.Load() >= want })
+		if n := s.tagged.Load(); n != want {
+			t.Fatalf("%s: %d goroutines ran, want %d", what, n, want)
+		}
+	}
+	s.lateMessages(t, s.openSlow(t, ctx, 3))
+	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty) // the penalty is over: probation
+	share := triagegrpc.DefaultConnShare
+
+	before := s.tagged.Load()
+	slowCtx, cancelSlow := context.WithCancel(ctx)
+	slow := open(s.cc, slowCtx, share+4)
+	for i, cs := range slow[share:] {
+		refusedLate(fmt.Sprintf("stream %d of %d without its message on probation", share+i+1, len(slow)), cs)
+	}
+	tagged(before+int64(share), "the admitted streams' goroutines")
+	if _, err := relay.Invoke(ctx, other, "fresh"); err != nil {
+		t.Fatalf("another connection beside the one on probation: %v", err)
+	}
+	if _, err := relay.Invoke(ctx, s.cc, "fresh"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a call on the connection holding its share of streams without messages: %v, want refused", err)
+	}
+	// One sends its message in time: served, and it leaves the count.
+	if err := slow[0].SendMsg(wrapperspb.String("in time")); err != nil {
+		t.Fatal(err)
+	}
+	slow[0].CloseSend()
+	if err := slow[0].RecvMsg(new(wrapperspb.StringValue)); err != nil {
+		t.Fatalf("a stream on probation that sent its message in time: %v", err)
+	}
+	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
+		t.Fatalf("a call on the connection once one of its streams sent its message: %v", err)
+	}
+	// The others end without a message: they leave the count too.
+	ended := s.ended.Load()
+	cancelSlow()
+	waitFor(t, "the cancelled streams to end", func() bool { return s.ended.Load() >= ended+int64(share-1) })
+	before = s.tagged.Load()
+	again := open(s.cc, ctx, share+1)
+	refusedLate("past the share again", again[share])
+	tagged(before+int64(share), "a full share again once the others ended")
+
+	// Probation over: no bound.
+	s.f.Advance(triagegrpc.MaxSlowSenderPenalty)
+	if n := len(s.openSlow(t, ctx, 3*share)); n != 3*share {
+		t.Fatalf("after probation: %d streams without messages, then refused; want %d", n, 3*share)
+	}
+	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
+		t.Fatalf("a call after probation: %v", err)
 	}
 }
