@@ -285,8 +285,9 @@ const DefaultConnShare = 8
 
 // WithConnShare sets how many of a connection's streams may wait for their
 // goroutines before its next stream is over the connection's share of the
-// task and gets only half of its room (StatsHandler); 0 turns sharing by
-// connection off. Default DefaultConnShare.
+// task and gets only half of its room (StatsHandler), and how many streams
+// without their message a slow sender's connection may hold on probation;
+// 0 turns both off. Default DefaultConnShare.
 func WithConnShare(n int) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.connShare = int32(min(max(n, 0), 1<<30)) })
 }
