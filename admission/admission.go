@@ -48,9 +48,9 @@
 // task's CPU is clearly below saturation the cap does not shrink, since a
 // task with idle CPU has no queue of runnable requests to bound; and while
 // it also turns requests away, the cap grows in proportion to the CPU left
-// idle, so that a client sending in bursts is served across its gaps. A request not Scheduled stops
-// counting towards the cap four target delays after it arrived: its client
-// is slow to send. When its message comes more than four target delays
+// idle, so that a client sending in bursts is served across its gaps. A
+// request not Scheduled stops counting towards the cap four target delays
+// after it arrived: its client is slow to send. When its message comes more than four target delays
 // after its headers it ranks below the fresh requests of its level, and
 // after the message timeout it is refused (Late).
 //

@@ -71,9 +71,9 @@ type pendingRule struct {
 
 // idleGrowth is how fast the pending cap grows while the CPU idles and the
 // cap turns requests away: by idleGrowth times the idle share of itself
-// per interval, at least a tenth and at most doubling. Against the delay rule's tenth down
-// per saturated interval, the cap settles where the intervals that idle
-// idle about 1/(idleGrowth*stepDivisor) of the time.
+// per interval, at least a tenth and at most doubling. Against the delay
+// rule's tenth down per saturated interval, the cap settles where the
+// intervals that idle idle about 1/(idleGrowth*stepDivisor) of the time.
 const idleGrowth = 4
 
 // step is one interval: delay is its mean queueing delay (ns), hit says

@@ -50,6 +50,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/triagehq/triage/bench/internal/stockrows"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
@@ -76,16 +77,8 @@ type config struct {
 	scenario  string
 	serverCPU string
 	loadCPU   string
-	stock     []stockRow
+	stock     []stockrows.Row // steps driven the way a stock load tool drives a server (workersLoop)
 	reprobe   bool
-}
-
-// stockRow is a step driven the way a stock load tool drives a server
-// (workersLoop): load x C calls per second offered by workers closed-loop
-// callers.
-type stockRow struct {
-	load    float64
-	workers int
 }
 
 func main() {
@@ -150,16 +143,9 @@ func parseFlags(args []string) (config, error) {
 		}
 		c.loads = append(c.loads, x)
 	}
-	if strings.TrimSpace(stock) != "" {
-		for _, f := range strings.Split(stock, ",") {
-			load, workers, ok := strings.Cut(strings.TrimSpace(f), "x")
-			x, err1 := strconv.ParseFloat(load, 64)
-			w, err2 := strconv.Atoi(workers)
-			if !ok || err1 != nil || err2 != nil || !(x > 0 && x <= 100) || w < 1 || w > 10000 {
-				return c, fmt.Errorf("--stock: %q is not LOADxWORKERS with a load in (0, 100] and 1-10000 workers", f)
-			}
-			c.stock = append(c.stock, stockRow{x, w})
-		}
+	var err error
+	if c.stock, err = stockrows.Parse(stock); err != nil {
+		return c, fmt.Errorf("--stock: %v", err)
 	}
 	known := map[string]bool{}
 	for _, v := range append(allVariants, otherVariants...) {
@@ -449,11 +435,11 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 		for _, row := range cfg.stock {
 			for _, v := range cfg.variants {
-				r, err := step(ctx, cfg, c, v, row.load, row.workers, []share{{criticality.Critical, 1}})
+				r, err := step(ctx, cfg, c, v, row.Load, row.Workers, []share{{criticality.Critical, 1}})
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(os.Stderr, "  %-17s %5.1fx, %d workers: goodput %.2f p99 %.0f ms\n", v, row.load, row.workers, r.Goodput, r.P99ms)
+				fmt.Fprintf(os.Stderr, "  %-17s %5.1fx, %d workers: goodput %.2f p99 %.0f ms\n", v, row.Load, row.Workers, r.Goodput, r.P99ms)
 				rep.Results = append(rep.Results, r)
 			}
 		}

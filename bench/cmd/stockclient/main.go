@@ -40,6 +40,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/bench/internal/child"
+	"github.com/triagehq/triage/bench/internal/stockrows"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -114,49 +115,27 @@ func run(c config) error {
 	if c.scenario == "slow" {
 		return slowScenario(c, capacity)
 	}
-	rows, err := parseRows(c.rows)
+	rows, err := stockrows.Parse(c.rows)
 	if err != nil {
-		return err
+		return fmt.Errorf("-rows: %v", err)
 	}
 	fmt.Printf("%-8s %8s %8s %10s %7s %12s %9s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "SERVER_CPU", "GHZ_CPU", "runs (OK/s @ server CPU)")
 	for _, row := range rows {
-		rate := int(row.load * capacity)
+		rate := int(row.Load * capacity)
 		var ok, cpu, gcpu []float64
 		var runs []string
 		for i := 0; i < c.repeats; i++ {
-			r, err := ghzRun(c, true, "--rps", strconv.Itoa(rate), "-c", strconv.Itoa(row.workers))
+			r, err := ghzRun(c, true, "--rps", strconv.Itoa(rate), "-c", strconv.Itoa(row.Workers))
 			if err != nil {
 				return err
 			}
 			ok, cpu, gcpu = append(ok, r.okPerSec), append(cpu, r.serverCPU), append(gcpu, r.ghzCPU)
 			runs = append(runs, fmt.Sprintf("%.0f@%.0f%%", r.okPerSec, 100*r.serverCPU))
 		}
-		fmt.Printf("%-8s %8d %8d %10.0f %7.2f %11.0f%% %8.0f%%  %s\n", fmt.Sprintf("~%gx", row.load), rate, row.workers,
+		fmt.Printf("%-8s %8d %8d %10.0f %7.2f %11.0f%% %8.0f%%  %s\n", fmt.Sprintf("~%gx", row.Load), rate, row.Workers,
 			median(ok), median(ok)/capacity, 100*median(cpu), 100*median(gcpu), strings.Join(runs, " "))
 	}
 	return nil
-}
-
-// row is one line of the table: ghz at load x C with workers workers.
-type row struct {
-	load    float64
-	workers int
-}
-
-// parseRows parses -rows: comma-separated LOADxWORKERS, LOAD in (0, 100],
-// WORKERS in [1, 20000].
-func parseRows(s string) ([]row, error) {
-	var rows []row
-	for _, f := range strings.Split(s, ",") {
-		l, w, ok := strings.Cut(strings.TrimSpace(f), "x")
-		load, err1 := strconv.ParseFloat(l, 64)
-		workers, err2 := strconv.Atoi(w)
-		if !ok || err1 != nil || err2 != nil || !(load > 0 && load <= 100) || workers < 1 || workers > 20000 {
-			return nil, fmt.Errorf("-rows: %q is not LOADxWORKERS with LOAD in (0, 100] and WORKERS in [1, 20000]", f)
-		}
-		rows = append(rows, row{load, workers})
-	}
-	return rows, nil
 }
 
 func measureCapacity(c config) (float64, error) {
