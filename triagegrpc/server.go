@@ -48,6 +48,8 @@ type Server struct {
 	group           func(context.Context, metadata.MD) string
 	connShare       int32         // 0: no share by connection
 	slowPenalty     time.Duration // 0: no slow-sender penalty
+	slowPace        time.Duration // 0: a slow sender's refusals unpaced
+	clock           clock.Clock
 	since           func() time.Duration
 }
 
@@ -62,6 +64,7 @@ type serverConfig struct {
 	group       func(context.Context, metadata.MD) string
 	connShare   int32
 	slowPenalty time.Duration
+	slowPace    time.Duration
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -139,7 +142,7 @@ func WithServerClock(c clock.Clock) ServerOption {
 // NewServer returns a Server, or an error for an inconsistent
 // configuration.
 func NewServer(opts ...ServerOption) (*Server, error) {
-	c := serverConfig{connShare: DefaultConnShare, slowPenalty: DefaultSlowSenderPenalty}
+	c := serverConfig{connShare: DefaultConnShare, slowPenalty: DefaultSlowSenderPenalty, slowPace: DefaultSlowSenderPace}
 	for _, o := range opts {
 		o.applyServer(&c)
 	}
@@ -148,7 +151,8 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("triagegrpc: %w", err)
 	}
 	clk := clock.OrReal(c.clock)
-	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, since: clock.SinceFunc(clk, clk.Now()),
+	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, slowPace: c.slowPace,
+		clock: clk, since: clock.SinceFunc(clk, clk.Now()),
 		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: s.since}); t.enabled() {
@@ -252,7 +256,12 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 // After its penalty the connection is on probation for
 // MaxSlowSenderPenalty: it may hold at most WithConnShare streams whose
 // message has not come, and its next is refused in the tap too, so that
-// its next burst of late messages is a few streams.
+// its next burst of late messages is a few streams. The tap refuses such
+// a connection's streams at most one per WithSlowSenderPace (1 ms),
+// holding its reader in between: the connection is not read while it
+// waits, so a slow sender's burst of new streams is spread out rather
+// than served ahead of other connections' requests, and however fast it
+// opens them it costs the task at most one refusal per pace.
 //
 // It keeps a few words per connection, in the connection's context: a
 // connection's state lives and dies with it.
@@ -276,6 +285,26 @@ const MaxSlowSenderPenalty = time.Minute
 // still answered. Default DefaultSlowSenderPenalty.
 func WithSlowSenderPenalty(d time.Duration) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.slowPenalty = min(max(d, 0), MaxSlowSenderPenalty) })
+}
+
+// DefaultSlowSenderPace is how often the tap refuses a stream of a
+// connection refused as a slow sender (WithSlowSenderPace).
+const DefaultSlowSenderPace = time.Millisecond
+
+// MaxSlowSenderPace bounds WithSlowSenderPace: grpc-go calls the tap
+// under the connection's transport lock, which the wait holds.
+const MaxSlowSenderPace = 100 * time.Millisecond
+
+// WithSlowSenderPace sets how often, at most, the tap refuses a stream of
+// a connection serving a slow-sender penalty or over its share on
+// probation (WithSlowSenderPenalty). Between two refusals the
+// connection's reader waits: nothing more is read from that connection,
+// its health checks included, until the next refusal is due, and its
+// streams already admitted wait that long to be cleaned up. 0 refuses
+// them as fast as they come. Default DefaultSlowSenderPace; at most
+// MaxSlowSenderPace.
+func WithSlowSenderPace(d time.Duration) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.slowPace = min(max(d, 0), MaxSlowSenderPace) })
 }
 
 // DefaultConnShare is how many of a connection's streams may wait for
@@ -307,8 +336,11 @@ type connState struct {
 	// slowUntil is when the penalty ends, on the Server's clock (since its
 	// start, ns); 0: never penalised.
 	slowUntil atomic.Int64
-	mu        sync.Mutex    // orders penalties
-	penalty   time.Duration // the last one given
+	// paceNext is when the tap may refuse the connection's next stream as
+	// a slow sender's, on the Server's clock (since its start, ns).
+	paceNext atomic.Int64
+	mu       sync.Mutex    // orders penalties
+	penalty  time.Duration // the last one given
 }
 
 type connStateKey struct{}
@@ -334,6 +366,28 @@ func (s *Server) slow(c *connState) (penalty, probation bool) {
 	}
 	now := int64(s.since())
 	return now < u, now < u+int64(MaxSlowSenderPenalty)
+}
+
+// pace waits, on the tap's goroutine (the connection's reader), until the
+// connection's next refusal as a slow sender is due, and books the one
+// after it a pace later.
+func (s *Server) pace(c *connState) {
+	if s.slowPace <= 0 {
+		return
+	}
+	now := int64(s.since())
+	var due int64
+	for {
+		next := c.paceNext.Load()
+		due = max(next, now)
+		if c.paceNext.CompareAndSwap(next, due+int64(s.slowPace)) {
+			break
+		}
+	}
+	if due > now {
+		t := s.clock.NewTimer(time.Duration(due - now))
+		<-t.C()
+	}
 }
 
 // probeKey keys a stream admitted on probation in its context.
@@ -414,6 +468,7 @@ func (s *Server) TapHandle() tap.ServerInHandle {
 			penalty, probation = s.slow(cs)
 			probation = probation && s.connShare > 0
 			if penalty || probation && cs.probation.Load() >= s.connShare {
+				s.pace(cs)
 				return nil, s.rejections[admission.Late][0]
 			}
 		}

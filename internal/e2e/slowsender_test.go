@@ -45,6 +45,7 @@ type slowServer struct {
 	ended          atomic.Int64 // RPCs ended (stats.End)
 	cc             *grpc.ClientConn
 	addr           string
+	timers         int // the fake clock's pending timers once serving
 }
 
 func startSlowServer(t *testing.T, withStats bool) *slowServer {
@@ -71,7 +72,28 @@ func startSlowServer(t *testing.T, withStats bool) *slowServer {
 	relay.Register(gs, &relay.Tier{Name: "B", Fail: func(context.Context, string) error { s.served.Add(1); return nil }, Observe: func(relay.Arrival) {}})
 	s.addr = listenAndServe(t, gs)
 	s.cc = plainConn(t, s.addr)
+	s.timers = s.f.Pending()
 	return s
+}
+
+// paced runs recv and, each time the tap waits on the fake clock to pace
+// a slow sender's refusals, moves the clock on by the pace, until recv
+// returns; it returns recv's error and how many paces passed.
+func (s *slowServer) paced(recv func() error) (error, int) {
+	var err error
+	done := make(chan struct{})
+	go func() { err = recv(); close(done) }()
+	paces := 0
+	for s.f.BlockUntil(s.timers+1, done) {
+		select {
+		case <-done:
+			return err, paces
+		default:
+		}
+		s.f.Advance(triagegrpc.DefaultSlowSenderPace)
+		paces++
+	}
+	return err, paces
 }
 
 // openSlow opens up to n streams to the unary method and sends only their
@@ -306,7 +328,7 @@ func TestConnectionOnProbationHoldsFewStreamsWithoutTheirMessage(t *testing.T) {
 	}
 	refusedLate := func(what string, cs grpc.ClientStream) {
 		t.Helper()
-		err := cs.RecvMsg(new(wrapperspb.StringValue))
+		err, _ := s.paced(func() error { return cs.RecvMsg(new(wrapperspb.StringValue)) })
 		if oe, ok := outcome.As(err); status.Code(err) != codes.Unavailable || !ok || oe.Reason != admission.Late.String() {
 			t.Fatalf("%s: got %v, want refused as late at arrival", what, err)
 		}
@@ -332,7 +354,7 @@ func TestConnectionOnProbationHoldsFewStreamsWithoutTheirMessage(t *testing.T) {
 	if _, err := relay.Invoke(ctx, other, "fresh"); err != nil {
 		t.Fatalf("another connection beside the one on probation: %v", err)
 	}
-	if _, err := relay.Invoke(ctx, s.cc, "fresh"); status.Code(err) != codes.Unavailable {
+	if err, _ := s.paced(func() error { _, err := relay.Invoke(ctx, s.cc, "fresh"); return err }); status.Code(err) != codes.Unavailable {
 		t.Fatalf("a call on the connection holding its share of streams without messages: %v, want refused", err)
 	}
 	// One sends its message in time: served, and it leaves the count.
@@ -362,5 +384,70 @@ func TestConnectionOnProbationHoldsFewStreamsWithoutTheirMessage(t *testing.T) {
 	}
 	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
 		t.Fatalf("a call after probation: %v", err)
+	}
+}
+
+// The tap refuses a slow sender's streams at most one per
+// WithSlowSenderPace, holding its connection's reader in between: on a
+// connection serving its penalty, streams opened one after another at the
+// same moment are refused, the first at once and each next one when the
+// clock has moved on by a pace, none of them with a goroutine, while
+// another connection is served with no time passing. However fast a slow
+// sender opens streams, it costs the task at most one refusal per pace,
+// and a burst of them is spread out instead of served ahead of everyone
+// else.
+func TestSlowSenderRefusalsArePaced(t *testing.T) {
+	s := startSlowServer(t, true)
+	// Real time bounds the test: a refusal that never comes fails it
+	// instead of hanging.
+	ctx, cancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.Critical), 20*time.Second)
+	defer cancel()
+	other := plainConn(t, s.addr)
+	s.lateMessages(t, s.openSlow(t, ctx, 3)) // the penalty: 1 s
+	tagged := s.tagged.Load()
+	start := s.f.Now()
+	const n = 20
+	desc := &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}
+	for i := 0; i < n; i++ {
+		// One stream at a time: a timer on the fake clock can only be
+		// this stream's pace.
+		cs, err := s.cc.NewStream(ctx, desc, relay.CallMethod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err, p := s.paced(func() error { return cs.RecvMsg(new(wrapperspb.StringValue)) })
+		if oe, ok := outcome.As(err); status.Code(err) != codes.Unavailable || !ok || oe.Reason != admission.Late.String() {
+			t.Fatalf("stream %d on the slow connection: %v, want refused as late", i+1, err)
+		}
+		if want := min(i, 1); p != want {
+			t.Fatalf("stream %d on the slow connection was refused after %d paces of the clock, want %d", i+1, p, want)
+		}
+	}
+	if d, want := s.f.Now().Sub(start), (n-1)*triagegrpc.DefaultSlowSenderPace; d != want {
+		t.Fatalf("%d refusals took %v of the clock, want %v", n, d, want)
+	}
+	// While the slow connection's reader waits on the clock, others are
+	// served.
+	cs, err := s.cc.NewStream(ctx, desc, relay.CallMethod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.f.BlockUntil(s.timers+1, ctx.Done()) {
+		t.Fatal("the next stream on the slow connection did not wait for its pace")
+	}
+	if _, err := relay.Invoke(ctx, other, "fresh"); err != nil {
+		t.Fatalf("another connection while the slow one waits: %v", err)
+	}
+	if err, p := s.paced(func() error { return cs.RecvMsg(new(wrapperspb.StringValue)) }); status.Code(err) != codes.Unavailable || p != 1 {
+		t.Fatalf("the waiting stream: %v after %d paces, want refused after one", err, p)
+	}
+	if got := s.tagged.Load() - tagged; got != 1 {
+		t.Fatalf("%d goroutines ran, want 1 (the other connection's call)", got)
+	}
+	// Past the penalty the connection is on probation, and under its
+	// share: served.
+	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty)
+	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
+		t.Fatalf("a call once the penalty is over: %v", err)
 	}
 }

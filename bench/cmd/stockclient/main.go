@@ -4,7 +4,8 @@
 // their messages late. The backend is grpc.testing.TestService, its
 // EmptyCall burning about 1 ms of CPU, protected exactly as the README
 // shows, on one CPU (taskset -c 0, GOMAXPROCS=1); ghz and the attacker run
-// on the other.
+// on the other, the attacker by default in a process of its own at nice 19
+// ("stockclient attack"), as if from another machine.
 //
 //	go install github.com/bojand/ghz/cmd/ghz@v0.121.0
 //	cd bench && go run ./cmd/stockclient                  # capacity C, then ~5x and ~10x C with 600 and 3,000 workers
@@ -20,8 +21,10 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
 	"sort"
 	"strconv"
@@ -56,12 +59,17 @@ type config struct {
 	capacity float64
 	stats    bool
 	rows     string
+	attacker string
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "server" {
-		if err := serverCommand(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "stockclient server:", err)
+	if len(os.Args) > 1 && (os.Args[1] == "server" || os.Args[1] == "attack") {
+		cmd := serverCommand
+		if os.Args[1] == "attack" {
+			cmd = attackCommand
+		}
+		if err := cmd(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "stockclient %s: %v\n", os.Args[1], err)
 			os.Exit(1)
 		}
 		return
@@ -75,6 +83,7 @@ func main() {
 	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU each call burns")
 	fs.Float64Var(&c.capacity, "capacity", 0, "capacity C in OK calls/s; 0 measures it (to compare two builds at the same offered rates, give both the same C)")
 	fs.StringVar(&c.rows, "rows", "5x3000,10x600,10x3000", "the table's rows, LOADxWORKERS: offered load in multiples of C and ghz workers")
+	fs.StringVar(&c.attacker, "attacker", "low", "where the slow senders run: low (a process of their own on ghz's CPU at nice 19, as if on another machine) or inproc (goroutines of this process, at ghz's priority)")
 	fs.BoolVar(&c.stats, "stats", false, "the backends print the controller's state every 250 ms, and each run its status codes, to stderr")
 	fs.Parse(os.Args[1:])
 	if err := run(c); err != nil {
@@ -91,6 +100,8 @@ func run(c config) error {
 		return fmt.Errorf("-z must be in [2s, 5m], got %v", c.duration)
 	case c.scenario != "table" && c.scenario != "slow":
 		return fmt.Errorf("-scenario must be table or slow, got %q", c.scenario)
+	case c.attacker != "low" && c.attacker != "inproc":
+		return fmt.Errorf("-attacker must be low or inproc, got %q", c.attacker)
 	}
 	ghz, err := exec.LookPath(c.ghz)
 	if err != nil {
@@ -259,21 +270,18 @@ func slowScenario(c config, capacity float64) error {
 		var succ, p99, ok, cpu []float64
 		var late, all int64
 		for i := 0; i < c.repeats; i++ {
-			var a *attacker
+			var a attackCounts
 			var beside func(context.Context, string)
 			if attacked {
-				a = &attacker{streams: 1000, delay: 900 * time.Millisecond, conns: 8}
-				beside = a.run
+				beside = func(ctx context.Context, addr string) { a = runAttacker(ctx, c.attacker, addr) }
 			}
 			r, err := ghzRunWith(c, true, beside, "--rps", rate, "-c", "50")
 			if err != nil {
 				return err
 			}
 			succ, p99, ok, cpu = append(succ, r.success), append(p99, float64(r.p99)), append(ok, r.okPerSec), append(cpu, r.serverCPU)
-			if a != nil {
-				late += a.late.Load()
-				all += a.calls.Load()
-			}
+			late += a.Late
+			all += a.Calls
 		}
 		name := "steady alone"
 		note := ""
@@ -284,6 +292,49 @@ func slowScenario(c config, capacity float64) error {
 		fmt.Printf("%-22s %9.3f%% %10v %10.0f %11.0f%%  %s\n", name, 100*median(succ), time.Duration(median(p99)).Round(10*time.Microsecond), median(ok), 100*median(cpu), note)
 	}
 	return nil
+}
+
+// attackCounts is what the slow senders saw: their calls, and those
+// refused as late.
+type attackCounts struct{ Calls, Late int64 }
+
+// runAttacker runs the slow senders (1,000 streams over 8
+// connections, each sending its message 900 ms after its headers) against
+// addr until ctx ends: in this process (where "inproc"), or in a process
+// of their own on CPU 1 at nice 19 (where "low"), so that their client-side
+// work does not delay ghz's calls on the CPU they share, as it would not
+// from another machine.
+func runAttacker(ctx context.Context, where, addr string) attackCounts {
+	if where == "inproc" {
+		a := &attacker{streams: 1000, delay: 900 * time.Millisecond, conns: 8}
+		a.run(ctx, addr)
+		return attackCounts{Calls: a.calls.Load(), Late: a.late.Load()}
+	}
+	var n attackCounts
+	if err := child.RunLowUntil(ctx, "1", &n, "attack", "-addr", addr); err != nil {
+		fmt.Fprintln(os.Stderr, "stockclient: attacker:", err)
+	}
+	return n
+}
+
+// attackCommand is "stockclient attack": the slow senders against -addr
+// until interrupted; then it prints its counts as JSON.
+func attackCommand(args []string) error {
+	fs := flag.NewFlagSet("attack", flag.ContinueOnError)
+	addr := fs.String("addr", "", "the backend (loopback)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	host, _, err := net.SplitHostPort(*addr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("-addr must be a loopback address, got %q", *addr)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	runtime.GOMAXPROCS(1)
+	a := &attacker{streams: 1000, delay: 900 * time.Millisecond, conns: 8}
+	a.run(ctx, *addr)
+	return json.NewEncoder(os.Stdout).Encode(attackCounts{Calls: a.calls.Load(), Late: a.late.Load()})
 }
 
 // attacker holds streams open with their headers sent and sends each

@@ -7,6 +7,8 @@ package child
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +16,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Process is a started server process.
@@ -99,6 +102,12 @@ func PinSelf(cpu string) {
 // there is nice) on cpu (when not empty), waits for it, and decodes its
 // standard output, one JSON value, into v.
 func RunLow(cpu string, v any, args ...string) error {
+	return RunLowUntil(context.Background(), cpu, v, args...)
+}
+
+// RunLowUntil is RunLow that, when ctx ends, asks the process to finish
+// (SIGTERM) and still decodes what it prints.
+func RunLowUntil(ctx context.Context, cpu string, v any, args ...string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -114,11 +123,25 @@ func RunLow(cpu string, v any, args ...string) error {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			cmd.Process.Signal(syscall.SIGTERM)
+		case <-done:
+		}
+	}()
+	err = cmd.Wait()
+	close(done)
 	if err != nil {
 		return err
 	}
-	return json.Unmarshal(out, v)
+	return json.Unmarshal(out.Bytes(), v)
 }
 
 // Counts parses a sub-command's arguments as non-negative integers.
