@@ -107,21 +107,35 @@ type backendProc struct {
 // freeAddr returns a loopback address free now for a child process to
 // listen on. Its port is below the kernel's ephemeral range (32768 and
 // up on Linux), so that no outgoing connection of the test's processes
-// can take it before the child listens.
+// can take it before the child listens, and it is never one freeAddr
+// returned before in this process: two addresses picked for one child
+// (a replica's gRPC and metrics ports) cannot be the same port.
 func freeAddr(t *testing.T) string {
 	t.Helper()
+	handedOut.Lock()
+	defer handedOut.Unlock()
 	for range 1000 {
 		port := 20000 + rand.IntN(12000)
+		if handedOut.ports[port] {
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue
 		}
 		l.Close()
+		handedOut.ports[port] = true
 		return l.Addr().String()
 	}
 	t.Fatal("no free port below the ephemeral range")
 	return ""
 }
+
+// handedOut is the ports freeAddr returned: a few dozen a test binary.
+var handedOut = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 func startProc(t *testing.T, addr string) *backendProc {
 	t.Helper()
