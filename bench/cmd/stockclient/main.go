@@ -325,9 +325,8 @@ func attackCommand(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	host, _, err := net.SplitHostPort(*addr)
-	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("-addr must be a loopback address, got %q", *addr)
+	if err := loopbackFlag("addr", *addr); err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -386,4 +385,14 @@ func (a *attacker) run(ctx context.Context, addr string) {
 		}(ccs[i%len(ccs)])
 	}
 	wg.Wait()
+}
+
+// loopbackFlag checks that flag name's value addr is a loopback host:port:
+// every run stays on this machine.
+func loopbackFlag(name, addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("-%s must be a loopback address, got %q", name, addr)
+	}
+	return nil
 }

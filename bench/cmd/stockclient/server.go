@@ -60,9 +60,8 @@ func serverCommand(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	host, _, err := net.SplitHostPort(*listen)
-	if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("-listen must be a loopback address, got %q", *listen)
+	if err := loopbackFlag("listen", *listen); err != nil {
+		return err
 	}
 	if *rounds <= 0 {
 		*rounds = burn.Calibrate(*cost)
