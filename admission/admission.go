@@ -393,6 +393,7 @@ type Controller struct {
 	limit       atomic.Int64
 	queued      atomic.Int64
 	away        atomic.Int64 // running requests waiting on a downstream call (Away)
+	stalled     atomic.Int64 // running requests waiting on their own client (Stall)
 	saturated   atomic.Bool  // the pending cap applies: see WithSaturation
 	nextAdjust  atomic.Int64
 	expectedSvc atomic.Int64 // ns, last interval's mean service time
@@ -754,6 +755,7 @@ const (
 	ticketInside                     // in Start: waiting, or rejected there
 	ticketRunning                    // holds an execution slot
 	ticketAway                       // running, waiting on a downstream call without a slot
+	ticketStalled                    // running, waiting on its own client without a slot or room
 	ticketDone
 )
 
@@ -1010,6 +1012,13 @@ func (c *Controller) Done(t *Ticket) {
 		}
 		c.away.Add(-1)
 		c.hot.started[t.level].Add(-1)
+	case ticketStalled:
+		if t.sampled {
+			now := c.now()
+			t.awayFor += now - t.awayAt
+			c.addService(t, now)
+		}
+		c.stalled.Add(-1)
 	case ticketInside:
 		c.hot.started[t.level].Add(-1)
 	case ticketPending:
@@ -1065,6 +1074,53 @@ func (c *Controller) Back(t *Ticket) {
 	c.hot.executing.Add(1)
 	c.away.Add(-1)
 }
+
+// Stall tells the Controller that a running request now waits on its
+// own client: a response it sends blocks because the client does not
+// read it. Until Unstall the request gives its execution slot to the next
+// waiter and, unlike Away, takes no room either (the pending cap and its
+// criticality's occupancy): a client that stops reading holds its own
+// stream, not the task. The wait does not count in its service time.
+// Adapters call it, through intake.Handle, once a send has blocked for the
+// target delay (WithTargetDelay).
+//
+// Stall and Unstall alternate, on one goroutine at a time, with Away and
+// Back between Start and Done; Stall does nothing unless the request
+// holds a slot, Unstall unless it is stalled. Unstall takes a slot and
+// the request's room back at once, even past the limit and the cap, as
+// Back does: the request was admitted, and while the task is past its
+// limit the slots that free up go to nobody else. The requests stalled at
+// once are bounded by the transport (the streams a connection may open).
+func (c *Controller) Stall(t *Ticket) {
+	if t.state != ticketRunning {
+		return
+	}
+	t.state = ticketStalled
+	if t.sampled {
+		t.awayAt = c.now()
+	}
+	c.stalled.Add(1)
+	c.hot.started[t.level].Add(-1)
+	c.release()
+}
+
+// Unstall ends a wait begun with Stall.
+func (c *Controller) Unstall(t *Ticket) {
+	if t.state != ticketStalled {
+		return
+	}
+	t.state = ticketRunning
+	if t.sampled {
+		t.awayFor += c.now() - t.awayAt
+	}
+	c.hot.executing.Add(1)
+	c.hot.started[t.level].Add(1)
+	c.stalled.Add(-1)
+}
+
+// TargetDelay is the mean wait before Start the Controller aims at
+// (WithTargetDelay); a send blocked this long is stalled (Stall).
+func (c *Controller) TargetDelay() time.Duration { return time.Duration(c.targetDelay) }
 
 // MessageTimeout is how long after its headers a request's message may
 // come (WithMessageTimeout): Start refuses a later one (Late), and
@@ -1143,6 +1199,9 @@ type Stats struct {
 	Limit, Pending, Executing, Queued int64
 	// Away is the running requests waiting on downstream calls (Away).
 	Away int64
+	// Stalled is the running requests waiting on their own clients
+	// (Stall); they are not in Pending.
+	Stalled int64
 	// PendingCap is the current bound on pending requests (before
 	// criticality headroom; fractional, see capFor).
 	PendingCap float64
@@ -1203,6 +1262,7 @@ func (c *Controller) Attempts() (h [criticality.NumLevels][AttemptBuckets]uint64
 func (c *Controller) Stats() Stats {
 	s := Stats{
 		Limit: c.limit.Load(), Pending: c.occupancy(c.now()), Executing: c.hot.executing.Load(), Queued: c.queued.Load(), Away: c.away.Load(),
+		Stalled:     c.stalled.Load(),
 		PendingCap:  float64(c.pendingCap.Load()) / milli,
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 		QueueDelay:  time.Duration(c.lastDelay.Load()), Saturated: c.saturated.Load(),

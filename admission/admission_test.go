@@ -477,6 +477,82 @@ func TestAwayGivesTheSlotToTheNextRequest(t *testing.T) {
 	}
 }
 
+// A request whose client does not read its response gives its execution
+// slot to the next waiter and takes no room until it is unstalled: many
+// stalled requests do not fill the pending cap, and the time stalled is
+// not service time.
+func TestStallGivesTheSlotAndTheRoomBack(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour), admission.WithInterval(time.Second))
+	var a, b admission.Ticket
+	if err := c.Arrive(&a, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background(), &a); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Arrive(&b, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	got := start(c, context.Background(), &b)
+	waitQueued(t, c, 1, f)
+	f.Advance(10 * time.Millisecond)
+	c.Stall(&a) // a's client stops reading: b runs
+	if err := <-got; err != nil {
+		t.Fatalf("b: %v", err)
+	}
+	if s := c.Stats(); s.Executing != 1 || s.Stalled != 1 || s.Pending != 1 || s.Queued != 0 || s.Away != 0 {
+		t.Fatalf("a stalled, b running: %+v", s)
+	}
+	c.Stall(&a) // a second Stall does nothing
+	c.Away(&a)  // nor does Away while stalled
+	c.Back(&a)
+	if s := c.Stats(); s.Executing != 1 || s.Stalled != 1 || s.Pending != 1 || s.Away != 0 {
+		t.Fatalf("a stalled twice: %+v", s)
+	}
+	// Stalled requests take no room: with the cap at its floor, 50 more
+	// CRITICAL requests stalled after b still leave room for the next.
+	stalled := make([]admission.Ticket, 50)
+	for i := range stalled {
+		c.Done(&b)
+		b = admission.Ticket{}
+		if err := c.Arrive(&stalled[i], criticality.Critical, 0, time.Time{}); err != nil {
+			t.Fatalf("request %d after %d stalled: %v", i, i, err)
+		}
+		if err := c.Start(context.Background(), &stalled[i]); err != nil {
+			t.Fatal(err)
+		}
+		c.Stall(&stalled[i])
+	}
+	if s := c.Stats(); s.Executing != 0 || s.Stalled != 51 || s.Pending != 0 {
+		t.Fatalf("51 stalled: %+v", s)
+	}
+	f.Advance(500 * time.Millisecond)
+	c.Unstall(&a) // its client reads again: a takes its slot back
+	c.Unstall(&a)
+	if s := c.Stats(); s.Executing != 1 || s.Stalled != 50 || s.Pending != 1 {
+		t.Fatalf("a unstalled: %+v", s)
+	}
+	for i := range stalled {
+		c.Done(&stalled[i]) // ends while stalled: its client went away
+	}
+	f.Advance(10 * time.Millisecond)
+	c.Done(&a)
+	c.Unstall(&a) // after Done: nothing
+	if s := c.Stats(); s.Executing != 0 || s.Stalled != 0 || s.Pending != 0 {
+		t.Fatalf("after Done: %+v", s)
+	}
+	f.Advance(time.Second)
+	var probe admission.Ticket
+	c.Arrive(&probe, criticality.Critical, 0, time.Time{}) // runs the adjustment
+	c.Done(&probe)
+	// a: 10 ms + 10 ms of its own work around 500 ms stalled; b and the
+	// stalled ones: none (1 ns each).
+	if got, want := c.Stats().ServiceTime, (20*time.Millisecond+51)/52; got != want {
+		t.Fatalf("service time %v, want %v", got, want)
+	}
+}
+
 // The maximum wait lets a refused client retry elsewhere in time. When
 // the task's refusals say "don't retry" (many recent requests are
 // retries), a CRITICAL request waits for a slot until its deadline

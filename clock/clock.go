@@ -41,6 +41,29 @@ func (realClock) Since(t time.Time) time.Duration { return time.Since(t) }
 
 func (realClock) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
 
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return realTimer{time.AfterFunc(d, f)} }
+
+// AfterFunc waits for d on c, then calls f. It returns a Timer whose Stop
+// and Reset work as those of time.AfterFunc's timer (Stop does not wait
+// for an f already started) and whose C is nil. On Real, f runs in its
+// own goroutine; on a Fake, on the goroutine that moves the time past it.
+// A Clock with no AfterFunc method of its own has no such timers:
+// AfterFunc then returns one that never calls f.
+func AfterFunc(c Clock, d time.Duration, f func()) Timer {
+	if a, ok := c.(interface {
+		AfterFunc(time.Duration, func()) Timer
+	}); ok {
+		return a.AfterFunc(d, f)
+	}
+	return idleTimer{}
+}
+
+type idleTimer struct{}
+
+func (idleTimer) C() <-chan time.Time      { return nil }
+func (idleTimer) Stop() bool               { return false }
+func (idleTimer) Reset(time.Duration) bool { return false }
+
 type realTimer struct{ t *time.Timer }
 
 func (r realTimer) C() <-chan time.Time        { return r.t.C }

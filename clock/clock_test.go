@@ -82,3 +82,51 @@ func TestOrReal(t *testing.T) {
 		t.Fatal("OrReal(nil) is not the real clock")
 	}
 }
+
+// AfterFunc on a Fake calls its func on the goroutine that moves the time
+// to its deadline, once, unless stopped; Reset arms it again.
+func TestFakeAfterFunc(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	calls := 0
+	tm := clock.AfterFunc(f, 10*time.Millisecond, func() { calls++ })
+	if tm.C() != nil {
+		t.Fatal("an AfterFunc timer has a channel")
+	}
+	f.Advance(9 * time.Millisecond)
+	if calls != 0 {
+		t.Fatal("called before its deadline")
+	}
+	f.Advance(time.Millisecond)
+	f.Advance(time.Second)
+	if calls != 1 {
+		t.Fatalf("called %d times, want 1", calls)
+	}
+	if tm.Reset(5*time.Millisecond) || !tm.Stop() || tm.Stop() {
+		t.Fatal("Reset of a fired timer, or Stop, reports wrongly")
+	}
+	f.Advance(time.Second)
+	if calls != 1 {
+		t.Fatal("a stopped timer called its func")
+	}
+	tm.Reset(0) // due now: called at once
+	if calls != 2 || f.Pending() != 0 {
+		t.Fatalf("after Reset(0): %d calls, %d pending", calls, f.Pending())
+	}
+}
+
+// AfterFunc on Real runs its func; on a Clock without timers of its own
+// it returns one that never does.
+func TestAfterFuncOnOtherClocks(t *testing.T) {
+	done := make(chan struct{})
+	clock.AfterFunc(clock.Real(), 0, func() { close(done) })
+	<-done
+	tm := clock.AfterFunc(nowOnly{}, 0, func() { t.Error("called") })
+	if tm.Stop() || tm.Reset(0) || tm.C() != nil {
+		t.Fatal("the idle timer reports a pending timer or has a channel")
+	}
+}
+
+type nowOnly struct{}
+
+func (nowOnly) Now() time.Time                     { return time.Unix(0, 0) }
+func (nowOnly) NewTimer(time.Duration) clock.Timer { return nil }

@@ -62,6 +62,19 @@ func (f *Fake) NewTimer(d time.Duration) Timer {
 	return t
 }
 
+// AfterFunc returns a timer that calls f when the fake time reaches
+// Now()+d, on the goroutine that moves it there (Advance or Set), after
+// the earlier timers. Its C is nil.
+func (f *Fake) AfterFunc(d time.Duration, fn func()) Timer {
+	t := &fakeTimer{f: f, fn: fn}
+	f.mu.Lock()
+	t.when = f.now.Add(d)
+	f.schedule(t)
+	f.mu.Unlock()
+	f.fireDue()
+	return t
+}
+
 // Advance moves the fake time forward by d and fires every timer it passes.
 func (f *Fake) Advance(d time.Duration) {
 	if d < 0 {
@@ -93,6 +106,10 @@ func (f *Fake) Set(t time.Time) {
 		}
 		when := next.when
 		f.mu.Unlock()
+		if next.fn != nil {
+			next.fn()
+			continue
+		}
 		select {
 		case next.c <- when:
 		default:
@@ -139,7 +156,8 @@ func (f *Fake) unschedule(t *fakeTimer) bool {
 
 type fakeTimer struct {
 	f       *Fake
-	c       chan time.Time
+	c       chan time.Time // nil for AfterFunc
+	fn      func()         // AfterFunc's
 	when    time.Time
 	pending bool
 }

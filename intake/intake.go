@@ -342,7 +342,7 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, overS
 	}
 	h := newAdmittedHandle(ctx, l, f)
 	x := h.x
-	x.ctl, x.ticket = in.admission, t
+	x.ctl, x.ticket, x.clk = in.admission, t, in.clock
 	x.quota, x.meter, x.reserved = in.quota, in.meter, res
 	return h, nil
 }

@@ -135,3 +135,88 @@ func TestIdentityCustomerFitsThePropagatedLength(t *testing.T) {
 		h.Finish()
 	}
 }
+
+// A wait on the client that lasts the target delay stalls the request
+// (its slot and room go back) until it ends; a shorter one changes
+// nothing; after the first, waits allocate nothing; a request without
+// admission control is not wrapped for them.
+func TestClientWaitStallsOnlyWaitsPastTheTargetDelay(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.UnderAdmission() {
+		t.Fatal("an admitted request says it is not under admission control")
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := ctl.TargetDelay()
+	h.ClientWait()
+	f.Advance(d - 1)
+	h.ClientResume()
+	f.Advance(time.Hour) // the stopped timer does nothing
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 1 {
+		t.Fatalf("after a wait shorter than the target delay: %+v", s)
+	}
+	h.ClientWait()
+	f.Advance(d)
+	if s := ctl.Stats(); s.Stalled != 1 || s.Executing != 0 || s.Pending != 0 {
+		t.Fatalf("after a wait of the target delay: %+v", s)
+	}
+	h.ClientResume()
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 1 {
+		t.Fatalf("after the wait: %+v", s)
+	}
+	h.ClientWait()
+	f.Advance(d)
+	h.Finish() // ends while stalled: its client went away
+	f.Advance(time.Hour)
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 0 || s.Pending != 0 {
+		t.Fatalf("after Finish while stalled: %+v", s)
+	}
+
+	// On the real clock (the fake one allocates as it schedules).
+	realCtl, err := admission.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := intake.New(intake.WithAdmission(realCtl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := real.Accept(context.Background(), &intake.Request{Path: "/svc/M"})
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.ClientWait()
+	r.ClientResume()
+	allocs := testing.AllocsPerRun(100, func() {
+		r.ClientWait()
+		r.ClientResume()
+	})
+	r.Finish()
+	if allocs != 0 {
+		t.Errorf("a wait on the client allocates %v times, want 0", allocs)
+	}
+
+	plain, err := intake.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := plain.Accept(context.Background(), &intake.Request{Path: "/svc/M"})
+	if p.UnderAdmission() {
+		t.Fatal("a request without admission control says it is under it")
+	}
+	p.ClientWait() // does nothing
+	p.ClientResume()
+}

@@ -510,7 +510,12 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // StreamInterceptor returns the streaming server interceptor, which does for
-// streams what UnaryInterceptor does for unary calls.
+// streams what UnaryInterceptor does for unary calls. Under admission
+// control the handler's SendMsg and RecvMsg wait on the client
+// (intake.Handle.ClientWait): a handler blocked for the target delay on a
+// client that does not read its responses (grpc's flow control) or send
+// its next message gives its execution slot and its room back until the
+// wait ends (admission.Controller.Stall).
 func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		ctx := ss.Context()
@@ -518,12 +523,12 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 		if err != nil {
 			return err
 		}
-		if c != ctx {
-			ss = &serverStream{ServerStream: ss, ctx: c}
-		}
 		if err := h.Start(); err != nil {
 			s.noteLate(c, err)
 			return s.rejection(err)
+		}
+		if c != ctx || h.UnderAdmission() {
+			ss = &serverStream{ServerStream: ss, ctx: c, h: h}
 		}
 		err = handler(srv, ss)
 		h.Finish()
@@ -534,12 +539,31 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
+// serverStream is the handler's stream: its context is the request's,
+// and its sends and receives wait on the client (intake.Handle.ClientWait),
+// so that a handler blocked on a client that does not read its responses
+// or send its next message gives its execution slot back.
 type serverStream struct {
 	grpc.ServerStream
 	ctx context.Context
+	h   *intake.Handle
 }
 
 func (s *serverStream) Context() context.Context { return s.ctx }
+
+func (s *serverStream) SendMsg(m any) error {
+	s.h.ClientWait()
+	err := s.ServerStream.SendMsg(m)
+	s.h.ClientResume()
+	return err
+}
+
+func (s *serverStream) RecvMsg(m any) error {
+	s.h.ClientWait()
+	err := s.ServerStream.RecvMsg(m)
+	s.h.ClientResume()
+	return err
+}
 
 // ensure returns the request's Handle, running the request through the
 // intake unless the tap handle already did.

@@ -163,8 +163,15 @@ func WithLifecycle(l *lifecycle.Lifecycle) Option {
 // (trust, stripping, classification, decay, customer, client type, quota,
 // admission), answers a refusal with its overload outcome, and otherwise
 // runs the handler with the request's context (criticality.Of,
-// attempt.Incoming, quota.CustomerOf). The returned func is safe for
-// concurrent use.
+// attempt.Incoming, quota.CustomerOf). Under admission control the
+// handler's body reads past what the middleware read ahead, and its writes
+// and flushes past the first 16 KiB of the response, wait on the client
+// (intake.Handle.ClientWait): a handler blocked for the target delay on a
+// client that does not read its response or send its body gives its
+// execution slot and room back until the wait ends; its ResponseWriter
+// is then a wrapper that implements http.Flusher and unwraps
+// (http.ResponseController) to the server's. The returned func is safe
+// for concurrent use.
 func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 	c := config{bodyBuffer: DefaultBodyBuffer}
 	for _, o := range opts {
@@ -188,9 +195,11 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				ir.Group = c.group(r)
 			}
 			h, err := in.Accept(r.Context(), &ir)
+			whole := false // the whole body read ahead
 			if err == nil && c.admission != nil && c.bodyBuffer > 0 && !ir.HealthCheck && hasBody(r) {
 				h.Scheduled()
-				if err := readBody(w, r, c.bodyBuffer, c.admission.MessageTimeout()); err != nil {
+				var err error
+				if whole, err = readBody(w, r, c.bodyBuffer, c.admission.MessageTimeout()); err != nil {
 					h.Abandon()
 					if errors.Is(err, os.ErrDeadlineExceeded) {
 						w.Header().Set("Connection", "close")
@@ -209,9 +218,89 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				return
 			}
 			defer h.Finish()
+			if h.UnderAdmission() {
+				w, r = onClient(w, r, h, whole)
+			}
 			next.ServeHTTP(w, r.WithContext(h))
 		})
 	}, nil
+}
+
+// clientIO is a request's writer and body under admission control: a
+// write, flush or read that may wait on the client (a client that does
+// not read its response, or sends its body slowly) tells the request's
+// Handle (intake.Handle.ClientWait), so that once it has waited the
+// target delay the request gives its execution slot back until the wait
+// ends.
+type clientIO struct {
+	w clientWriter
+	b clientBody
+}
+
+// onClient wraps w, and r's body unless the middleware read all of it
+// ahead (whole).
+func onClient(w http.ResponseWriter, r *http.Request, h *intake.Handle, whole bool) (http.ResponseWriter, *http.Request) {
+	c := &clientIO{w: clientWriter{ResponseWriter: w, h: h}}
+	if !whole && hasBody(r) {
+		c.b = clientBody{ReadCloser: r.Body, h: h}
+		r.Body = &c.b
+	}
+	return &c.w, r
+}
+
+// unblockedResponse is how much of a response a handler writes before its
+// writes may wait on the client: what the server buffers (net/http's 4 KiB
+// writer) and the smallest send buffer or flow-control window behind it
+// (16 KiB: Linux's initial TCP send buffer; HTTP/2's window is 64 KiB)
+// take without the client reading. Shorter responses, most of them, skip
+// ClientWait.
+const unblockedResponse = 16 << 10
+
+// clientWriter is the handler's ResponseWriter. It flushes through
+// http.ResponseController (a writer that cannot flush ignores it) and
+// unwraps to the server's writer for the controller's other methods
+// (deadlines, Hijack, full duplex).
+type clientWriter struct {
+	http.ResponseWriter
+	h       *intake.Handle
+	written int
+}
+
+func (w *clientWriter) Write(p []byte) (int, error) {
+	if w.written += len(p); w.written <= unblockedResponse {
+		return w.ResponseWriter.Write(p)
+	}
+	w.h.ClientWait()
+	n, err := w.ResponseWriter.Write(p)
+	w.h.ClientResume()
+	return n, err
+}
+
+func (w *clientWriter) Flush() {
+	rc := http.NewResponseController(w.ResponseWriter)
+	if w.written <= unblockedResponse {
+		rc.Flush()
+		return
+	}
+	w.h.ClientWait()
+	rc.Flush()
+	w.h.ClientResume()
+}
+
+func (w *clientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// clientBody is the handler's request body, when the middleware did not
+// read all of it ahead.
+type clientBody struct {
+	io.ReadCloser
+	h *intake.Handle
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	b.h.ClientWait()
+	n, err := b.ReadCloser.Read(p)
+	b.h.ClientResume()
+	return n, err
 }
 
 // hasBody says whether r has a body to read.
@@ -220,10 +309,11 @@ func hasBody(r *http.Request) bool {
 }
 
 // readBody reads up to limit bytes of r's body within timeout and puts
-// them back in front of the rest. The read deadline is the connection's
-// (http.ResponseController); afterwards the server's ReadTimeout, if it
-// has one, holds again from when the request came in.
-func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Duration) error {
+// them back in front of the rest; whole says it read all of it. The read
+// deadline is the connection's (http.ResponseController); afterwards the
+// server's ReadTimeout, if it has one, holds again from when the request
+// came in.
+func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Duration) (whole bool, err error) {
 	start := time.Now()
 	rc := http.NewResponseController(w)
 	deadlines := rc.SetReadDeadline(start.Add(timeout)) == nil
@@ -236,10 +326,14 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Du
 		rc.SetReadDeadline(restore)
 	}
 	if err != nil {
-		return err
+		return false, err
+	}
+	if len(head) < limit {
+		r.Body = &prefixedBody{Reader: bytes.NewReader(head), body: r.Body}
+		return true, nil
 	}
 	r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
-	return nil
+	return false, nil
 }
 
 // prefixedBody is a body whose first bytes were read ahead.

@@ -67,7 +67,7 @@ var _ admission.Observer = (*AdmissionObserver)(nil)
 
 // AdmissionState returns a collector that reads a Controller's Stats at
 // scrape time: triage_admission_pending, _pending_cap, _executing,
-// _queued, _service_seconds, _retry_share,
+// _queued, _away, _stalled, _service_seconds, _retry_share,
 // triage_admission_signal_utilization{signal},
 // triage_admission_forced_shed_fraction{criticality} (ForceShed drills) and
 // the attempt histogram,
@@ -81,6 +81,8 @@ var (
 	descPendingCap = prometheus.NewDesc("triage_admission_pending_cap", "Current bound on admitted requests (before criticality headroom), found by the controller.", nil, nil)
 	descExecuting  = prometheus.NewDesc("triage_admission_executing", "Requests holding an execution slot.", nil, nil)
 	descQueued     = prometheus.NewDesc("triage_admission_queued", "Requests waiting for an execution slot.", nil, nil)
+	descAway       = prometheus.NewDesc("triage_admission_away", "Running requests waiting on a downstream call, without an execution slot (in pending).", nil, nil)
+	descStalled    = prometheus.NewDesc("triage_admission_stalled", "Running requests waiting on their own client (a response it does not read, a message it does not send), without an execution slot (not in pending).", nil, nil)
 	descService    = prometheus.NewDesc("triage_admission_service_seconds", "Mean service time of the last interval.", nil, nil)
 	descRetryShare = prometheus.NewDesc("triage_admission_retry_share", "Share of retries among recent requests (the attempt histogram).", nil, nil)
 	descSignal     = prometheus.NewDesc("triage_admission_signal_utilization", "Utilization signal value as a fraction of its target.", []string{"signal"}, nil)
@@ -91,7 +93,7 @@ var (
 var attemptLabels = [admission.AttemptBuckets]string{"0", "1", "2"}
 
 func (s stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descPendingCap, descExecuting, descQueued, descService, descRetryShare, descSignal, descForced, descAttempts} {
+	for _, d := range []*prometheus.Desc{descPending, descPendingCap, descExecuting, descQueued, descAway, descStalled, descService, descRetryShare, descSignal, descForced, descAttempts} {
 		ch <- d
 	}
 }
@@ -105,6 +107,8 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descPendingCap, float64(st.PendingCap))
 	gauge(descExecuting, float64(st.Executing))
 	gauge(descQueued, float64(st.Queued))
+	gauge(descAway, float64(st.Away))
+	gauge(descStalled, float64(st.Stalled))
 	gauge(descService, st.ServiceTime.Seconds())
 	gauge(descRetryShare, st.RetryShare)
 	for _, sv := range st.Signals {

@@ -81,7 +81,7 @@ func TestAdmissionMetricsOverLoopbackHTTP(t *testing.T) {
 	if n := testutil.ToFloat64(m.Admission().RejectedCounter("CRITICAL", "concurrency", "task-overloaded")); n != 12 {
 		t.Fatalf("rejected counter %v", n)
 	}
-	if n, err := testutil.GatherAndCount(reg, "triage_admission_queued", "triage_admission_pending_cap"); err != nil || n != 2 {
+	if n, err := testutil.GatherAndCount(reg, "triage_admission_queued", "triage_admission_pending_cap", "triage_admission_away", "triage_admission_stalled"); err != nil || n != 4 {
 		t.Fatalf("state series %d, %v", n, err)
 	}
 	close(release)
