@@ -10,6 +10,7 @@
 //	go install github.com/bojand/ghz/cmd/ghz@v0.121.0
 //	cd bench && go run ./cmd/stockclient                  # capacity C, then ~5x and ~10x C with 600 and 3,000 workers
 //	cd bench && go run ./cmd/stockclient -scenario slow   # CRITICAL at 0.8 C, alone and beside 1,000 slow senders
+//	cd bench && go run ./cmd/stockclient -scenario readers   # CRITICAL at 0.8 C, alone and beside 200 streams their client does not read
 //	cd bench && go run ./cmd/stockclient server -protect=false -listen 127.0.0.1:50051   # the backend alone, for ghz by hand
 //
 // Every figure is the median of -repeats runs, each on a fresh backend
@@ -77,7 +78,7 @@ func main() {
 	fs := flag.NewFlagSet("stockclient", flag.ExitOnError)
 	var c config
 	fs.StringVar(&c.ghz, "ghz", "ghz", "the ghz binary (go install github.com/bojand/ghz/cmd/ghz@v0.121.0)")
-	fs.StringVar(&c.scenario, "scenario", "table", "table (ghz at ~5x and ~10x C) or slow (slow senders beside steady CRITICAL traffic)")
+	fs.StringVar(&c.scenario, "scenario", "table", "table (ghz at ~5x and ~10x C), slow (slow senders beside steady CRITICAL traffic) or readers (slow readers beside it)")
 	fs.IntVar(&c.repeats, "repeats", 3, "runs per row; figures are medians")
 	fs.DurationVar(&c.duration, "z", 10*time.Second, "length of each ghz run")
 	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU each call burns")
@@ -98,8 +99,8 @@ func run(c config) error {
 		return fmt.Errorf("-repeats must be in [1, 20], got %d", c.repeats)
 	case c.duration < 2*time.Second || c.duration > 5*time.Minute:
 		return fmt.Errorf("-z must be in [2s, 5m], got %v", c.duration)
-	case c.scenario != "table" && c.scenario != "slow":
-		return fmt.Errorf("-scenario must be table or slow, got %q", c.scenario)
+	case c.scenario != "table" && c.scenario != "slow" && c.scenario != "readers":
+		return fmt.Errorf("-scenario must be table, slow or readers, got %q", c.scenario)
 	case c.attacker != "low" && c.attacker != "inproc":
 		return fmt.Errorf("-attacker must be low or inproc, got %q", c.attacker)
 	}
@@ -123,8 +124,8 @@ func run(c config) error {
 	} else {
 		fmt.Printf("capacity C = %.0f OK calls/s (given)\n\n", capacity)
 	}
-	if c.scenario == "slow" {
-		return slowScenario(c, capacity)
+	if c.scenario != "table" {
+		return attackScenario(c, capacity)
 	}
 	rows, err := stockrows.Parse(c.rows)
 	if err != nil {
@@ -216,15 +217,23 @@ func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr st
 		name = ts
 	}
 	cmd := exec.Command(name, cmdArgs...)
-	var out strings.Builder
-	cmd.Stdout = &out
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	cpu0, wall0 := b.CPU(), time.Now()
 	err = cmd.Run()
 	cpu1, wall := b.CPU(), time.Since(wall0)
 	cancel()
 	wg.Wait()
 	if err != nil {
-		return r, fmt.Errorf("ghz %s: %v", strings.Join(cmdArgs, " "), err)
+		// ghz makes one call before its run and stops if it fails: the
+		// backend served none of its calls.
+		if msg := strings.TrimSpace(out.String() + errOut.String()); strings.HasPrefix(msg, "rpc error") {
+			r.codes = map[string]int{msg: 1}
+			r.serverCPU = (cpu1 - cpu0) / wall.Seconds()
+			fmt.Fprintf(os.Stderr, "stockclient: ghz stopped at its first call: %s\n", msg)
+			return r, nil
+		}
+		return r, fmt.Errorf("ghz %s: %v: %s", strings.Join(cmdArgs, " "), err, errOut.String())
 	}
 	var rep ghzReport
 	if err := json.Unmarshal([]byte(out.String()), &rep); err != nil {
@@ -258,82 +267,158 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// slowScenario: steady CRITICAL traffic at 0.8 C from ghz (50 workers),
-// alone, then beside 1,000 slow streams that send their message 900 ms
-// after their headers, claiming CRITICAL too, over 8 connections of their
-// own.
-func slowScenario(c config, capacity float64) error {
+// attackScenario: steady CRITICAL traffic at 0.8 C from ghz (50 workers),
+// alone, then beside the scenario's attacker, claiming CRITICAL too, over
+// 8 connections of its own: slow senders (1,000 streams that send their
+// message 900 ms after their headers) or slow readers (200 streams of
+// StreamingOutputCall asking for 64 MiB each that their client never
+// reads).
+func attackScenario(c config, capacity float64) error {
 	rate := strconv.Itoa(int(0.8 * capacity))
-	fmt.Printf("steady: ghz --rps %s -c 50, CRITICAL; slow senders: 1,000 streams, message 900 ms after headers, CRITICAL\n\n", rate)
-	fmt.Printf("%-22s %10s %10s %10s %12s  %s\n", "RUN", "SUCCESS", "P99", "OK/s", "SERVER_CPU", "slow senders' calls (refused late / all)")
+	what, note := "slow senders: 1,000 streams, message 900 ms after headers", "slow senders' calls (refused late / all)"
+	if c.scenario == "readers" {
+		what, note = "slow readers: 200 streams of 64 MiB never read", "slow readers' streams (attempts refused / admitted)"
+	}
+	fmt.Printf("steady: ghz --rps %s -c 50, CRITICAL; %s, CRITICAL\n\n", rate, what)
+	fmt.Printf("%-22s %10s %10s %10s %12s  %s\n", "RUN", "SUCCESS", "P99", "OK/s", "SERVER_CPU", note)
 	for _, attacked := range []bool{false, true} {
 		var succ, p99, ok, cpu []float64
-		var late, all int64
+		var sum attackCounts
 		for i := 0; i < c.repeats; i++ {
 			var a attackCounts
 			var beside func(context.Context, string)
 			if attacked {
-				beside = func(ctx context.Context, addr string) { a = runAttacker(ctx, c.attacker, addr) }
+				beside = func(ctx context.Context, addr string) { a = runAttacker(ctx, c.attacker, c.scenario, addr) }
 			}
 			r, err := ghzRunWith(c, true, beside, "--rps", rate, "-c", "50")
 			if err != nil {
 				return err
 			}
 			succ, p99, ok, cpu = append(succ, r.success), append(p99, float64(r.p99)), append(ok, r.okPerSec), append(cpu, r.serverCPU)
-			late += a.Late
-			all += a.Calls
+			sum.Late += a.Late
+			sum.Calls += a.Calls
 		}
 		name := "steady alone"
-		note := ""
+		counts := ""
 		if attacked {
-			name = "steady + slow senders"
-			note = fmt.Sprintf("%d / %d", late, all)
+			name = "steady + " + c.scenario
+			counts = fmt.Sprintf("%d / %d", sum.Late, sum.Calls)
 		}
-		fmt.Printf("%-22s %9.3f%% %10v %10.0f %11.0f%%  %s\n", name, 100*median(succ), time.Duration(median(p99)).Round(10*time.Microsecond), median(ok), 100*median(cpu), note)
+		fmt.Printf("%-22s %9.3f%% %10v %10.0f %11.0f%%  %s\n", name, 100*median(succ), time.Duration(median(p99)).Round(10*time.Microsecond), median(ok), 100*median(cpu), counts)
 	}
 	return nil
 }
 
-// attackCounts is what the slow senders saw: their calls, and those
-// refused as late.
+// attackCounts is what the attacker saw: the slow senders' calls, and
+// those refused as late; the slow readers' streams admitted (Calls), and
+// their attempts refused (Late).
 type attackCounts struct{ Calls, Late int64 }
 
-// runAttacker runs the slow senders (1,000 streams over 8
-// connections, each sending its message 900 ms after its headers) against
-// addr until ctx ends: in this process (where "inproc"), or in a process
-// of their own on CPU 1 at nice 19 (where "low"), so that their client-side
+// runAttacker runs the scenario's attacker (slow senders: 1,000 streams
+// over 8 connections, each sending its message 900 ms after its headers;
+// slow readers: 200 streams over 8 connections never read) against addr
+// until ctx ends: in this process (where "inproc"), or in a process of
+// their own on CPU 1 at nice 19 (where "low"), so that their client-side
 // work does not delay ghz's calls on the CPU they share, as it would not
 // from another machine.
-func runAttacker(ctx context.Context, where, addr string) attackCounts {
+func runAttacker(ctx context.Context, where, scenario, addr string) attackCounts {
 	if where == "inproc" {
-		a := &attacker{streams: 1000, delay: 900 * time.Millisecond, conns: 8}
-		a.run(ctx, addr)
-		return attackCounts{Calls: a.calls.Load(), Late: a.late.Load()}
+		return attack(ctx, scenario, addr)
 	}
 	var n attackCounts
-	if err := child.RunLowUntil(ctx, "1", &n, "attack", "-addr", addr); err != nil {
+	if err := child.RunLowUntil(ctx, "1", &n, "attack", "-kind", scenario, "-addr", addr); err != nil {
 		fmt.Fprintln(os.Stderr, "stockclient: attacker:", err)
 	}
 	return n
 }
 
-// attackCommand is "stockclient attack": the slow senders against -addr
-// until interrupted; then it prints its counts as JSON.
+// attack runs the attacker of kind "slow" or "readers" until ctx ends.
+func attack(ctx context.Context, kind, addr string) attackCounts {
+	if kind == "readers" {
+		r := &readers{streams: 200, conns: 8, size: 64 << 10, count: 1024}
+		r.run(ctx, addr)
+		return attackCounts{Calls: r.admitted.Load(), Late: r.refused.Load()}
+	}
+	a := &attacker{streams: 1000, delay: 900 * time.Millisecond, conns: 8}
+	a.run(ctx, addr)
+	return attackCounts{Calls: a.calls.Load(), Late: a.late.Load()}
+}
+
+// attackCommand is "stockclient attack": the attacker of -kind against
+// -addr until interrupted; then it prints its counts as JSON.
 func attackCommand(args []string) error {
 	fs := flag.NewFlagSet("attack", flag.ContinueOnError)
 	addr := fs.String("addr", "", "the backend (loopback)")
+	kind := fs.String("kind", "slow", "slow (slow senders) or readers (slow readers)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := loopbackFlag("addr", *addr); err != nil {
 		return err
 	}
+	if *kind != "slow" && *kind != "readers" {
+		return fmt.Errorf("-kind must be slow or readers, got %q", *kind)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	runtime.GOMAXPROCS(1)
-	a := &attacker{streams: 1000, delay: 900 * time.Millisecond, conns: 8}
-	a.run(ctx, *addr)
-	return json.NewEncoder(os.Stdout).Encode(attackCounts{Calls: a.calls.Load(), Late: a.late.Load()})
+	return json.NewEncoder(os.Stdout).Encode(attack(ctx, *kind, *addr))
+}
+
+// readers opens streams of StreamingOutputCall, each asking for count
+// responses of size bytes, reads the first (which says it was admitted)
+// and no more; a stream refused is tried again after 100 ms. Its
+// connections have fixed 64 KiB flow-control windows, as a client that
+// does not read has in effect (grpc's default would grow them, by its
+// bandwidth estimate, up to 16 MiB a stream).
+type readers struct {
+	streams, conns, size, count int
+	admitted, refused           atomic.Int64
+}
+
+func (r *readers) run(ctx context.Context, addr string) {
+	var ccs []*grpc.ClientConn
+	for i := 0; i < r.conns; i++ {
+		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+		if err != nil {
+			return
+		}
+		defer cc.Close()
+		ccs = append(ccs, cc)
+	}
+	ctx = metadata.AppendToOutgoingContext(ctx, "triage-criticality", "CRITICAL")
+	req := &testgrpc.StreamingOutputCallRequest{}
+	for range r.count {
+		req.ResponseParameters = append(req.ResponseParameters, &testgrpc.ResponseParameters{Size: int32(r.size)})
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < r.streams; i++ {
+		wg.Add(1)
+		go func(c testgrpc.TestServiceClient) {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				st, err := c.StreamingOutputCall(ctx, req)
+				if err == nil {
+					// Its first response says it was admitted; the rest
+					// it never reads.
+					if _, err = st.Recv(); err == nil {
+						r.admitted.Add(1)
+						<-ctx.Done()
+						return
+					}
+				}
+				if ctx.Err() == nil {
+					r.refused.Add(1)
+				}
+				select {
+				case <-time.After(100 * time.Millisecond):
+				case <-ctx.Done():
+				}
+			}
+		}(testgrpc.NewTestServiceClient(ccs[i%len(ccs)]))
+	}
+	wg.Wait()
 }
 
 // attacker holds streams open with their headers sent and sends each

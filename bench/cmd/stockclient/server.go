@@ -42,6 +42,21 @@ func (s *service) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, 
 	return &testgrpc.Empty{}, nil
 }
 
+// StreamingOutputCall sends one response per response parameter, of its
+// size (at most 1 MiB), burning no CPU: the slow readers' method.
+func (s *service) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, st testgrpc.TestService_StreamingOutputCallServer) error {
+	for _, p := range req.ResponseParameters {
+		n := min(max(int(p.Size), 0), len(zeros))
+		if err := st.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: zeros[:n]}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// zeros is every response's body, shared: marshalling only reads it.
+var zeros = make([]byte, 1<<20)
+
 // serverCommand is "stockclient server": the backend, protected as the
 // README shows (triagegrpc.NewServer(WithTrust(127.0.0.1/32),
 // WithAdmission(admission.New()))) or not, with server reflection so that
