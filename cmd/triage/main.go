@@ -231,6 +231,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.BoolVar(&t.Protect, "protect", true, "triage's protections on (false: plain gRPC, naive retries)")
 	fs.StringVar(&t.Quota, "quota", "", "quota service address, or the comma-separated addresses of its replicas (DB tasks)")
 	fs.Int64Var(&t.MemLimit, "mem-limit", 128<<20, "request memory the task may hold, bytes")
+	fs.IntVar(&t.MaxConns, "max-conns", drill.DefaultFrontendConns, "open connections the protected frontend accepts (more wait in the accept queue; 0: no bound)")
 	fs.Func("force-shed", "game-day drill: reject a fraction of one criticality for a time, LEVEL:FRACTION:DURATION (e.g. SHEDDABLE_PLUS:0.5:10m; repeatable; also POST /fault?shed=... on the stats address)", func(v string) error {
 		d, err := drill.ParseForceShed(v)
 		if err == nil {

@@ -18,6 +18,7 @@ func TestTaskValidate(t *testing.T) {
 		"work":      func(x *Task) { x.Work = 2 * time.Second },
 		"next":      func(x *Task) { x.Next = nil },
 		"mem-limit": func(x *Task) { x.MemLimit = 1 },
+		"max-conns": func(x *Task) { x.MaxConns = -1 },
 	} {
 		bad := good
 		mod(&bad)

@@ -31,6 +31,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/internal/relay"
@@ -73,6 +74,10 @@ type Task struct {
 	// ForceShed are game-day drills started with the task (Protect only):
 	// admission.Controller.ForceShed for each.
 	ForceShed []ForceShed
+	// MaxConns bounds the protected frontend's open connections
+	// (connload.WithMaxOpen; more wait in the kernel's accept queue); 0:
+	// no bound.
+	MaxConns int
 }
 
 // ForceShed is a game-day drill: reject Fraction of the requests of Level
@@ -129,6 +134,8 @@ func (t Task) Validate() error {
 		return errors.New("-mem-limit too small")
 	case len(t.ForceShed) > 0 && !t.Protect:
 		return errors.New("-force-shed needs triage's protections (-protect)")
+	case t.MaxConns < 0 || t.MaxConns > MaxFrontendConns:
+		return fmt.Errorf("-max-conns %d out of [0, %d]", t.MaxConns, MaxFrontendConns)
 	}
 	return nil
 }
@@ -617,6 +624,16 @@ var frontendRules = edge.Config{Default: "CRITICAL", Rules: []edge.RuleConfig{
 // Customers are identified at the frontend from their API key.
 var apiKeys = map[string]string{"key-gmail": "gmail", "key-calendar": "calendar", "key-android": "android", "key-abuser": "abuser"}
 
+// DefaultFrontendConns is the protected frontend's default bound on open
+// connections (Task.MaxConns): each costs it a goroutine and buffers, and
+// every request it sends costs it CPU to answer, refusals included, so
+// that a population of clients past it would take the CPU its backends
+// need (bench/cmd/frontendload).
+const DefaultFrontendConns = 1000
+
+// MaxFrontendConns bounds Task.MaxConns.
+const MaxFrontendConns = 100000
+
 // serveFrontend is the HTTP frontend: criticality by rules, customer by
 // API key, one call to A per request.
 func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), error) {
@@ -667,6 +684,13 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 			return nil, err
 		}
 		handler = mw(h)
+	}
+	if t.cfg.Protect && t.cfg.MaxConns > 0 {
+		cl, err := connload.NewListener(ln, connload.WithMaxOpen(t.cfg.MaxConns))
+		if err != nil {
+			return nil, err
+		}
+		ln = cl
 	}
 	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 	lc, err := lifecycle.New(lifecycle.WithDrain(time.Second))
