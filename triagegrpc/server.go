@@ -51,6 +51,7 @@ type Server struct {
 	slowPace        time.Duration // 0: a slow sender's refusals unpaced
 	clock           clock.Clock
 	since           func() time.Duration
+	slowRefused     atomic.Uint64 // streams the tap refused as a slow sender's
 }
 
 // ServerOption configures a Server.
@@ -390,6 +391,13 @@ func (s *Server) pace(c *connState) {
 	}
 }
 
+// SlowSenderRefusals returns how many streams the tap has refused as a
+// slow sender's (StatsHandler: in a connection's penalty, or over its
+// share on probation). They are refused before they are classified, so
+// admission control's observer does not see them; export this
+// (triageprom.SlowSenders) to see an attack.
+func (s *Server) SlowSenderRefusals() uint64 { return s.slowRefused.Load() }
+
 // probeKey keys a stream admitted on probation in its context.
 type probeKey struct{}
 
@@ -469,6 +477,7 @@ func (s *Server) TapHandle() tap.ServerInHandle {
 			probation = probation && s.connShare > 0
 			if penalty || probation && cs.probation.Load() >= s.connShare {
 				s.pace(cs)
+				s.slowRefused.Add(1)
 				return nil, s.rejections[admission.Late][0]
 			}
 		}

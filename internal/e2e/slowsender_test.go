@@ -40,6 +40,7 @@ import (
 type slowServer struct {
 	f              *clock.Fake
 	ctl            *admission.Controller
+	srv            *triagegrpc.Server
 	obs            *refusals
 	served, tagged atomic.Int64
 	ended          atomic.Int64 // RPCs ended (stats.End)
@@ -62,6 +63,7 @@ func startSlowServer(t *testing.T, withStats bool) *slowServer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.srv = srv
 	opts := []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor())}
 	if withStats {
 		opts = srv.ServerOptions()
@@ -443,6 +445,9 @@ func TestSlowSenderRefusalsArePaced(t *testing.T) {
 	}
 	if got := s.tagged.Load() - tagged; got != 1 {
 		t.Fatalf("%d goroutines ran, want 1 (the other connection's call)", got)
+	}
+	if got := s.srv.SlowSenderRefusals(); got != n+1 {
+		t.Fatalf("the server counts %d refusals of a slow sender's streams, want %d", got, n+1)
 	}
 	// Past the penalty the connection is on probation, and under its
 	// share: served.
