@@ -19,10 +19,10 @@ import (
 // Blocker (admission control, through intake) when the request starts and
 // stops waiting. A nil *Tracker does nothing.
 type Tracker struct {
-	mu    sync.Mutex
-	meter *Meter
-	also  Blocker
-	req   Request
+	mu      sync.Mutex
+	meter   *Meter
+	also    Blocker
+	req     Request
 	waits   int32
 	on      bool
 	stalled bool
