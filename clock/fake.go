@@ -53,20 +53,18 @@ func (f *Fake) Now() time.Time {
 // NewTimer returns a timer that fires when the fake time reaches Now()+d.
 // A timer with d <= 0 fires at once.
 func (f *Fake) NewTimer(d time.Duration) Timer {
-	t := &fakeTimer{f: f, c: make(chan time.Time, 1)}
-	f.mu.Lock()
-	t.when = f.now.Add(d)
-	f.schedule(t)
-	f.mu.Unlock()
-	f.fireDue()
-	return t
+	return f.start(&fakeTimer{f: f, c: make(chan time.Time, 1)}, d)
 }
 
 // AfterFunc returns a timer that calls f when the fake time reaches
 // Now()+d, on the goroutine that moves it there (Advance or Set), after
 // the earlier timers. Its C is nil.
 func (f *Fake) AfterFunc(d time.Duration, fn func()) Timer {
-	t := &fakeTimer{f: f, fn: fn}
+	return f.start(&fakeTimer{f: f, fn: fn}, d)
+}
+
+// start schedules t d from now, firing it at once if it is due.
+func (f *Fake) start(t *fakeTimer, d time.Duration) Timer {
 	f.mu.Lock()
 	t.when = f.now.Add(d)
 	f.schedule(t)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/triagehttp"
 )
 
@@ -75,7 +76,7 @@ func startClientWaitServer(t *testing.T) *clientWaitServer {
 // until the one request is stalled on its client and none holds room.
 func (s *clientWaitServer) stall(t *testing.T) {
 	t.Helper()
-	waitFor(t, "the handler to stall on its client", func() bool {
+	loopback.WaitFor(t, "the handler to stall on its client", func() bool {
 		if st := s.ctl.Stats(); st.Stalled == 1 && st.Executing == 0 && st.Pending == 0 {
 			return true
 		}
@@ -108,7 +109,7 @@ func (s *clientWaitServer) served(t *testing.T, who string) {
 		done <- result{resp.StatusCode, nil}
 	}()
 	var got result
-	waitFor(t, "the request beside "+who, func() bool {
+	loopback.WaitFor(t, "the request beside "+who, func() bool {
 		select {
 		case got = <-done:
 			return true
@@ -124,7 +125,7 @@ func (s *clientWaitServer) served(t *testing.T, who string) {
 
 func (s *clientWaitServer) idle(t *testing.T) {
 	t.Helper()
-	waitFor(t, "every request to end", func() bool {
+	loopback.WaitFor(t, "every request to end", func() bool {
 		st := s.ctl.Stats()
 		return st.Executing == 0 && st.Stalled == 0 && st.Pending == 0 && st.Queued == 0
 	})
@@ -172,7 +173,7 @@ func TestSlowBodyPastTheBufferGivesItsSlotBack(t *testing.T) {
 	const size = 1 << 20
 	first := triagehttp.DefaultBodyBuffer + 100<<10 // past what the middleware reads ahead
 	fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", size, strings.Repeat("x", first))
-	waitFor(t, "the handler to read the body's first part", func() bool { return s.read.Load() > 0 || s.ctl.Stats().Executing == 1 })
+	loopback.WaitFor(t, "the handler to read the body's first part", func() bool { return s.read.Load() > 0 || s.ctl.Stats().Executing == 1 })
 	s.stall(t)
 	s.served(t, "a body its client stopped sending")
 	fmt.Fprint(c, strings.Repeat("x", size-first))
@@ -187,17 +188,4 @@ func TestSlowBodyPastTheBufferGivesItsSlotBack(t *testing.T) {
 		t.Fatalf("the upload after the stall: %d %q", resp.StatusCode, b)
 	}
 	s.idle(t)
-}
-
-// waitFor polls a real server over sockets until cond holds, for at most
-// ten seconds.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -53,13 +54,7 @@ func plainConn(t *testing.T, addr string) *grpc.ClientConn {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling a real server over sockets
-	}
+	loopback.WaitFor(t, what, cond)
 }
 
 func TestAdmissionOverLoopback(t *testing.T) {

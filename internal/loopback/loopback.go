@@ -46,3 +46,17 @@ func DialGRPC(tb testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientC
 	tb.Cleanup(func() { cc.Close() })
 	return cc
 }
+
+// WaitFor polls cond every millisecond until it holds, for at most ten
+// seconds, and fails the test otherwise: for tests that watch a real
+// server over sockets, whose state changes on its own goroutines.
+func WaitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
