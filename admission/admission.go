@@ -200,6 +200,9 @@ const (
 	// DefaultQueueFactor is the waiting queue's length as a multiple of
 	// the execution limit, plus queueSlack.
 	DefaultQueueFactor = 4
+	// DefaultMaxStalled is how many requests may be stalled at once
+	// (WithMaxStalled).
+	DefaultMaxStalled = 4096
 	// queueSlack is room in the waiting queue beyond QueueFactor x limit,
 	// so that a task at a limit of one still queues a few.
 	queueSlack = 8
@@ -244,6 +247,7 @@ type config struct {
 	saturationSet  bool
 	retryAfterMin  time.Duration
 	retryAfterMax  time.Duration
+	maxStalled     int
 }
 
 type gate struct {
@@ -336,6 +340,11 @@ func WithDontRetryRatio(r float64) Option {
 	return optionFunc(func(c *config) { c.dontRetryRatio = r })
 }
 
+// WithMaxStalled bounds the requests stalled at once (Stall): a request
+// that would stall past it keeps its execution slot while it waits on its
+// client. Default DefaultMaxStalled; at most 2^20.
+func WithMaxStalled(n int) Option { return optionFunc(func(c *config) { c.maxStalled = n }) }
+
 // Controller is one task's admission control. It is safe for concurrent
 // use. Its memory is bounded: the waiting queue holds at most
 // QueueFactor x limit + 8 requests (limit <= MaxLimit), admitted requests
@@ -383,7 +392,7 @@ type Controller struct {
 	probingNow     atomic.Bool                     // ls.probing, for wait (read without c.adjust)
 	probeResume    atomic.Int64                    // ls.resume, for wait
 	mu             sync.Mutex                      // guards the queues
-	queues         [2 * criticality.NumLevels]fifo // by rank
+	queues         [returning + 1]fifo              // by rank; returning: stalled requests coming back
 
 	// hot holds every counter that every request writes, on one cache
 	// line (docs/rationale.md, "One cache line").
@@ -394,6 +403,7 @@ type Controller struct {
 	queued      atomic.Int64
 	away        atomic.Int64 // running requests waiting on a downstream call (Away)
 	stalled     atomic.Int64 // running requests waiting on their own client (Stall)
+	maxStalled  int64        // bound on stalled (WithMaxStalled)
 	saturated   atomic.Bool  // the pending cap applies: see WithSaturation
 	nextAdjust  atomic.Int64
 	expectedSvc atomic.Int64 // ns, last interval's mean service time
@@ -501,6 +511,7 @@ func New(opts ...Option) (*Controller, error) {
 		messageTimeout: DefaultMessageTimeout,
 		retryAfterMin:  DefaultRetryAfterMin,
 		retryAfterMax:  DefaultRetryAfterMax,
+		maxStalled:     DefaultMaxStalled,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -523,6 +534,7 @@ func New(opts ...Option) (*Controller, error) {
 		maxLimit:       int64(c.maxLimit),
 		queueFactor:    int64(c.queueFactor),
 		dontRetryRatio: c.dontRetryRatio,
+		maxStalled:     int64(c.maxStalled),
 		attempts:       window.New(int64(c.historyWindow/20), 20, 1),
 	}
 	ctl.since = clock.SinceFunc(clk, ctl.start)
@@ -1077,45 +1089,92 @@ func (c *Controller) Back(t *Ticket) {
 
 // Stall tells the Controller that a running request now waits on its
 // own client: a response it sends blocks because the client does not
-// read it. Until Unstall the request gives its execution slot to the next
-// waiter and, unlike Away, takes no room either (the pending cap and its
-// criticality's occupancy): a client that stops reading holds its own
-// stream, not the task. The wait does not count in its service time.
-// Adapters call it, through intake.Handle, once a send has blocked for the
-// target delay (WithTargetDelay).
+// read it, or it waits for the client's next message. Until Unstall the
+// request gives its execution slot to the next waiter and, unlike Away,
+// takes no room either (the pending cap and its criticality's
+// occupancy): a client that stops reading holds its own stream, not the
+// task. The wait does not count in its service time. Adapters call it,
+// through intake.Handle, once the request has waited on its client for
+// the target delay (WithTargetDelay). It reports whether the request is
+// stalled: at most WithMaxStalled requests are at once, and one past that
+// keeps its slot.
 //
 // Stall and Unstall alternate, on one goroutine at a time, with Away and
 // Back between Start and Done; Stall does nothing unless the request
-// holds a slot, Unstall unless it is stalled. Unstall takes a slot and
-// the request's room back at once, even past the limit and the cap, as
-// Back does: the request was admitted, and while the task is past its
-// limit the slots that free up go to nobody else. The requests stalled at
-// once are bounded by the transport (the streams a connection may open).
-func (c *Controller) Stall(t *Ticket) {
+// holds a slot, Unstall unless it is stalled.
+func (c *Controller) Stall(t *Ticket) bool {
 	if t.state != ticketRunning {
-		return
+		return false
+	}
+	for {
+		n := c.stalled.Load()
+		if n >= c.maxStalled {
+			return false
+		}
+		if c.stalled.CompareAndSwap(n, n+1) {
+			break
+		}
 	}
 	t.state = ticketStalled
 	if t.sampled {
 		t.awayAt = c.now()
 	}
-	c.stalled.Add(1)
 	c.hot.started[t.level].Add(-1)
 	c.release()
+	return true
 }
 
-// Unstall ends a wait begun with Stall.
-func (c *Controller) Unstall(t *Ticket) {
+// Unstall ends a wait begun with Stall: the request takes its room back
+// and waits for an execution slot, never past the limit, ahead of every
+// request that has not started (a stalled request was admitted and has
+// work to finish), until it gets one or ctx ends. It returns nil with a
+// slot, or ctx's error; then the request stays stalled, holding no slot,
+// until Done (its handler is about to end) or a later Unstall.
+func (c *Controller) Unstall(ctx context.Context, t *Ticket) error {
 	if t.state != ticketStalled {
-		return
+		return nil
+	}
+	if c.queued.Load() > 0 || !c.tryAcquire() {
+		if err := c.awaitReturn(ctx); err != nil {
+			return err
+		}
 	}
 	t.state = ticketRunning
 	if t.sampled {
 		t.awayFor += c.now() - t.awayAt
 	}
-	c.hot.executing.Add(1)
 	c.hot.started[t.level].Add(1)
 	c.stalled.Add(-1)
+	return nil
+}
+
+// awaitReturn queues a stalled request coming back for a slot, ahead of
+// every rank of new requests and outside the queue's cap (the stalled
+// requests are bounded by WithMaxStalled), and waits for the slot or
+// ctx's end.
+func (c *Controller) awaitReturn(ctx context.Context) error {
+	w := &waiter{ch: make(chan error, 1), level: criticality.CriticalPlus}
+	c.mu.Lock()
+	c.queues[returning].push(w)
+	c.queued.Add(1)
+	c.dispatch()
+	c.mu.Unlock()
+	select {
+	case <-w.ch: // a slot: nobody displaces a returning request
+		return nil
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	_, answered := received(w)
+	if !answered {
+		w.gone = true
+		c.queued.Add(-1)
+	}
+	c.mu.Unlock()
+	if answered {
+		return nil
+	}
+	return ctx.Err()
 }
 
 // TargetDelay is the mean wait before Start the Controller aims at

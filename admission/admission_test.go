@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -528,8 +529,8 @@ func TestStallGivesTheSlotAndTheRoomBack(t *testing.T) {
 		t.Fatalf("51 stalled: %+v", s)
 	}
 	f.Advance(500 * time.Millisecond)
-	c.Unstall(&a) // its client reads again: a takes its slot back
-	c.Unstall(&a)
+	c.Unstall(context.Background(), &a) // its client reads again: a takes its slot back
+	c.Unstall(context.Background(), &a)
 	if s := c.Stats(); s.Executing != 1 || s.Stalled != 50 || s.Pending != 1 {
 		t.Fatalf("a unstalled: %+v", s)
 	}
@@ -538,7 +539,7 @@ func TestStallGivesTheSlotAndTheRoomBack(t *testing.T) {
 	}
 	f.Advance(10 * time.Millisecond)
 	c.Done(&a)
-	c.Unstall(&a) // after Done: nothing
+	c.Unstall(context.Background(), &a) // after Done: nothing
 	if s := c.Stats(); s.Executing != 0 || s.Stalled != 0 || s.Pending != 0 {
 		t.Fatalf("after Done: %+v", s)
 	}
@@ -654,5 +655,94 @@ func TestCriticalWaitsOnWhenRetriesRiseDuringItsWait(t *testing.T) {
 	c.Done(&crit)
 	if s := c.Stats(); s.Executing != 0 || s.Queued != 0 || s.Pending != 0 {
 		t.Fatalf("after Done: %+v", s)
+	}
+}
+
+// A stalled request coming back (Unstall) waits for a slot, never past
+// the limit, ahead of the requests already queued; its context bounds the
+// wait; and at most WithMaxStalled requests are stalled at once.
+func TestUnstallWaitsForASlotAheadOfNewRequests(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour),
+		admission.WithInterval(time.Hour), admission.WithMaxStalled(1))
+	var a, b, q, x admission.Ticket
+	for _, tk := range []*admission.Ticket{&a, &b} {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Start(context.Background(), &a); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Stall(&a) {
+		t.Fatal("a did not stall")
+	}
+	if err := c.Start(context.Background(), &b); err != nil { // a's slot
+		t.Fatal(err)
+	}
+	if c.Stall(&b) {
+		t.Fatal("b stalled past WithMaxStalled(1)")
+	}
+	if err := c.Arrive(&q, criticality.CriticalPlus, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	queued := start(c, context.Background(), &q)
+	waitQueued(t, c, 1, f)
+	back := make(chan error, 1)
+	go func() { back <- c.Unstall(context.Background(), &a) }()
+	queuedReturns(t, c, 2)
+	if s := c.Stats(); s.Executing != 1 || s.Stalled != 1 {
+		t.Fatalf("a comes back while b runs: %+v, want it to wait, not exceed the limit", s)
+	}
+	c.Done(&b)
+	if err := <-back; err != nil {
+		t.Fatalf("a's return: %v", err)
+	}
+	select {
+	case err := <-queued:
+		t.Fatalf("q (CRITICAL_PLUS, queued first) got the slot before a came back: %v", err)
+	default:
+	}
+	if s := c.Stats(); s.Executing != 1 || s.Stalled != 0 || s.Queued != 1 {
+		t.Fatalf("a back: %+v", s)
+	}
+	c.Done(&a)
+	if err := <-queued; err != nil {
+		t.Fatal(err)
+	}
+	// A return whose context ends first stays stalled, holding no slot.
+	if err := c.Arrive(&x, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	go func() { back <- c.Start(context.Background(), &x) }()
+	waitQueued(t, c, 1, f)
+	c.Stall(&q) // q stalls: x runs
+	if err := <-back; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { back <- c.Unstall(ctx, &q) }()
+	queuedReturns(t, c, 1)
+	cancel()
+	if err := <-back; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a return whose context ended: %v", err)
+	}
+	c.Done(&q)
+	c.Done(&x)
+	if s := c.Stats(); s.Executing != 0 || s.Stalled != 0 || s.Queued != 0 || s.Pending != 0 {
+		t.Fatalf("after Done: %+v", s)
+	}
+}
+
+// queuedReturns waits until n requests are queued; a stalled request
+// coming back waits with no timer, so the fake clock cannot tell.
+func queuedReturns(t *testing.T, c *admission.Controller, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Stats().Queued != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued %d, want %d", c.Stats().Queued, n)
+		}
+		runtime.Gosched()
 	}
 }

@@ -28,6 +28,10 @@ func rank(l criticality.Level, stale bool) int {
 	return 2*int(l) + 1
 }
 
+// returning is the rank of stalled requests coming back for a slot
+// (Controller.Unstall): above every rank of new requests.
+const returning = 2 * criticality.NumLevels
+
 // fifo is one criticality's waiting requests, oldest first. Entries that
 // left are skipped lazily.
 type fifo struct {

@@ -30,7 +30,7 @@ func BenchmarkClientWait(b *testing.B) {
 	defer h.Finish()
 	b.ReportAllocs()
 	for b.Loop() {
-		h.ClientWait()
-		h.ClientResume()
+		h.ClientWait(intake.Own)
+		h.ClientResume(intake.Own)
 	}
 }

@@ -2,8 +2,7 @@ package intake
 
 import (
 	"context"
-	"sync"
-	"time"
+		"time"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
@@ -20,10 +19,11 @@ import (
 // or a context derived from it, to the handler; HandleOf finds it again.
 //
 // Call Start before the handler runs and, if Start succeeded, Finish once
-// after it. Where the handler waits on its own client (a streaming
-// response the client does not read, a stream's next message), call
-// ClientWait before the wait and ClientResume after it. Only one
-// goroutine may call Start, ClientWait, ClientResume and Finish.
+// after it, also when the handler panics. Where the handler waits on its
+// own client (a streaming response the client does not read, a stream's
+// next message), call ClientWait before the wait and ClientResume after
+// it, from whichever of the request's goroutines waits. Only the
+// handler's own goroutine may call Start and Finish.
 type Handle struct {
 	parent         context.Context
 	customer       string
@@ -44,12 +44,9 @@ type admitted struct {
 	reserved quota.Reservation
 	cost     cost.Tracker // outgoing calls mark waits on it
 	clk      clock.Clock
-	// A wait on the client (ClientWait): the timer stalls the request
-	// once the wait has lasted the controller's target delay.
-	clientMu    sync.Mutex // orders the timer's stall with ClientResume
-	clientTimer clock.Timer
-	clientSince time.Time // when the wait began; zero: not waiting
-	stalled     bool
+	h        *Handle      // the request: its context bounds a wait for a slot
+	conn     *ConnStalls  // the request's connection's stalls; nil: unbounded
+	client   clientWaits  // its goroutines' waits on its own client
 }
 
 type admittedHandle struct {
@@ -66,6 +63,7 @@ func newHandle(ctx context.Context, l criticality.Level, f facts) *Handle {
 func newAdmittedHandle(ctx context.Context, l criticality.Level, f facts) *Handle {
 	ah := &admittedHandle{h: Handle{parent: ctx, level: uint8(l), attempt: uint8(f.attempt), customer: f.customer}}
 	ah.h.x = &ah.x
+	ah.x.h = &ah.h
 	return &ah.h
 }
 
@@ -141,76 +139,22 @@ func (x *admitted) Unblock() { x.ctl.Back(&x.ticket) }
 // Stall and Unstall tell admission control that the request waits on its
 // own client (admission.Controller.Stall and Unstall); the cost Tracker
 // calls them under its lock.
-func (x *admitted) Stall()   { x.ctl.Stall(&x.ticket) }
-func (x *admitted) Unstall() { x.ctl.Unstall(&x.ticket) }
+func (x *admitted) Stall() { x.ctl.Stall(&x.ticket) }
+
+// Unstall waits for an execution slot, ahead of every request not yet
+// started, until the request's context ends.
+func (x *admitted) Unstall() { _ = x.ctl.Unstall(x.h, &x.ticket) }
 
 // UnderAdmission reports whether the request is under admission control:
 // whether ClientWait and ClientResume do anything, so that adapters wrap
 // the handler's stream or writer for them only then.
 func (h *Handle) UnderAdmission() bool { return h.x != nil && h.x.ctl != nil }
 
-// ClientWait tells admission control that the handler, between Start and
-// Finish, now waits on its own client: a send that may block on the
-// client's flow control or socket, or a receive of the client's next
-// message. If the wait lasts the controller's target delay
-// (admission.Controller.TargetDelay), the request is stalled
-// (admission.Controller.Stall): it gives its execution slot and its room
-// back, and is not charged, until ClientResume. Waits shorter than that
-// change nothing. It does nothing without admission control; the first
-// call makes the request's timer (clock.AfterFunc), and later calls do
-// not allocate.
-func (h *Handle) ClientWait() {
-	x := h.x
-	if x == nil || x.ctl == nil {
-		return
-	}
-	d := x.ctl.TargetDelay()
-	x.clientMu.Lock()
-	x.clientSince = x.clk.Now()
-	x.clientMu.Unlock()
-	if x.clientTimer == nil {
-		x.clientTimer = clock.AfterFunc(x.clk, d, x.clientStalled)
-	} else {
-		x.clientTimer.Reset(d)
-	}
-}
-
-// ClientResume ends a wait begun with ClientWait: a stalled request takes
-// its slot and room back (admission.Controller.Unstall).
-func (h *Handle) ClientResume() {
-	x := h.x
-	if x == nil || x.clientTimer == nil {
-		return
-	}
-	x.clientTimer.Stop()
-	x.clientMu.Lock()
-	x.clientSince = time.Time{}
-	if x.stalled {
-		x.stalled = false
-		x.cost.Unstall()
-	}
-	x.clientMu.Unlock()
-}
-
-// clientStalled is the timer's: it stalls the request if its wait on the
-// client is still on and has lasted the target delay (a timer of an
-// earlier wait may fire late).
-func (x *admitted) clientStalled() {
-	x.clientMu.Lock()
-	if !x.clientSince.IsZero() && !x.stalled && x.clk.Now().Sub(x.clientSince) >= x.ctl.TargetDelay() {
-		x.stalled = true
-		x.cost.Stall()
-	}
-	x.clientMu.Unlock()
-}
-
 // Finish ends a request whose handler ran: its execution slot goes back
 // and its CPU is charged to its customer.
 func (h *Handle) Finish() {
 	if x := h.x; x != nil {
-		if x.clientTimer != nil {
-			x.clientTimer.Stop()
-		}
+		x.endClientWaits()
 		used := x.cost.Stop() // first: no outgoing call touches the ticket after it
 		if x.ctl != nil {
 			x.ctl.Done(&x.ticket)

@@ -168,6 +168,10 @@ type Request struct {
 	// quotas and admission, because it is how clients learn that a task is
 	// in lame duck, and a watch lasts as long as its connection.
 	HealthCheck bool
+	// ConnStalls, if not nil, bounds the stalled requests of the
+	// request's connection (ClientWait); the transport keeps one per
+	// connection. nil: only the controller's bound applies.
+	ConnStalls *ConnStalls
 }
 
 // the triage keys Accept reads, in both spellings.
@@ -273,7 +277,7 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	if d.Decay.After > 0 || f.decay != "" {
 		ctx, cancel, level = in.decay(ctx, d, f.decay)
 	}
-	h, err := in.admit(ctx, level, f, r.OverShare, cancel != nil)
+	h, err := in.admit(ctx, level, f, r, cancel != nil)
 	if err != nil {
 		if cancel != nil {
 			cancel()
@@ -311,9 +315,9 @@ func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) 
 
 // admit reserves quota and asks admission control; a refusal allocates
 // nothing (the ticket lives on the stack until the request is admitted).
-// overShare is Request.OverShare; cancels says the Handle will hold a decay's
+// r is the request (its OverShare and ConnStalls); cancels says the Handle will hold a decay's
 // cancel func.
-func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, overShare, cancels bool) (*Handle, error) {
+func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Request, cancels bool) (*Handle, error) {
 	var res quota.Reservation
 	if in.quota != nil {
 		var err error
@@ -325,7 +329,7 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, overS
 	if in.admission != nil {
 		deadline, _ := ctx.Deadline()
 		var err error
-		if overShare {
+		if r.OverShare {
 			err = in.admission.ArriveOverShare(&t, l, f.attempt, deadline)
 		} else {
 			err = in.admission.Arrive(&t, l, f.attempt, deadline)
@@ -342,7 +346,7 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, overS
 	}
 	h := newAdmittedHandle(ctx, l, f)
 	x := h.x
-	x.ctl, x.ticket, x.clk = in.admission, t, in.clock
+	x.ctl, x.ticket, x.clk, x.conn = in.admission, t, in.clock, r.ConnStalls
 	x.quota, x.meter, x.reserved = in.quota, in.meter, res
 	return h, nil
 }

@@ -161,23 +161,23 @@ func TestClientWaitStallsOnlyWaitsPastTheTargetDelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := ctl.TargetDelay()
-	h.ClientWait()
+	h.ClientWait(intake.Own)
 	f.Advance(d - 1)
-	h.ClientResume()
+	h.ClientResume(intake.Own)
 	f.Advance(time.Hour) // the stopped timer does nothing
 	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 1 {
 		t.Fatalf("after a wait shorter than the target delay: %+v", s)
 	}
-	h.ClientWait()
+	h.ClientWait(intake.Own)
 	f.Advance(d)
 	if s := ctl.Stats(); s.Stalled != 1 || s.Executing != 0 || s.Pending != 0 {
 		t.Fatalf("after a wait of the target delay: %+v", s)
 	}
-	h.ClientResume()
+	h.ClientResume(intake.Own)
 	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 1 {
 		t.Fatalf("after the wait: %+v", s)
 	}
-	h.ClientWait()
+	h.ClientWait(intake.Own)
 	f.Advance(d)
 	h.Finish() // ends while stalled: its client went away
 	f.Advance(time.Hour)
@@ -198,11 +198,11 @@ func TestClientWaitStallsOnlyWaitsPastTheTargetDelay(t *testing.T) {
 	if err := r.Start(); err != nil {
 		t.Fatal(err)
 	}
-	r.ClientWait()
-	r.ClientResume()
+	r.ClientWait(intake.Own)
+	r.ClientResume(intake.Own)
 	allocs := testing.AllocsPerRun(100, func() {
-		r.ClientWait()
-		r.ClientResume()
+		r.ClientWait(intake.Own)
+		r.ClientResume(intake.Own)
 	})
 	r.Finish()
 	if allocs != 0 {
@@ -217,6 +217,94 @@ func TestClientWaitStallsOnlyWaitsPastTheTargetDelay(t *testing.T) {
 	if p.UnderAdmission() {
 		t.Fatal("a request without admission control says it is under it")
 	}
-	p.ClientWait() // does nothing
-	p.ClientResume()
+	p.ClientWait(intake.Own) // does nothing
+	p.ClientResume(intake.Own)
+}
+
+// A request is stalled only while every goroutine of it that has waited
+// on its client, its own among them, waits: a goroutine reading the
+// client while the handler's own works does not free the slot.
+func TestClientWaitStallsOnlyWhenEveryGoroutineWaits(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	const reader = 7 // another goroutine's id
+	d := ctl.TargetDelay()
+	h.ClientWait(reader) // the reader waits for the client's next message
+	f.Advance(10 * d)    // while the handler's own goroutine works
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 1 {
+		t.Fatalf("a reader goroutine waits while the handler works: %+v, want the slot held", s)
+	}
+	h.ClientWait(intake.Own) // the handler's own send blocks too
+	f.Advance(d - 1)
+	if s := ctl.Stats(); s.Stalled != 0 {
+		t.Fatalf("every goroutine waiting for less than the target delay: %+v", s)
+	}
+	f.Advance(1)
+	if s := ctl.Stats(); s.Stalled != 1 || s.Executing != 0 {
+		t.Fatalf("every goroutine waiting for the target delay: %+v, want stalled", s)
+	}
+	h.ClientResume(reader) // a message came: the reader works
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 1 {
+		t.Fatalf("the reader resumed: %+v, want the slot back", s)
+	}
+	f.Advance(10 * d)
+	if s := ctl.Stats(); s.Stalled != 0 {
+		t.Fatalf("the handler waits, the reader works: %+v, want the slot held", s)
+	}
+	h.ClientResume(intake.Own)
+	h.Finish()
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 0 || s.Pending != 0 {
+		t.Fatalf("after Finish: %+v", s)
+	}
+}
+
+// A connection's stalled requests are bounded (Request.ConnStalls): past
+// the bound, a request waiting on its client keeps its slot.
+func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(4, 4, 4), admission.WithInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := intake.NewConnStalls(2)
+	var hs []*intake.Handle
+	for range 3 {
+		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", ConnStalls: conn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		h.ClientWait(intake.Own)
+		hs = append(hs, h)
+	}
+	f.Advance(ctl.TargetDelay())
+	if s := ctl.Stats(); s.Stalled != 2 || s.Executing != 1 || conn.Stalled() != 2 {
+		t.Fatalf("3 requests of a connection bounded to 2 stalls waiting: %+v, connection %d", s, conn.Stalled())
+	}
+	for _, h := range hs {
+		h.Finish()
+	}
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 0 || conn.Stalled() != 0 {
+		t.Fatalf("after Finish: %+v, connection %d", s, conn.Stalled())
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/petermattis/goid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
@@ -49,6 +50,7 @@ type Server struct {
 	connShare       int32         // 0: no share by connection
 	slowPenalty     time.Duration // 0: no slow-sender penalty
 	slowPace        time.Duration // 0: a slow sender's refusals unpaced
+	maxConnStalls   int
 	clock           clock.Clock
 	since           func() time.Duration
 	slowRefused     atomic.Uint64 // streams the tap refused as a slow sender's
@@ -58,14 +60,15 @@ type Server struct {
 type ServerOption interface{ applyServer(*serverConfig) }
 
 type serverConfig struct {
-	intake      []intake.Option
-	meter       *balance.Meter
-	lifecycle   *lifecycle.Lifecycle
-	clock       clock.Clock
-	group       func(context.Context, metadata.MD) string
-	connShare   int32
-	slowPenalty time.Duration
-	slowPace    time.Duration
+	intake        []intake.Option
+	meter         *balance.Meter
+	lifecycle     *lifecycle.Lifecycle
+	clock         clock.Clock
+	group         func(context.Context, metadata.MD) string
+	connShare     int32
+	slowPenalty   time.Duration
+	slowPace      time.Duration
+	maxConnStalls int
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -143,7 +146,7 @@ func WithServerClock(c clock.Clock) ServerOption {
 // NewServer returns a Server, or an error for an inconsistent
 // configuration.
 func NewServer(opts ...ServerOption) (*Server, error) {
-	c := serverConfig{connShare: DefaultConnShare, slowPenalty: DefaultSlowSenderPenalty, slowPace: DefaultSlowSenderPace}
+	c := serverConfig{connShare: DefaultConnShare, slowPenalty: DefaultSlowSenderPenalty, slowPace: DefaultSlowSenderPace, maxConnStalls: intake.DefaultMaxConnStalls}
 	for _, o := range opts {
 		o.applyServer(&c)
 	}
@@ -152,7 +155,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("triagegrpc: %w", err)
 	}
 	clk := clock.OrReal(c.clock)
-	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, slowPace: c.slowPace,
+	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, slowPace: c.slowPace, maxConnStalls: c.maxConnStalls,
 		clock: clk, since: clock.SinceFunc(clk, clk.Now()),
 		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
@@ -266,7 +269,17 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 //
 // It keeps a few words per connection, in the connection's context: a
 // connection's state lives and dies with it.
-func (s *Server) StatsHandler() stats.Handler { return streamStats{} }
+//
+// It also bounds the requests of one connection that may be stalled at
+// once, waiting on their client without a slot (WithMaxConnStalls).
+func (s *Server) StatsHandler() stats.Handler { return streamStats{maxStalls: s.maxConnStalls} }
+
+// WithMaxConnStalls bounds the requests of one connection that may be
+// stalled at once (intake.ConnStalls): a handler waiting on its client
+// past that keeps its execution slot. Default intake.DefaultMaxConnStalls.
+func WithMaxConnStalls(n int) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.maxConnStalls = min(max(n, 0), 1<<30) })
+}
 
 // DefaultSlowSenderPenalty is how long a connection whose stream sent its
 // message past the message timeout has its next streams refused at
@@ -324,7 +337,7 @@ func WithConnShare(n int) ServerOption {
 
 // streamStats is StatsHandler's handler. Each connection's context holds
 // its connState.
-type streamStats struct{}
+type streamStats struct{ maxStalls int }
 
 // connState is what a Server keeps of one connection: the count of its
 // streams the tap handle accepted whose goroutine has not run yet, and its
@@ -342,6 +355,7 @@ type connState struct {
 	paceNext atomic.Int64
 	mu       sync.Mutex    // orders penalties
 	penalty  time.Duration // the last one given
+	stalls   *intake.ConnStalls
 }
 
 type connStateKey struct{}
@@ -353,8 +367,8 @@ func connOf(ctx context.Context) *connState {
 	return c
 }
 
-func (streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, connStateKey{}, new(connState))
+func (h streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return context.WithValue(ctx, connStateKey{}, &connState{stalls: intake.NewConnStalls(h.maxStalls)})
 }
 
 // slow reports whether the connection is serving a slow-sender penalty,
@@ -509,7 +523,10 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			s.noteLate(ctx, err)
 			return nil, s.rejection(err)
 		}
+		ran := false
+		defer s.finishPanicked(h, &ran)
 		resp, err := handler(ctx, req)
+		ran = true
 		h.Finish()
 		if s.trailers != nil {
 			s.trailers.finish(ctx, err)
@@ -537,9 +554,12 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 			return s.rejection(err)
 		}
 		if c != ctx || h.UnderAdmission() {
-			ss = &serverStream{ServerStream: ss, ctx: c, h: h}
+			ss = &serverStream{ServerStream: ss, ctx: c, h: h, owner: goid.Get()}
 		}
+		ran := false
+		defer s.finishPanicked(h, &ran)
 		err = handler(srv, ss)
+		ran = true
 		h.Finish()
 		if s.trailers != nil {
 			s.trailers.finishStream(ss, err)
@@ -548,30 +568,60 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
+// finishPanicked finishes the request of a handler that did not return
+// (ran is false: it panicked, and a recovery interceptor outside
+// triage's may keep the server running), so that a panic holds no
+// execution slot, quota reservation or decay timer, and counts as a
+// failure in the load report. The panic goes on up.
+func (s *Server) finishPanicked(h *intake.Handle, ran *bool) {
+	if *ran {
+		return
+	}
+	h.Finish()
+	if s.trailers != nil && s.trailers.meter != nil {
+		s.trailers.meter.Record(true)
+	}
+}
+
 // serverStream is the handler's stream: its context is the request's,
 // and its sends and receives wait on the client (intake.Handle.ClientWait),
 // so that a handler blocked on a client that does not read its responses
-// or send its next message gives its execution slot back.
+// or send its next message gives its execution slot back. grpc-go allows
+// a send and a receive on two goroutines at once: each wait names its
+// goroutine, so that a goroutine reading the client while the handler's
+// own computes does not free the slot.
 type serverStream struct {
 	grpc.ServerStream
-	ctx context.Context
-	h   *intake.Handle
+	ctx   context.Context
+	h     *intake.Handle
+	owner int64 // the handler's goroutine
 }
 
 func (s *serverStream) Context() context.Context { return s.ctx }
 
 func (s *serverStream) SendMsg(m any) error {
-	s.h.ClientWait()
+	g := waiter(s.owner)
+	s.h.ClientWait(g)
 	err := s.ServerStream.SendMsg(m)
-	s.h.ClientResume()
+	s.h.ClientResume(g)
 	return err
 }
 
 func (s *serverStream) RecvMsg(m any) error {
-	s.h.ClientWait()
+	g := waiter(s.owner)
+	s.h.ClientWait(g)
 	err := s.ServerStream.RecvMsg(m)
-	s.h.ClientResume()
+	s.h.ClientResume(g)
 	return err
+}
+
+// waiter names the calling goroutine for intake.Handle.ClientWait:
+// intake.Own on the handler's own goroutine (owner), else its id.
+func waiter(owner int64) uint64 {
+	if g := goid.Get(); g != owner {
+		return uint64(g)
+	}
+	return intake.Own
 }
 
 // ensure returns the request's Handle, running the request through the
@@ -618,6 +668,9 @@ func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string, 
 		Header:      md,
 		Case:        intake.LowerCase,
 		HealthCheck: isHealthCheck(fullMethod),
+	}
+	if c := connOf(ctx); c != nil {
+		r.ConnStalls = c.stalls
 	}
 	if s.group != nil && s.in.NeedsGroup() {
 		r.Group = s.group(ctx, md)

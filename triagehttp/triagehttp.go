@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/petermattis/goid"
 	"io"
 	"net/http"
 	"net/netip"
@@ -240,9 +241,10 @@ type clientIO struct {
 // onClient wraps w, and r's body unless the middleware read all of it
 // ahead (whole).
 func onClient(w http.ResponseWriter, r *http.Request, h *intake.Handle, whole bool) (http.ResponseWriter, *http.Request) {
-	c := &clientIO{w: clientWriter{ResponseWriter: w, h: h}}
+	owner := goid.Get()
+	c := &clientIO{w: clientWriter{ResponseWriter: w, h: h, owner: owner}}
 	if !whole && hasBody(r) {
-		c.b = clientBody{ReadCloser: r.Body, h: h}
+		c.b = clientBody{ReadCloser: r.Body, h: h, owner: owner}
 		r.Body = &c.b
 	}
 	return &c.w, r
@@ -263,6 +265,7 @@ const unblockedResponse = 16 << 10
 type clientWriter struct {
 	http.ResponseWriter
 	h       *intake.Handle
+	owner   int64 // the handler's goroutine
 	written int
 }
 
@@ -270,9 +273,10 @@ func (w *clientWriter) Write(p []byte) (int, error) {
 	if w.written += len(p); w.written <= unblockedResponse {
 		return w.ResponseWriter.Write(p)
 	}
-	w.h.ClientWait()
+	g := waiter(w.owner)
+	w.h.ClientWait(g)
 	n, err := w.ResponseWriter.Write(p)
-	w.h.ClientResume()
+	w.h.ClientResume(g)
 	return n, err
 }
 
@@ -282,9 +286,10 @@ func (w *clientWriter) Flush() {
 		rc.Flush()
 		return
 	}
-	w.h.ClientWait()
+	g := waiter(w.owner)
+	w.h.ClientWait(g)
 	rc.Flush()
-	w.h.ClientResume()
+	w.h.ClientResume(g)
 }
 
 func (w *clientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
@@ -293,14 +298,27 @@ func (w *clientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // read all of it ahead.
 type clientBody struct {
 	io.ReadCloser
-	h *intake.Handle
+	h     *intake.Handle
+	owner int64 // the handler's goroutine
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
-	b.h.ClientWait()
+	g := waiter(b.owner)
+	b.h.ClientWait(g)
 	n, err := b.ReadCloser.Read(p)
-	b.h.ClientResume()
+	b.h.ClientResume(g)
 	return n, err
+}
+
+// waiter names the calling goroutine for intake.Handle.ClientWait:
+// intake.Own on the handler's own goroutine (owner), else its id, so that
+// a full-duplex handler reading its body on another goroutine while its
+// own computes does not free its slot.
+func waiter(owner int64) uint64 {
+	if g := goid.Get(); g != owner {
+		return uint64(g)
+	}
+	return intake.Own
 }
 
 // hasBody says whether r has a body to read.

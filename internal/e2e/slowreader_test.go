@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,7 +20,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
@@ -31,7 +34,8 @@ import (
 // control windows hold, and echoes on its full-duplex call.
 type streamingService struct {
 	testgrpc.UnimplementedTestServiceServer
-	sent atomic.Int64
+	sent      atomic.Int64
+	responses int // 0: streamedResponses
 }
 
 const streamedResponses = 200 // of 64 KiB: 12.5 MiB
@@ -42,7 +46,11 @@ func (s *streamingService) EmptyCall(context.Context, *testgrpc.Empty) (*testgrp
 
 func (s *streamingService) StreamingOutputCall(_ *testgrpc.StreamingOutputCallRequest, st testgrpc.TestService_StreamingOutputCallServer) error {
 	body := make([]byte, 64<<10)
-	for range streamedResponses {
+	n := s.responses
+	if n == 0 {
+		n = streamedResponses
+	}
+	for range n {
 		if err := st.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: body}}); err != nil {
 			return err
 		}
@@ -77,10 +85,17 @@ type readerServer struct {
 // admission control on a fake clock, and the Server's own options.
 func startReaderServer(t *testing.T) *readerServer {
 	t.Helper()
-	r := &readerServer{f: clock.NewFake(time.Unix(0, 0)), svc: &streamingService{}}
+	return startReaderServerWith(t, 1, &streamingService{})
+}
+
+// startReaderServerWith serves svc with limit execution slots.
+func startReaderServerWith(t *testing.T, limit int, svc testgrpc.TestServiceServer) *readerServer {
+	t.Helper()
+	r := &readerServer{f: clock.NewFake(time.Unix(0, 0))}
+	r.svc, _ = svc.(*streamingService)
 	var err error
 	r.ctl, err = admission.New(admission.WithClock(r.f), admission.WithDelayMeasure(admission.SchedulerDelay),
-		admission.WithLimits(1, 1, 1), admission.WithInterval(time.Hour), admission.WithMaxWait(time.Hour))
+		admission.WithLimits(limit, limit, limit), admission.WithInterval(time.Hour), admission.WithMaxWait(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +105,7 @@ func startReaderServer(t *testing.T) *readerServer {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer(srv.ServerOptions()...)
-	testgrpc.RegisterTestServiceServer(gs, r.svc)
+	testgrpc.RegisterTestServiceServer(gs, svc)
 	// Fixed flow-control windows: grpc's default grows them by its
 	// bandwidth estimate, up to 16 MiB a stream, which would take the
 	// whole response unread.
@@ -222,4 +237,169 @@ func TestIdleStreamGivesItsSlotBack(t *testing.T) {
 		s := r.ctl.Stats()
 		return s.Executing == 0 && s.Stalled == 0 && s.Pending == 0
 	})
+}
+
+// peakExecuting samples the controller's executing requests as fast as it
+// can until stop is closed, and returns the highest it saw.
+func peakExecuting(ctl *admission.Controller, stop <-chan struct{}) <-chan int64 {
+	peak := make(chan int64, 1)
+	go func() {
+		var top int64
+		for {
+			select {
+			case <-stop:
+				peak <- top
+				return
+			default:
+			}
+			top = max(top, ctl.Stats().Executing)
+			runtime.Gosched()
+		}
+	}()
+	return peak
+}
+
+// Issue 38, stall-then-burst: a client lets many streaming calls stall,
+// then reads them all at once. The stalled requests come back through the
+// execution slots, ahead of new arrivals, never past the limit: with a
+// limit of 2, 60 streams of 16 x 64 KiB each admitted and left unread until stalled,
+// then all read at once, never have more than 2 executing.
+func TestStalledStreamsComeBackWithinTheLimit(t *testing.T) {
+	const limit, calls, responses = 2, 60, 16
+	r := startReaderServerWith(t, limit, &streamingService{responses: responses})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	streams := make([]testgrpc.TestService_StreamingOutputCallClient, calls)
+	for i := range streams {
+		var err error
+		if streams[i], err = r.client.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		r.stall(t, int64(i+1))
+	}
+	stop := make(chan struct{})
+	peak := peakExecuting(r.ctl, stop)
+	var read atomic.Int64
+	errs := make(chan error, calls)
+	for _, st := range streams {
+		go func() {
+			for {
+				_, err := st.Recv()
+				if errors.Is(err, io.EOF) {
+					errs <- nil
+					return
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				read.Add(1)
+			}
+		}()
+	}
+	done := 0
+	waitFor(t, "every stream read to its end", func() bool {
+		for {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Fatalf("a stream read after its stall: %v", err)
+				}
+				done++
+				continue
+			default:
+			}
+			break
+		}
+		r.f.Advance(r.ctl.TargetDelay())
+		return done == calls
+	})
+	close(stop)
+	if got := <-peak; got > limit {
+		t.Fatalf("%d stalled streams read at once: %d executing at the peak, want at most the limit %d", calls, got, limit)
+	}
+	if n := read.Load(); n != calls*responses {
+		t.Fatalf("read %d responses, want %d", n, calls*responses)
+	}
+	waitFor(t, "every request to end", func() bool {
+		s := r.ctl.Stats()
+		return s.Executing == 0 && s.Stalled == 0 && s.Pending == 0 && s.Queued == 0
+	})
+}
+
+// readerGoroutineService's full-duplex handler reads its client on a
+// goroutine of its own, as grpc-go allows, while its own goroutine works
+// for workFor, then answers; it counts the handlers working at once.
+type readerGoroutineService struct {
+	testgrpc.UnimplementedTestServiceServer
+	working, peak atomic.Int64
+}
+
+const workFor = 100 * time.Millisecond
+
+func (s *readerGoroutineService) FullDuplexCall(st testgrpc.TestService_FullDuplexCallServer) error {
+	go func() {
+		for {
+			if _, err := st.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	n := s.working.Add(1)
+	for {
+		p := s.peak.Load()
+		if n <= p || s.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	time.Sleep(workFor) // the handler's own work: it holds its slot
+	s.working.Add(-1)
+	return st.Send(&testgrpc.StreamingOutputCallResponse{})
+}
+
+// Issue 38, a reader goroutine: a handler whose goroutine reading the
+// client waits while its own goroutine works is not stalled, so admission
+// still bounds the work: with a limit of 2, 20 such calls at once never
+// have more than 2 working.
+func TestReaderGoroutineDoesNotFreeAWorkingSlot(t *testing.T) {
+	const limit, calls = 2, 20
+	svc := &readerGoroutineService{}
+	r := startReaderServerWith(t, limit, svc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := make(chan error, calls)
+	for range calls {
+		go func() {
+			for { // a call refused at arrival (the queue is full) comes again
+				st, err := r.client.FullDuplexCall(ctx)
+				if err == nil {
+					_, err = st.Recv()
+				}
+				if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	done := 0
+	waitFor(t, "every call answered", func() bool {
+		for {
+			select {
+			case err := <-errs:
+				if err != nil {
+					t.Fatalf("a call: %v", err)
+				}
+				done++
+				continue
+			default:
+			}
+			break
+		}
+		r.f.Advance(r.ctl.TargetDelay()) // time passes for the stall timers
+		return done == calls
+	})
+	if got := svc.peak.Load(); got > limit {
+		t.Fatalf("%d handlers worked at once with a limit of %d: their reader goroutines freed their slots", got, limit)
+	}
 }

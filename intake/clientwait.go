@@ -1,0 +1,196 @@
+package intake
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/triagehq/triage/clock"
+)
+
+// Own is the goroutine argument of ClientWait and ClientResume for the
+// handler's own goroutine: the one that called Start.
+const Own uint64 = 0
+
+// maxWaiters is how many of a request's goroutines besides its own the
+// Handle follows in their waits on the client; a request whose stream is
+// used from more is never stalled.
+const maxWaiters = 7
+
+// clientWaits is what a Handle knows of its goroutines' waits on its own
+// client: which goroutines have waited (its own, and the first maxWaiters
+// others), which wait now, and whether the request is stalled.
+type clientWaits struct {
+	mu      sync.Mutex
+	others  [maxWaiters]uint64 // the other goroutines seen, in order
+	n       int                // how many of others are set; maxWaiters+1: too many
+	waiting uint8              // bit 0: its own goroutine; bit i+1: others[i]
+	since   time.Time          // when every goroutine seen began to wait; zero: one works
+	timer   clock.Timer
+	stalled bool
+	counted bool // the stall counts against the connection's (ConnStalls)
+}
+
+// bit returns the waiting bit of goroutine g, learning it if new; ok is
+// false once more goroutines than the Handle follows have waited.
+func (c *clientWaits) bit(g uint64) (b uint8, ok bool) {
+	if g == Own {
+		return 1, true
+	}
+	for i := 0; i < c.n && i < maxWaiters; i++ {
+		if c.others[i] == g {
+			return 2 << i, true
+		}
+	}
+	if c.n >= maxWaiters {
+		c.n = maxWaiters + 1
+		return 0, false
+	}
+	c.others[c.n] = g
+	c.n++
+	return 2 << (c.n - 1), true
+}
+
+// idle reports whether every goroutine seen waits on the client, its own
+// among them: only then may the request stall.
+func (c *clientWaits) idle() bool {
+	return c.n <= maxWaiters && c.waiting == uint8(1<<(c.n+1)-1)
+}
+
+// ClientWait tells admission control that goroutine g of the request,
+// between Start and Finish, now waits on its own client: a send that may
+// block on the client's flow control or socket, or a receive of the
+// client's next message. g is Own for the handler's own goroutine, and
+// for any other a number unique to it among the request's goroutines
+// (the adapters use the runtime's goroutine id).
+//
+// A request is stalled (admission.Controller.Stall: it gives its execution
+// slot and its room back, and is not charged) once every goroutine of it
+// that has waited on its client, its own among them, has been waiting
+// for the controller's target delay (admission.Controller.TargetDelay),
+// and while they all still wait; a goroutine that reads the client while
+// another computes does not free the slot of a request that computes.
+// A request whose client is used from more than eight goroutines is
+// never stalled, and neither is one past its connection's bound
+// (Request.ConnStalls) or the controller's (admission.WithMaxStalled):
+// those keep their slot. Waits shorter than the target delay change
+// nothing. It does nothing without admission control; the first call
+// makes the request's timer (clock.AfterFunc), and later calls do not
+// allocate.
+func (h *Handle) ClientWait(g uint64) {
+	x := h.x
+	if x == nil || x.ctl == nil {
+		return
+	}
+	c := &x.client
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.bit(g)
+	if !ok {
+		return
+	}
+	c.waiting |= b
+	if !c.idle() || !c.since.IsZero() {
+		return
+	}
+	c.since = x.clk.Now()
+	d := x.ctl.TargetDelay()
+	if c.timer == nil {
+		c.timer = clock.AfterFunc(x.clk, d, x.clientStalled)
+	} else {
+		c.timer.Reset(d)
+	}
+}
+
+// ClientResume ends goroutine g's wait begun with ClientWait. If the
+// request was stalled, it waits for an execution slot before it returns
+// (admission.Controller.Unstall): ahead of every request not yet started,
+// never past the limit, until the request's context ends.
+func (h *Handle) ClientResume(g uint64) {
+	x := h.x
+	if x == nil || x.ctl == nil {
+		return
+	}
+	c := &x.client
+	c.mu.Lock()
+	b, ok := c.bit(g)
+	if !ok {
+		c.mu.Unlock()
+		return
+	}
+	c.waiting &^= b
+	c.since = time.Time{}
+	if c.stalled {
+		// Under c.mu, so that the timer cannot stall the request again
+		// before it has its slot.
+		c.stalled = false
+		x.cost.Unstall()
+		if c.counted {
+			c.counted = false
+			x.conn.n.Add(-1)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// clientStalled is the timer's: it stalls the request if every goroutine
+// of it still waits on the client and has for the target delay (a timer
+// of an earlier wait may fire late).
+func (x *admitted) clientStalled() {
+	c := &x.client
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stalled || c.since.IsZero() || !c.idle() || x.clk.Now().Sub(c.since) < x.ctl.TargetDelay() {
+		return
+	}
+	if x.conn != nil {
+		if x.conn.n.Add(1) > x.conn.max {
+			x.conn.n.Add(-1)
+			return
+		}
+		c.counted = true
+	}
+	c.stalled = true
+	x.cost.Stall()
+}
+
+// endClientWaits stops the timer at Finish and gives back the
+// connection's count of a request that ends stalled.
+func (x *admitted) endClientWaits() {
+	c := &x.client
+	if c.timer == nil {
+		return
+	}
+	c.timer.Stop()
+	c.mu.Lock()
+	if c.counted {
+		c.counted = false
+		x.conn.n.Add(-1)
+	}
+	c.since = time.Time{}
+	c.mu.Unlock()
+}
+
+// DefaultMaxConnStalls is how many requests of one connection may be
+// stalled at once (NewConnStalls).
+const DefaultMaxConnStalls = 64
+
+// ConnStalls bounds the stalled requests of one connection (ClientWait):
+// past its bound, a request waiting on its client keeps its execution
+// slot, so that one connection's streams cannot take the whole of the
+// controller's bound on stalls (admission.WithMaxStalled). A transport
+// that knows its connections keeps one per connection and passes it in
+// Request.ConnStalls. The zero value lets none stall; create one with
+// NewConnStalls. It is safe for concurrent use.
+type ConnStalls struct {
+	n   atomic.Int32
+	max int32
+}
+
+// NewConnStalls returns a bound of n stalled requests (0: none stalls).
+func NewConnStalls(n int) *ConnStalls {
+	return &ConnStalls{max: int32(min(max(n, 0), 1<<30))}
+}
+
+// Stalled returns how many of the connection's requests are stalled.
+func (c *ConnStalls) Stalled() int { return int(c.n.Load()) }
