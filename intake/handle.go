@@ -2,7 +2,8 @@ package intake
 
 import (
 	"context"
-		"time"
+	"sync/atomic"
+	"time"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
@@ -44,10 +45,20 @@ type admitted struct {
 	reserved quota.Reservation
 	cost     cost.Tracker // outgoing calls mark waits on it
 	clk      clock.Clock
-	h        *Handle      // the request: its context bounds a wait for a slot
-	conn     *ConnStalls  // the request's connection's stalls; nil: unbounded
-	client   clientWaits  // its goroutines' waits on its own client
+	h        *Handle     // the request: its context bounds a wait for a slot
+	conn     *ConnStalls // the request's connection's stalls; nil: unbounded
+	client   clientWaits // its goroutines' waits on its own client
+	// readyAt is when the request's goroutine began to run (Scheduled);
+	// message says whether its first message then came late (messageLate)
+	// or not (messageOnTime), once it has (MessageArrived).
+	readyAt time.Time
+	message atomic.Int32
 }
+
+const (
+	messageOnTime = 1 + iota
+	messageLate
+)
 
 type admittedHandle struct {
 	h Handle
@@ -81,7 +92,34 @@ func HandleOf(ctx context.Context) *Handle {
 func (h *Handle) Scheduled() {
 	if x := h.x; x != nil && x.ctl != nil {
 		x.ctl.Scheduled(&x.ticket)
+		x.readyAt = x.clk.Now()
 	}
+}
+
+// MessageArrived tells the Handle that the request's first message has
+// arrived, where the transport sees it (the gRPC adapter: its stats
+// handler's first InPayload); later calls do nothing. SenderLate then
+// says whether the sender sent it late.
+func (h *Handle) MessageArrived() {
+	x := h.x
+	if x == nil || x.ctl == nil || x.readyAt.IsZero() || x.message.Load() != 0 {
+		return
+	}
+	state := int32(messageOnTime)
+	if x.clk.Now().Sub(x.readyAt) > x.ctl.MessageTimeout() {
+		state = messageLate
+	}
+	x.message.CompareAndSwap(0, state)
+}
+
+// SenderLate reports whether the request's first message came more than
+// the message timeout (admission.Controller.MessageTimeout) after the
+// request's goroutine was ready for it (Scheduled, MessageArrived): a
+// delay its sender caused, not the server (its scheduler, GC, or the
+// interceptors that ran before triage's). It is false when either was not
+// told.
+func (h *Handle) SenderLate() bool {
+	return h.x != nil && h.x.message.Load() == messageLate
 }
 
 // Abandon ends a request that will not run because it ended before Start

@@ -51,6 +51,7 @@ type Server struct {
 	slowPenalty     time.Duration // 0: no slow-sender penalty
 	slowPace        time.Duration // 0: a slow sender's refusals unpaced
 	maxConnStalls   int
+	penaliseTrusted bool
 	clock           clock.Clock
 	since           func() time.Duration
 	slowRefused     atomic.Uint64 // streams the tap refused as a slow sender's
@@ -60,15 +61,16 @@ type Server struct {
 type ServerOption interface{ applyServer(*serverConfig) }
 
 type serverConfig struct {
-	intake        []intake.Option
-	meter         *balance.Meter
-	lifecycle     *lifecycle.Lifecycle
-	clock         clock.Clock
-	group         func(context.Context, metadata.MD) string
-	connShare     int32
-	slowPenalty   time.Duration
-	slowPace      time.Duration
-	maxConnStalls int
+	intake          []intake.Option
+	meter           *balance.Meter
+	lifecycle       *lifecycle.Lifecycle
+	clock           clock.Clock
+	group           func(context.Context, metadata.MD) string
+	connShare       int32
+	slowPenalty     time.Duration
+	slowPace        time.Duration
+	maxConnStalls   int
+	penaliseTrusted bool
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -155,7 +157,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("triagegrpc: %w", err)
 	}
 	clk := clock.OrReal(c.clock)
-	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, slowPace: c.slowPace, maxConnStalls: c.maxConnStalls,
+	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, slowPace: c.slowPace, maxConnStalls: c.maxConnStalls, penaliseTrusted: c.penaliseTrusted,
 		clock: clk, since: clock.SinceFunc(clk, clk.Now()),
 		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
@@ -326,6 +328,15 @@ func WithSlowSenderPace(d time.Duration) ServerOption {
 // of the task (StatsHandler, WithConnShare).
 const DefaultConnShare = 8
 
+// WithTrustedSlowSenderPenalty penalises slow senders among trusted
+// peers too (WithTrust). By default a trusted peer's connection is never
+// penalised: it is typically a proxy multiplexing many callers, and one
+// slow caller would penalise them all; the late message itself is still
+// refused.
+func WithTrustedSlowSenderPenalty() ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.penaliseTrusted = true })
+}
+
 // WithConnShare sets how many of a connection's streams may wait for their
 // goroutines before its next stream is over the connection's share of the
 // task and gets only half of its room (StatsHandler), and how many streams
@@ -422,14 +433,24 @@ type probeMark struct {
 	left atomic.Bool
 }
 
-// noteLate penalises the connection of a request refused as late: its
-// client sent the message past the message timeout. One penalty per burst
-// of late messages: a refusal during the penalty adds nothing.
-func (s *Server) noteLate(ctx context.Context, err error) {
-	if s.slowPenalty <= 0 {
+// noteLate penalises the connection of a request refused as late whose
+// client sent the message past the message timeout: the message came
+// that long after the request's goroutine was ready for it
+// (intake.Handle.SenderLate), so the delay is the sender's, not the
+// server's (its scheduler, GC, interceptors before triage's). A stream's
+// handler starts before it reads any message, so a stream is never the
+// sender's fault. A trusted peer (a proxy the operator trusts, whose
+// connection carries many callers) is not penalised unless
+// WithTrustedSlowSenderPenalty. One penalty per burst of late messages: a
+// refusal during the penalty adds nothing.
+func (s *Server) noteLate(ctx context.Context, h *intake.Handle, err error) {
+	if s.slowPenalty <= 0 || !h.SenderLate() {
 		return
 	}
 	if r, _, ok := admission.RejectionOf(err); !ok || r != admission.Late {
+		return
+	}
+	if !s.penaliseTrusted && s.in.Trusted(PeerOf(ctx)) {
 		return
 	}
 	c := connOf(ctx)
@@ -463,9 +484,16 @@ func (streamStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Cont
 	return ctx
 }
 
-// HandleRPC takes a stream admitted on probation out of its connection's
-// count at its first message or its end.
+// HandleRPC tells the request's Handle when its first message arrives
+// (intake.Handle.MessageArrived: was its sender late?), and takes a stream
+// admitted on probation out of its connection's count at its first
+// message or its end.
 func (streamStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
+	if _, ok := st.(*stats.InPayload); ok {
+		if h := intake.HandleOf(ctx); h != nil {
+			h.MessageArrived()
+		}
+	}
 	switch st.(type) {
 	case *stats.InPayload, *stats.End:
 		if m, _ := ctx.Value(probeKey{}).(*probeMark); m != nil && m.left.CompareAndSwap(false, true) {
@@ -520,7 +548,7 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		if err := h.Start(); err != nil {
-			s.noteLate(ctx, err)
+			s.noteLate(ctx, h, err)
 			return nil, s.rejection(err)
 		}
 		ran := false
@@ -550,7 +578,7 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		if err := h.Start(); err != nil {
-			s.noteLate(c, err)
+			s.noteLate(c, h, err)
 			return s.rejection(err)
 		}
 		if c != ctx || h.UnderAdmission() {

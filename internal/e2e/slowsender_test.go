@@ -51,6 +51,15 @@ type slowServer struct {
 
 func startSlowServer(t *testing.T, withStats bool) *slowServer {
 	t.Helper()
+	// The slow senders dial from 127.0.0.1, which is not trusted: a
+	// trusted peer (a proxy) is not penalised for its callers' slowness.
+	return startSlowServerWith(t, withStats, "127.0.0.2/32")
+}
+
+// startSlowServerWith trusts the network trusted, with the Server's
+// options opts.
+func startSlowServerWith(t *testing.T, withStats bool, trusted string, opts ...triagegrpc.ServerOption) *slowServer {
+	t.Helper()
 	s := &slowServer{f: clock.NewFake(time.Unix(0, 0)), obs: &refusals{}}
 	var err error
 	s.ctl, err = admission.New(admission.WithClock(s.f), admission.WithDelayMeasure(admission.SchedulerDelay),
@@ -58,19 +67,19 @@ func startSlowServer(t *testing.T, withStats bool) *slowServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(s.ctl),
-		triagegrpc.WithServerClock(s.f))
+	srv, err := triagegrpc.NewServer(append([]triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{trusted}})), triagegrpc.WithAdmission(s.ctl),
+		triagegrpc.WithServerClock(s.f)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.srv = srv
-	opts := []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor())}
+	gopts := []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor())}
 	if withStats {
-		opts = srv.ServerOptions()
+		gopts = srv.ServerOptions()
 	}
 	// Added after triage's, so it sees each stream after triage's did.
-	opts = append(opts, grpc.StatsHandler(tagCounter{&s.tagged, &s.ended}))
-	gs := grpc.NewServer(opts...)
+	gopts = append(gopts, grpc.StatsHandler(tagCounter{&s.tagged, &s.ended}))
+	gs := grpc.NewServer(gopts...)
 	relay.Register(gs, &relay.Tier{Name: "B", Fail: func(context.Context, string) error { s.served.Add(1); return nil }, Observe: func(relay.Arrival) {}})
 	s.addr = listenAndServe(t, gs)
 	s.cc = plainConn(t, s.addr)
@@ -454,5 +463,29 @@ func TestSlowSenderRefusalsArePaced(t *testing.T) {
 	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty)
 	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
 		t.Fatalf("a call once the penalty is over: %v", err)
+	}
+}
+
+// Issue 38, a slow user behind a shared proxy connection: a trusted peer
+// (a proxy the operator trusts, carrying many callers on one connection)
+// is not penalised for one caller's late messages, which are still
+// refused; WithTrustedSlowSenderPenalty penalises it as any other.
+func TestTrustedProxyIsNotPenalisedForItsCallers(t *testing.T) {
+	for _, penalise := range []bool{false, true} {
+		var opts []triagegrpc.ServerOption
+		if penalise {
+			opts = append(opts, triagegrpc.WithTrustedSlowSenderPenalty())
+		}
+		s := startSlowServerWith(t, true, "127.0.0.1/32", opts...)
+		ctx, cancel := context.WithCancel(criticality.NewContext(context.Background(), criticality.Critical))
+		s.lateMessages(t, s.openSlow(t, ctx, 3))
+		_, err := relay.Invoke(ctx, s.cc, "another caller on the proxy's connection")
+		switch {
+		case !penalise && err != nil:
+			t.Fatalf("a trusted proxy's next call after one caller's late messages: %v, want served", err)
+		case penalise && status.Code(err) != codes.Unavailable:
+			t.Fatalf("with WithTrustedSlowSenderPenalty: %v, want refused at arrival", err)
+		}
+		cancel()
 	}
 }
