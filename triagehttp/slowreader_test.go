@@ -27,6 +27,7 @@ type clientWaitServer struct {
 	f       *clock.Fake
 	ctl     *admission.Controller
 	srv     *httptest.Server
+	url     string // the server's, for served
 	written atomic.Int64
 	read    atomic.Int64
 }
@@ -69,6 +70,7 @@ func startClientWaitServer(t *testing.T) *clientWaitServer {
 		}
 	})))
 	t.Cleanup(s.srv.Close)
+	s.url = s.srv.URL
 	return s
 }
 
@@ -93,7 +95,7 @@ func (s *clientWaitServer) served(t *testing.T, who string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", s.srv.URL+"/", nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", s.url+"/", nil)
 	type result struct {
 		code int
 		err  error

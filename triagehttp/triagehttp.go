@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/felixge/httpsnoop"
 	"github.com/petermattis/goid"
 	"io"
 	"net/http"
@@ -165,13 +166,16 @@ func WithLifecycle(l *lifecycle.Lifecycle) Option {
 // admission), answers a refusal with its overload outcome, and otherwise
 // runs the handler with the request's context (criticality.Of,
 // attempt.Incoming, quota.CustomerOf). Under admission control the
-// handler's body reads past what the middleware read ahead, and its writes
-// and flushes past the first 16 KiB of the response, wait on the client
+// handler's body reads past what the middleware read ahead, its flushes,
+// and its writes past the first 2 KiB of the response (what net/http
+// buffers whatever the client does) wait on the client
 // (intake.Handle.ClientWait): a handler blocked for the target delay on a
-// client that does not read its response or send its body gives its
-// execution slot and room back until the wait ends; its ResponseWriter
-// is then a wrapper that implements http.Flusher and unwraps
-// (http.ResponseController) to the server's. The returned func is safe
+// client that does not read its response, opens no HTTP/2 flow-control
+// window, or does not send its body gives its execution slot and room
+// back until the wait ends; its ResponseWriter is then a wrapper with
+// exactly the optional interfaces of the server's (http.Flusher and
+// FlushError, http.Hijacker, io.ReaderFrom, http.Pusher, io.StringWriter)
+// that unwraps (http.ResponseController) to it. The returned func is safe
 // for concurrent use.
 func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 	c := config{bodyBuffer: DefaultBodyBuffer}
@@ -239,60 +243,87 @@ type clientIO struct {
 }
 
 // onClient wraps w, and r's body unless the middleware read all of it
-// ahead (whole).
+// ahead (whole). The wrapped writer has exactly the optional interfaces
+// w has (http.Flusher and FlushError, http.Hijacker, io.ReaderFrom,
+// http.Pusher, io.StringWriter, the deadlines and full duplex:
+// httpsnoop.Wrap), and unwraps to it.
 func onClient(w http.ResponseWriter, r *http.Request, h *intake.Handle, whole bool) (http.ResponseWriter, *http.Request) {
 	owner := goid.Get()
-	c := &clientIO{w: clientWriter{ResponseWriter: w, h: h, owner: owner}}
+	c := &clientIO{w: clientWriter{h: h, owner: owner}}
 	if !whole && hasBody(r) {
 		c.b = clientBody{ReadCloser: r.Body, h: h, owner: owner}
 		r.Body = &c.b
 	}
-	return &c.w, r
+	return httpsnoop.Wrap(w, httpsnoop.Hooks{
+		Write:       c.w.hookWrite,
+		WriteString: c.w.hookWriteString,
+		ReadFrom:    c.w.hookReadFrom,
+		Flush:       c.w.hookFlush,
+		FlushError:  c.w.hookFlushError,
+	}), r
 }
 
 // unblockedResponse is how much of a response a handler writes before its
-// writes may wait on the client: what the server buffers (net/http's 4 KiB
-// writer) and the smallest send buffer or flow-control window behind it
-// (16 KiB: Linux's initial TCP send buffer; HTTP/2's window is 64 KiB)
-// take without the client reading. Shorter responses, most of them, skip
-// ClientWait.
-const unblockedResponse = 16 << 10
+// writes may wait on the client: what net/http buffers ahead of the
+// connection whatever the client does (2 KiB before HTTP/1.1 chunking;
+// HTTP/2 buffers 4 KiB, then waits for the client's flow-control
+// window, which a client may leave at 0). Shorter responses, most of
+// them, skip ClientWait; every flush, and every write past it, waits.
+const unblockedResponse = 2 << 10
 
-// clientWriter is the handler's ResponseWriter. It flushes through
-// http.ResponseController (a writer that cannot flush ignores it) and
-// unwraps to the server's writer for the controller's other methods
-// (deadlines, Hijack, full duplex).
+// clientWriter holds what the hooks of the handler's ResponseWriter share.
+// A ResponseWriter is used by one goroutine at a time; the body may be
+// read on another (full duplex).
 type clientWriter struct {
-	http.ResponseWriter
 	h       *intake.Handle
 	owner   int64 // the handler's goroutine
 	written int
 }
 
-func (w *clientWriter) Write(p []byte) (int, error) {
-	if w.written += len(p); w.written <= unblockedResponse {
-		return w.ResponseWriter.Write(p)
-	}
+// wait runs f as a wait on the client.
+func (w *clientWriter) wait(f func() error) error {
 	g := waiter(w.owner)
 	w.h.ClientWait(g)
-	n, err := w.ResponseWriter.Write(p)
+	err := f()
 	w.h.ClientResume(g)
-	return n, err
+	return err
 }
 
-func (w *clientWriter) Flush() {
-	rc := http.NewResponseController(w.ResponseWriter)
-	if w.written <= unblockedResponse {
-		rc.Flush()
-		return
+func (w *clientWriter) hookWrite(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
+	return func(p []byte) (n int, err error) {
+		if w.written += len(p); w.written <= unblockedResponse {
+			return next(p)
+		}
+		err = w.wait(func() error { n, err = next(p); return err })
+		return n, err
 	}
-	g := waiter(w.owner)
-	w.h.ClientWait(g)
-	rc.Flush()
-	w.h.ClientResume(g)
 }
 
-func (w *clientWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *clientWriter) hookWriteString(next httpsnoop.WriteStringFunc) httpsnoop.WriteStringFunc {
+	return func(p string) (n int, err error) {
+		if w.written += len(p); w.written <= unblockedResponse {
+			return next(p)
+		}
+		err = w.wait(func() error { n, err = next(p); return err })
+		return n, err
+	}
+}
+
+func (w *clientWriter) hookReadFrom(next httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc {
+	return func(src io.Reader) (n int64, err error) {
+		err = w.wait(func() error { n, err = next(src); return err })
+		w.written += int(min(n, 1<<30))
+		return n, err
+	}
+}
+
+func (w *clientWriter) hookFlush(next httpsnoop.FlushFunc) httpsnoop.FlushFunc {
+	return func() { w.wait(func() error { next(); return nil }) }
+}
+
+func (w *clientWriter) hookFlushError(next httpsnoop.FlushErrorFunc) httpsnoop.FlushErrorFunc {
+	return func() error { return w.wait(next) }
+}
 
 // clientBody is the handler's request body, when the middleware did not
 // read all of it ahead.
