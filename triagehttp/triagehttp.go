@@ -206,10 +206,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				var err error
 				if whole, err = readBody(w, r, c.bodyBuffer, c.admission.MessageTimeout()); err != nil {
 					h.Abandon()
-					if errors.Is(err, os.ErrDeadlineExceeded) {
-						w.Header().Set("Connection", "close")
-						w.WriteHeader(http.StatusRequestTimeout)
-					}
+					slowBody(w, r)
 					return
 				}
 			}
@@ -358,7 +355,9 @@ func hasBody(r *http.Request) bool {
 }
 
 // readBody reads up to limit bytes of r's body within timeout and puts
-// them back in front of the rest; whole says it read all of it. The read
+// them back in front of the rest; whole says it read all of it, or all
+// it could before an error other than the timeout, which the handler's
+// body then returns; err is the timeout's. The read
 // deadline is the connection's (http.ResponseController); afterwards the
 // server's ReadTimeout, if it has one, holds again from when the request
 // came in.
@@ -374,16 +373,39 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Du
 		}
 		rc.SetReadDeadline(restore)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		return false, err
-	}
-	if len(head) < limit {
+	case err != nil:
+		// Any other error (a body over http.MaxBytesReader's limit, a
+		// malformed chunk, a client gone) is the handler's to answer, as
+		// without triage: its body reads what came, then the error.
+		r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), errReader{err}), body: r.Body}
+		return true, nil
+	case len(head) < limit:
 		r.Body = &prefixedBody{Reader: bytes.NewReader(head), body: r.Body}
 		return true, nil
 	}
 	r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
 	return false, nil
 }
+
+// slowBody answers a request whose body did not come within the message
+// timeout: 408. Over HTTP/1.1 the connection closes, since the rest of
+// the body would be read as the next request; over HTTP/2 only the
+// stream ends, since net/http would close a connection other callers
+// share (GOAWAY) for a Connection: close.
+func slowBody(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor < 2 {
+		w.Header().Set("Connection", "close")
+	}
+	w.WriteHeader(http.StatusRequestTimeout)
+}
+
+// errReader returns its error.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // prefixedBody is a body whose first bytes were read ahead.
 type prefixedBody struct {
