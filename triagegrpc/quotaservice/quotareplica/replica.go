@@ -64,7 +64,8 @@ type Replica struct {
 
 	leaderAddr atomic.Pointer[string] // the leader as last observed, nil if none
 	elections  atomic.Uint64          // times this replica was elected
-	lastRenew  atomic.Int64           // unix ns of the latest renewal of its session's lease, while leader
+	since      func() time.Duration   // monotonic time since the replica was made, on clk
+	lastRenew  atomic.Int64           // since() of the latest renewal of its session's lease, in ns, while leader
 	mu         sync.Mutex
 	policy     *quota.Policy
 	version    int64                 // of policy, as SetPolicy was told
@@ -138,6 +139,7 @@ func New(cli *clientv3.Client, advertise string, p *quota.Policy, newAlloc func(
 		return nil, errors.New("quotareplica: empty election prefix")
 	}
 	r.clk = clock.OrReal(r.clk)
+	r.since = clock.SinceFunc(r.clk, r.clk.Now())
 	return r, nil
 }
 
@@ -198,7 +200,9 @@ func (r *Replica) granting() *quotaservice.Service {
 	if svc == nil {
 		return nil
 	}
-	if r.clk.Now().UnixNano()-r.lastRenew.Load() > int64(r.ttl)*int64(time.Second)/2 {
+	// Monotonic: a wall clock stepped back while the leader is cut off
+	// from etcd must not make an expired lease look fresh.
+	if int64(r.since())-r.lastRenew.Load() > int64(r.ttl)*int64(time.Second)/2 {
 		return nil // in doubt: etcd may be about to let the lease expire
 	}
 	return svc
@@ -256,7 +260,7 @@ func (r *Replica) term(ctx context.Context) error {
 	// at once. The session's own keep-alive does not say when the lease
 	// was last renewed; renew does, dating each renewal by when it was
 	// sent (etcd extends the lease no earlier than that).
-	r.lastRenew.Store(r.clk.Now().UnixNano())
+	r.lastRenew.Store(int64(r.since()))
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -337,26 +341,32 @@ func (r *Replica) claimTerm(ctx context.Context, e *concurrency.Election) (prev 
 	return prev, term, nil
 }
 
-// renew renews s's lease every third of the TTL, and records in lastRenew
-// when each renewal that etcd acknowledged was sent, until the session ends
-// or etcd says the lease is gone.
+// renew renews s's lease every sixth of the TTL, counted from when the
+// last renewal was sent (not from its answer, so that a slow round trip
+// does not push the next one out), and records in lastRenew when each
+// renewal that etcd acknowledged was sent, until the session ends or etcd
+// says the lease is gone. A leader grants while its last acknowledged
+// renewal was sent less than TTL/2 ago: through round trips up to about
+// TTL/3.
 func (r *Replica) renew(s *concurrency.Session) {
-	every := time.Duration(r.ttl) * time.Second / 3
+	every := time.Duration(r.ttl) * time.Second / 6
+	next := r.since() + every
 	for {
-		t := r.clk.NewTimer(every)
+		t := r.clk.NewTimer(max(next-r.since(), 0))
 		select {
 		case <-s.Done():
 			t.Stop()
 			return
 		case <-t.C():
 		}
-		sent := r.clk.Now().UnixNano()
-		ctx, cancel := context.WithTimeout(s.Ctx(), every)
+		sent := r.since()
+		next = sent + every
+		ctx, cancel := context.WithTimeout(s.Ctx(), time.Duration(r.ttl)*time.Second/2)
 		_, err := r.cli.KeepAliveOnce(ctx, s.Lease())
 		cancel()
 		switch {
 		case err == nil:
-			r.lastRenew.Store(sent)
+			r.lastRenew.Store(int64(sent))
 		case errors.Is(err, rpctypes.ErrLeaseNotFound):
 			return
 		}
@@ -383,5 +393,15 @@ func (r *Replica) observe(ctx context.Context) {
 			}
 		}
 		s.Close()
+		// The observation ended (etcd unreachable, the session lost): the
+		// leader it named may be gone, so followers stop sending tasks
+		// there, and the next try waits rather than spinning against etcd.
+		r.leaderAddr.Store(nil)
+		t := r.clk.NewTimer(500 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C():
+		}
+		t.Stop()
 	}
 }
