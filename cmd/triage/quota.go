@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -70,7 +69,9 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	sessionTTL := fs.Int("session-ttl", quotareplica.DefaultSessionTTL, "with -etcd, the etcd session TTL in seconds: how long a dead leader holds the election")
 	electionPrefix := fs.String("election-prefix", quotareplica.DefaultElectionPrefix, "with -etcd, the etcd key prefix of the election (replicas of one service share it)")
 	policyKey := fs.String("policy-key", "", "with -etcd, the etcd key holding the YAML policy, instead of -config: every replica watches it, refuses a bad push and keeps the last good policy")
-	grantLog := fs.String("grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; internal/grantlog)")
+	grantLog := fs.String("grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; internal/grantlog), written off the refresh path; its errors go to stderr and triage_quota_grant_log_errors_total")
+	grantLogMax := fs.Int64("grant-log-max-bytes", 100<<20, "with -grant-log, rotate the file (to FILE.1, FILE.2, ...) before it passes this size")
+	grantLogBackups := fs.Int("grant-log-backups", 5, "with -grant-log, how many rotated files to keep (0 to 100)")
 	var etcdTLS tlsfiles.Files
 	etcdTLS.Register(fs, "etcd-", "etcd")
 	modeName := fs.String("mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
@@ -101,6 +102,9 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 2
 	case *refresh <= 0 || *lease < *refresh || *lease > 24*time.Hour || *reload <= 0:
 		fmt.Fprintln(stderr, "triage quota-server: need 0 < -refresh <= -lease <= 24h and a positive -reload")
+		return 2
+	case *grantLog == "" && (*grantLogMax != 100<<20 || *grantLogBackups != 5):
+		fmt.Fprintln(stderr, "triage quota-server: -grant-log-max-bytes and -grant-log-backups need -grant-log")
 		return 2
 	case *drain < 0 || *drain > time.Hour:
 		fmt.Fprintln(stderr, "triage quota-server: -drain must be between 0 and 1h")
@@ -146,8 +150,10 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 		return 1
 	}
+	var extraMetrics []prometheus.Collector
+	grantLogDone := make(chan struct{})
 	if *grantLog != "" {
-		f, err := os.OpenFile(*grantLog, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		f, err := grantlog.OpenFile(*grantLog, *grantLogMax, *grantLogBackups)
 		if err != nil {
 			fmt.Fprintf(stderr, "triage quota-server: -grant-log: %v\n", err)
 			return 1
@@ -157,8 +163,25 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		if name == "" {
 			name = *listen
 		}
-		gl := grantlog.NewWriter(f, name, time.Now)
+		gl := grantlog.NewWriter(f, name, time.Now, func(err error) {
+			fmt.Fprintf(stderr, "triage quota-server: -grant-log: writing %s: %v (counted in triage_quota_grant_log_errors_total)\n", *grantLog, err)
+		})
+		glCtx, stopLog := context.WithCancel(ctx)
+		go func() { defer close(grantLogDone); gl.Run(glCtx) }()
+		defer func() { stopLog(); <-grantLogDone }() // before f.Close: the queue is written out
 		svcOpts = append(svcOpts, quotaservice.WithGrantLog(gl.Lease))
+		stat := func(i int) func() float64 {
+			return func() float64 {
+				w, d, e := gl.Stats()
+				return float64([3]uint64{w, d, e}[i])
+			}
+		}
+		extraMetrics = append(extraMetrics,
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_records_total", Help: "Grants written to the grant log."}, stat(0)),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_dropped_total", Help: "Leases not logged: the grant log's queue was full."}, stat(1)),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_errors_total", Help: "Grants lost to write errors of the grant log (a full disk)."}, stat(2)))
+	} else {
+		close(grantLogDone)
 	}
 	newAlloc := func(p *quota.Policy, extra ...quota.AllocatorOption) (*quota.Allocator, error) {
 		return quota.NewAllocator(p, append(extra, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode))...)
@@ -208,6 +231,7 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(collector)
+		reg.MustRegister(extraMetrics...)
 		stopMetrics, err := serveMetrics(*metrics, reg)
 		if err != nil {
 			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)

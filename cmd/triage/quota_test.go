@@ -17,6 +17,7 @@ import (
 
 	"github.com/triagehq/triage/internal/etcdtest"
 	"github.com/triagehq/triage/internal/grantlog"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/testcert"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
@@ -161,19 +162,24 @@ func TestQuotaServerReplicas(t *testing.T) {
 		t.Fatalf("refresh after the bad push: %v", err)
 	}
 	// The leader logged its grants: ads, for task-0.
+	// It writes them off the refresh path, as soon as they are queued.
 	var recs []grantlog.Record
-	for _, r := range rs {
-		f, err := os.Open(r.log)
-		if err != nil {
-			t.Fatal(err)
+	loopback.WaitFor(t, "the grant log", func() bool {
+		recs = nil
+		for _, r := range rs {
+			f, err := os.Open(r.log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := grantlog.Read(f, 1000)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs = append(recs, got...)
 		}
-		got, err := grantlog.Read(f, 1000)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, got...)
-	}
+		return len(recs) >= 3
+	})
 	if len(recs) != 3 || recs[0].Task != "task-0" || recs[0].Customer != "ads" || recs[0].Replica != leader || recs[0].Lease != 4*time.Second {
 		t.Errorf("grant log: %+v; want three grants of ads to task-0 from %s", recs, leader)
 	}

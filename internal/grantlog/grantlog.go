@@ -6,11 +6,15 @@ package grantlog
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/quota"
@@ -27,32 +31,129 @@ type Record struct {
 	Lease    time.Duration `json:"lease_ns"`
 }
 
-// Writer writes Records as JSON lines; it is safe for concurrent use.
+// QueueLen is how many leases a Writer holds waiting to be written; one
+// more is dropped and counted (Writer.Stats).
+const QueueLen = 4096
+
+// Writer writes Records as JSON lines off its callers' goroutines: Lease
+// queues a lease without blocking (at most QueueLen wait; past that it is
+// dropped and counted), and Run writes them, buffered, flushing whenever
+// the queue empties. A write error is counted, kept (Err) and reported to
+// the onError func when it follows a success, so that a full disk shows
+// in the metrics and the log rather than silently ending the trail. It is
+// safe for concurrent use; its memory is bounded by QueueLen leases.
 type Writer struct {
-	mu      sync.Mutex
-	enc     *json.Encoder
+	q       chan pending
+	under   io.Writer
+	out     *bufio.Writer
+	unsent  uint64 // records in out not yet flushed; Run's
 	replica string
 	now     func() time.Time
-	err     error
+	onError func(error)
+	failing bool // the last write or flush failed; Run's
+
+	written, dropped, failed atomic.Uint64
+	mu                       sync.Mutex
+	err                      error
+}
+
+type pending struct {
+	at   time.Time
+	task string
+	ls   quota.Lease
 }
 
 // NewWriter returns a Writer to w for the replica named replica, dating
-// records with now.
-func NewWriter(w io.Writer, replica string, now func() time.Time) *Writer {
-	return &Writer{enc: json.NewEncoder(w), replica: replica, now: now}
+// records with now and telling onError (nil: nobody) of write errors.
+// Nothing is written until Run.
+func NewWriter(w io.Writer, replica string, now func() time.Time, onError func(error)) *Writer {
+	return &Writer{q: make(chan pending, QueueLen), under: w, out: bufio.NewWriterSize(w, 64<<10), replica: replica, now: now, onError: onError}
 }
 
-// Lease writes a record for every named grant of ls (the Default grant is
-// not a share of a named limit).
+// Lease queues a record for every named grant of ls (the Default grant is
+// not a share of a named limit), dated now. It does not block: a lease
+// the queue has no room for is dropped and counted.
 func (w *Writer) Lease(task string, ls quota.Lease) {
-	at := w.now()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, g := range ls.Grants {
-		if err := w.enc.Encode(Record{At: at, Replica: w.replica, Task: task, Customer: g.Customer, Share: g.Share, Lease: ls.Duration}); err != nil && w.err == nil {
-			w.err = err
+	if len(ls.Grants) == 0 {
+		return
+	}
+	select {
+	case w.q <- pending{at: w.now(), task: task, ls: ls}:
+	default:
+		w.dropped.Add(1)
+	}
+}
+
+// Run writes the queued leases until ctx is done, then those still queued,
+// flushes, and returns.
+func (w *Writer) Run(ctx context.Context) {
+	for {
+		select {
+		case p := <-w.q:
+			w.write(p)
+			if len(w.q) == 0 {
+				w.flush()
+			}
+		case <-ctx.Done():
+			for {
+				select {
+				case p := <-w.q:
+					w.write(p)
+					continue
+				default:
+				}
+				break
+			}
+			w.flush()
+			return
 		}
 	}
+}
+
+func (w *Writer) write(p pending) {
+	for _, g := range p.ls.Grants {
+		b, err := json.Marshal(Record{At: p.at, Replica: w.replica, Task: p.task, Customer: g.Customer, Share: g.Share, Lease: p.ls.Duration})
+		if err != nil {
+			w.fail(1, err)
+			continue
+		}
+		if w.out.Available() < len(b)+1 {
+			w.flush()
+		}
+		w.out.Write(b)
+		w.out.WriteByte('\n')
+		w.unsent++
+	}
+}
+
+// flush writes out the buffered records. On an error they are lost and
+// counted, and the buffer starts again (a bufio.Writer keeps its first
+// error for good): once the disk has room, the log goes on.
+func (w *Writer) flush() {
+	n := w.unsent
+	w.unsent = 0
+	if err := w.out.Flush(); err != nil {
+		w.out.Reset(w.under)
+		w.fail(n, err)
+		return
+	}
+	w.written.Add(n)
+	w.failing = false
+}
+
+// fail counts n records lost to err, keeps the first error, and reports
+// err if the last write succeeded; Run's goroutine.
+func (w *Writer) fail(n uint64, err error) {
+	w.failed.Add(n)
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.mu.Unlock()
+	if !w.failing && w.onError != nil {
+		w.onError(err)
+	}
+	w.failing = true
 }
 
 // Err returns the first write error.
@@ -60,6 +161,99 @@ func (w *Writer) Err() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.err
+}
+
+// Stats returns how many records were written, leases dropped for want
+// of room in the queue, and records lost to write errors.
+func (w *Writer) Stats() (written, dropped, failed uint64) {
+	return w.written.Load(), w.dropped.Load(), w.failed.Load()
+}
+
+// File is a log file rotated by size: once a write would take it past
+// its maximum, it is renamed NAME.1 (NAME.1 to NAME.2, and so on, the
+// oldest past the backups kept removed) and a new one started. It is not
+// safe for concurrent use (a Writer's Run is its one writer).
+type File struct {
+	path    string
+	max     int64
+	backups int
+	f       *os.File
+	size    int64
+}
+
+// OpenFile opens path for appending, to be rotated past maxBytes (at
+// least 4 KiB), keeping backups older files (0 to 100).
+func OpenFile(path string, maxBytes int64, backups int) (*File, error) {
+	if maxBytes < 4<<10 || backups < 0 || backups > 100 {
+		return nil, fmt.Errorf("grantlog: need a maximum size of at least 4 KiB and 0 to 100 backups, got %d bytes, %d", maxBytes, backups)
+	}
+	l := &File{path: path, max: maxBytes, backups: backups}
+	return l, l.open()
+}
+
+func (l *File) open() error {
+	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return err
+	}
+	l.f, l.size = f, fi.Size()
+	return nil
+}
+
+// Write writes p, rotating first if p would take the file past its
+// maximum.
+func (l *File) Write(p []byte) (int, error) {
+	if l.f == nil {
+		if err := l.open(); err != nil {
+			return 0, err
+		}
+	}
+	if l.size > 0 && l.size+int64(len(p)) > l.max {
+		if err := l.rotate(); err != nil {
+			return 0, err
+		}
+	}
+	n, err := l.f.Write(p)
+	l.size += int64(n)
+	return n, err
+}
+
+func (l *File) rotate() error {
+	if err := l.f.Close(); err != nil {
+		return err
+	}
+	l.f = nil
+	if l.backups == 0 {
+		if err := os.Remove(l.path); err != nil {
+			return err
+		}
+		return l.open()
+	}
+	os.Remove(fmt.Sprintf("%s.%d", l.path, l.backups))
+	for i := l.backups - 1; i >= 1; i-- {
+		if err := os.Rename(fmt.Sprintf("%s.%d", l.path, i), fmt.Sprintf("%s.%d", l.path, i+1)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	if err := os.Rename(l.path, l.path+".1"); err != nil {
+		return err
+	}
+	return l.open()
+}
+
+// Close closes the file.
+func (l *File) Close() error {
+	if l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
 }
 
 // Read reads the records of one log; at most max of them.
