@@ -53,6 +53,9 @@ type admitted struct {
 	// or not (messageOnTime), once it has (MessageArrived).
 	readyAt time.Time
 	message atomic.Int32
+	// begun is 0 until Start or Abandon takes the request: one of them
+	// settles its ticket and reservation, once.
+	begun atomic.Bool
 }
 
 const (
@@ -123,11 +126,17 @@ func (h *Handle) SenderLate() bool {
 }
 
 // Abandon ends a request that will not run because it ended before Start
-// (its client went away, or did not send its message in time): its
-// admission ticket and quota reservation are given back. Call neither
-// Start nor Finish after it.
+// (its client went away, or did not send its message in time, or the
+// transport dropped it): its admission ticket and quota reservation are
+// given back. It does nothing once Start was called, and may be called
+// more than once, from any goroutine: a transport calls it wherever it
+// learns for sure that the request is over (the gRPC adapter: at the
+// stream's end). Start after it refuses the request.
 func (h *Handle) Abandon() {
 	if x := h.x; x != nil {
+		if !x.begun.CompareAndSwap(false, true) {
+			return // started, or abandoned already
+		}
 		if x.ctl != nil {
 			x.ctl.Done(&x.ticket)
 		}
@@ -136,6 +145,16 @@ func (h *Handle) Abandon() {
 		}
 	}
 	h.stop()
+}
+
+// Holds reports whether the request holds something beyond its admission
+// ticket that only Start and Finish, or Abandon, give back: a quota
+// reservation (quota.ModePessimistic) or a decay's timer. A transport that
+// may drop a request without either calls Abandon where it learns the
+// request is over.
+func (h *Handle) Holds() bool {
+	x := h.x
+	return x != nil && (x.cancel != nil || x.quota != nil && x.reserved.Held())
 }
 
 // Start takes an execution slot (admission.Controller.Start, which may
@@ -147,6 +166,9 @@ func (h *Handle) Start() error {
 	x := h.x
 	if x == nil {
 		return nil
+	}
+	if !x.begun.CompareAndSwap(false, true) {
+		return context.Canceled // abandoned: the transport dropped the request
 	}
 	if x.ctl != nil {
 		if err := x.ctl.Start(h, &x.ticket); err != nil {

@@ -166,6 +166,10 @@ func (b *budgets) settle(customer string, reserved, cost float64) {
 // budget when it was admitted (zero in ModeOptimistic). Pass it to Done.
 type Reservation struct{ cpu float64 }
 
+// Held reports whether r holds anything (ModePessimistic) that Done or
+// Cancel must give back.
+func (r Reservation) Held() bool { return r.cpu != 0 }
+
 // reservePessimistic is Reserve in ModePessimistic: this task's share of
 // the customer's overall limit is held as hard, ahead of the usage; a
 // lower limit of level l, if the policy has one, is also held, by

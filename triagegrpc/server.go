@@ -3,14 +3,17 @@ package triagegrpc
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/petermattis/goid"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
 	"github.com/triagehq/triage/admission"
@@ -52,6 +55,7 @@ type Server struct {
 	slowPace        time.Duration // 0: a slow sender's refusals unpaced
 	maxConnStalls   int
 	penaliseTrusted bool
+	stats           *streamStats
 	clock           clock.Clock
 	since           func() time.Duration
 	slowRefused     atomic.Uint64 // streams the tap refused as a slow sender's
@@ -161,6 +165,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		clock: clk, since: clock.SinceFunc(clk, clk.Now()),
 		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
+	s.stats = &streamStats{maxStalls: c.maxConnStalls}
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: s.since}); t.enabled() {
 		s.trailers = t
 	}
@@ -274,7 +279,7 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 //
 // It also bounds the requests of one connection that may be stalled at
 // once, waiting on their client without a slot (WithMaxConnStalls).
-func (s *Server) StatsHandler() stats.Handler { return streamStats{maxStalls: s.maxConnStalls} }
+func (s *Server) StatsHandler() stats.Handler { return s.stats }
 
 // WithMaxConnStalls bounds the requests of one connection that may be
 // stalled at once (intake.ConnStalls): a handler waiting on its client
@@ -348,7 +353,9 @@ func WithConnShare(n int) ServerOption {
 
 // streamStats is StatsHandler's handler. Each connection's context holds
 // its connState.
-type streamStats struct{ maxStalls int }
+type streamStats struct {
+	maxStalls int
+}
 
 // connState is what a Server keeps of one connection: the count of its
 // streams the tap handle accepted whose goroutine has not run yet, and its
@@ -378,7 +385,7 @@ func connOf(ctx context.Context) *connState {
 	return c
 }
 
-func (h streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+func (h *streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
 	return context.WithValue(ctx, connStateKey{}, &connState{stalls: intake.NewConnStalls(h.maxStalls)})
 }
 
@@ -473,36 +480,66 @@ func (s *Server) noteLate(ctx context.Context, h *intake.Handle, err error) {
 }
 
 // TagRPC runs on the stream's goroutine. A Handle in ctx means the tap
-// handle accepted the stream, and counted it if the count was there.
-func (streamStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+// handle accepted the stream, and counted it if the count was there:
+// grpc-go calls TagRPC for every stream the tap accepted that it does not
+// drop first, and the tap refuses the ones it would drop (a malformed
+// method name, a context already done). A stream to a method the server
+// does not have gets no End event (unless the server has an
+// unknown-service handler), and nothing says so here; the context of
+// every stream ends, so a stream holding more than its admission ticket
+// (a pessimistic quota reservation, a decay's timer: intake.Handle.Holds)
+// or admitted on probation is settled then too (context.AfterFunc: its
+// cost, about half a microsecond, is paid only by those).
+func (*streamStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
 	if h := intake.HandleOf(ctx); h != nil {
 		h.Scheduled()
 		if c := connOf(ctx); c != nil {
 			c.waiting.Add(-1)
 		}
+		if h.Holds() || ctx.Value(probeKey{}) != nil {
+			context.AfterFunc(ctx, func() { settle(ctx, h) })
+		}
 	}
 	return ctx
 }
 
+// settle ends a stream's request for good, at its End event or its
+// context's end: the request is abandoned unless its handler started
+// (intake.Handle.Abandon), and a stream admitted on probation leaves its
+// connection's count. It may run twice.
+func settle(ctx context.Context, h *intake.Handle) {
+	h.Abandon()
+	leaveProbation(ctx)
+}
+
+// leaveProbation takes a stream admitted on probation out of its
+// connection's count, once.
+func leaveProbation(ctx context.Context) {
+	if m, _ := ctx.Value(probeKey{}).(*probeMark); m != nil && m.left.CompareAndSwap(false, true) {
+		m.c.probation.Add(-1)
+	}
+}
+
 // HandleRPC tells the request's Handle when its first message arrives
-// (intake.Handle.MessageArrived: was its sender late?), and takes a stream
+// (intake.Handle.MessageArrived: was its sender late?), takes a stream
 // admitted on probation out of its connection's count at its first
-// message or its end.
-func (streamStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
-	if _, ok := st.(*stats.InPayload); ok {
+// message, and settles the request at its end (a handler that never
+// started: a message grpc-go could not decode, a compressor it lacks).
+func (*streamStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
+	switch st.(type) {
+	case *stats.InPayload:
 		if h := intake.HandleOf(ctx); h != nil {
 			h.MessageArrived()
 		}
-	}
-	switch st.(type) {
-	case *stats.InPayload, *stats.End:
-		if m, _ := ctx.Value(probeKey{}).(*probeMark); m != nil && m.left.CompareAndSwap(false, true) {
-			m.c.probation.Add(-1)
+		leaveProbation(ctx)
+	case *stats.End:
+		if h := intake.HandleOf(ctx); h != nil {
+			settle(ctx, h)
 		}
 	}
 }
 
-func (streamStats) HandleConn(context.Context, stats.ConnStats) {}
+func (*streamStats) HandleConn(context.Context, stats.ConnStats) {}
 
 // TapHandle returns the handle that runs each request through the intake
 // as it arrives, before grpc creates a goroutine for it, reading the raw
@@ -523,7 +560,16 @@ func (s *Server) TapHandle() tap.ServerInHandle {
 				return nil, s.rejections[admission.Late][0]
 			}
 		}
+		if !wellFormed(info.FullMethodName) {
+			return nil, errMalformedMethod // grpc-go would drop it after the tap
+		}
 		c, err := s.accept(ctx, info.Header, info.FullMethodName, cs != nil && s.connShare > 0 && cs.waiting.Load() >= s.connShare)
+		if err == nil && c.Err() != nil {
+			// Its deadline has passed already (grpc-timeout 0): grpc-go
+			// drops it after the tap, so it is not counted.
+			intake.HandleOf(c).Abandon()
+			return nil, errExpired
+		}
 		if err == nil && cs != nil {
 			cs.waiting.Add(1)
 			if probation {
@@ -533,6 +579,19 @@ func (s *Server) TapHandle() tap.ServerInHandle {
 		}
 		return c, err
 	}
+}
+
+// The tap's answers to the streams grpc-go would drop after it.
+var (
+	errMalformedMethod = status.Error(codes.Unimplemented, "triage: malformed method name")
+	errExpired         = status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
+)
+
+// wellFormed reports whether grpc-go would route fullMethod to a handler:
+// "/service/method", as grpc-go's server parses it.
+func wellFormed(fullMethod string) bool {
+	sm, ok := strings.CutPrefix(fullMethod, "/")
+	return ok && strings.Contains(sm, "/")
 }
 
 // UnaryInterceptor returns the unary server interceptor. It runs the

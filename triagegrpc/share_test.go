@@ -94,3 +94,34 @@ func TestConnectionShareOfAFullTask(t *testing.T) {
 		t.Fatal("the bursting connection admitted past half the room")
 	}
 }
+
+// Issue 38: streams grpc-go drops after the tap (a malformed method name,
+// a grpc-timeout of 0) are refused by the tap itself and leave no count
+// on their connection: after many of them, its streams still get their
+// share of a task another connection's burst has half filled.
+func TestStreamsDroppedAfterTheTapLeaveNoCount(t *testing.T) {
+	alone := newShareServer(t, triagegrpc.WithConnShare(0))
+	room := len(alone.burst(t, alone.conn()))
+
+	s := newShareServer(t)
+	a := s.conn()
+	expired, cancel := context.WithCancel(a) // grpc-timeout 0: done before the tap
+	cancel()
+	for range 4 * triagegrpc.DefaultConnShare {
+		if _, err := s.in(expired, &tap.Info{FullMethodName: "/pkg.Svc/Method", Header: metadata.MD{}}); err == nil {
+			t.Fatal("a stream whose deadline has passed was accepted")
+		}
+		for _, name := range []string{"pkg.Svc/Method", "/pkgSvcMethod"} {
+			if _, err := s.in(a, &tap.Info{FullMethodName: name, Header: metadata.MD{}}); err == nil {
+				t.Fatalf("malformed method name %q accepted", name)
+			}
+		}
+	}
+	b := s.burst(t, s.conn())
+	if want := (room + 1) / 2; len(b) != want {
+		t.Fatalf("room %d: another connection's burst took %d, want %d", room, len(b), want)
+	}
+	if got, want := len(s.burst(t, a)), min(triagegrpc.DefaultConnShare, room-len(b)); got != want {
+		t.Fatalf("after streams dropped after the tap: the connection got %d streams into a half-full task, want its share %d", got, want)
+	}
+}

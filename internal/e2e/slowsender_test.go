@@ -489,3 +489,27 @@ func TestTrustedProxyIsNotPenalisedForItsCallers(t *testing.T) {
 		cancel()
 	}
 }
+
+// Issue 38: a stream to a method the server does not have gets no End
+// event from grpc-go. On a connection on probation each such stream was
+// counted for good, so that after its share of them the connection was
+// refused every stream until it closed; now each leaves the count when
+// its stream ends.
+func TestUnknownMethodsOnProbationLeaveNoCount(t *testing.T) {
+	s := startSlowServer(t, true)
+	ctx, cancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.Critical), 20*time.Second)
+	defer cancel()
+	s.lateMessages(t, s.openSlow(t, ctx, 3))
+	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty) // the penalty is over: probation
+	for i := range 3 * triagegrpc.DefaultConnShare {
+		err, _ := s.paced(func() error {
+			return s.cc.Invoke(ctx, "/nope.Service/Nope", wrapperspb.String("x"), new(wrapperspb.StringValue))
+		})
+		if status.Code(err) != codes.Unimplemented {
+			t.Fatalf("unknown method %d on probation: %v, want Unimplemented", i, err)
+		}
+	}
+	if err, _ := s.paced(func() error { _, err := relay.Invoke(ctx, s.cc, "fresh"); return err }); err != nil {
+		t.Fatalf("a call on probation after %d calls to an unknown method: %v, want served", 3*triagegrpc.DefaultConnShare, err)
+	}
+}
