@@ -62,13 +62,16 @@ const (
 	// NotSent is a call the generator did not send because it already had
 	// its maximum of calls in flight: the run could not keep its schedule.
 	NotSent
+	// Redirected is a call answered with a redirect, which a load test
+	// does not follow: it could lead the load to another host.
+	Redirected
 )
 
 // NumOutcomes is the number of outcomes; an Outcome indexes a
 // [NumOutcomes]T array.
-const NumOutcomes = 5
+const NumOutcomes = 6
 
-var outcomeNames = [NumOutcomes]string{"ok", "overloaded", "deadline-exceeded", "failed", "not-sent"}
+var outcomeNames = [NumOutcomes]string{"ok", "overloaded", "deadline-exceeded", "failed", "not-sent", "redirected"}
 
 // String returns the outcome's name, e.g. "deadline-exceeded".
 func (o Outcome) String() string {

@@ -18,9 +18,11 @@ import (
 // without a Policy, with the URL's host in Internal, to send each call's
 // criticality the way triage's clients do; nil means http.DefaultClient.
 //
-// Outcomes: OK for a 2xx or 3xx status; Overloaded for 429 and 503;
-// DeadlineExceeded when the call's deadline passed (or 504); Failed for
-// any other status or error.
+// Redirects are not followed, whatever client's CheckRedirect says: a
+// target on this machine could send the load to another host past every
+// check of where it goes. Outcomes: OK for a 2xx status; Redirected for
+// a 3xx; Overloaded for 429 and 503; DeadlineExceeded when the call's
+// deadline passed (or 504); Failed for any other status or error.
 func NewLoadTarget(client *http.Client, method, rawURL string, body []byte, header http.Header) (loadtest.Target, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -38,7 +40,9 @@ func NewLoadTarget(client *http.Client, method, rawURL string, body []byte, head
 	if client == nil {
 		client = http.DefaultClient
 	}
-	return &loadTarget{client: client, method: method, url: u.String(), body: body, header: header.Clone()}, nil
+	c := *client
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &loadTarget{client: &c, method: method, url: u.String(), body: body, header: header.Clone()}, nil
 }
 
 type loadTarget struct {
@@ -79,6 +83,8 @@ func (t *loadTarget) Call(ctx context.Context) loadtest.Outcome {
 		return loadtest.DeadlineExceeded
 	case err != nil, resp.StatusCode >= 400:
 		return loadtest.Failed
+	case resp.StatusCode >= 300:
+		return loadtest.Redirected
 	}
 	return loadtest.OK
 }

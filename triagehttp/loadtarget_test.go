@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,5 +71,29 @@ func TestLoadTargetOverLoopback(t *testing.T) {
 	}
 	if _, err := triagehttp.NewLoadTarget(nil, "BAD METHOD", srv.URL, nil, nil); err == nil {
 		t.Error("a method with a space was accepted")
+	}
+}
+
+// Issue 38: a load target that answers with a redirect does not lead the
+// load elsewhere: the redirect is counted, not followed, whatever the
+// client's own CheckRedirect says.
+func TestLoadTargetDoesNotFollowRedirects(t *testing.T) {
+	var elsewhere atomic.Int64
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { elsewhere.Add(1) }))
+	defer other.Close()
+	target := httptest.NewServer(http.RedirectHandler(other.URL+"/", http.StatusFound))
+	defer target.Close()
+	follows := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return nil }}
+	for _, client := range []*http.Client{nil, follows} {
+		tg, err := triagehttp.NewLoadTarget(client, "GET", target.URL, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tg.Call(context.Background()); got != loadtest.Redirected {
+			t.Errorf("a 302: %v, want %v", got, loadtest.Redirected)
+		}
+	}
+	if n := elsewhere.Load(); n != 0 {
+		t.Fatalf("the redirect was followed: %d requests reached the other host", n)
 	}
 }
