@@ -121,6 +121,21 @@ func TestProxyCommand(t *testing.T) {
 			t.Errorf("%q: exit %d, stderr %q", bad, code, e.String())
 		}
 	}
+	// Issue 38: nothing beyond loopback in the clear, and no flag ignored.
+	// 0.0.0.0 is not a loopback address to the check, yet a dial to it
+	// stays on this machine should the check ever let it through.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxy", "--backends", "127.0.0.1:1,0.0.0.0:1"}, "-insecure-backends"},
+		{[]string{"proxy", "--backends", "127.0.0.1:1", "--trust-identity", "spiffe://x/batch"}, "-trust-identity needs -tls-ca"},
+	} {
+		var o, e strings.Builder
+		if code := run(context.Background(), tc.args, &o, &e); code != 2 || !strings.Contains(e.String(), tc.want) {
+			t.Errorf("%q: exit %d, stderr %q, want 2 and %q", tc.args, code, e.String(), tc.want)
+		}
+	}
 }
 
 // startCommand runs the triage command args until ctx ends, and returns

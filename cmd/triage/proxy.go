@@ -42,6 +42,8 @@ type proxyFlags struct {
 	tls, backendTLS         tlsfiles.Files
 	backendServerName       string
 	unauthenticated         bool
+	insecureBackends        bool
+	trustIDs                []string
 }
 
 // parseProxyFlags parses args, writing usage and errors to stderr; the
@@ -60,6 +62,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 	f.tls.Register(fs, "", "batch clients")
 	f.backendTLS.Register(fs, "backend-", "the backends")
 	fs.StringVar(&f.backendServerName, "backend-tls-server-name", "", "name the backends' certificates must carry (default: each backend's host)")
+	fs.BoolVar(&f.insecureBackends, "insecure-backends", false, "dial backends beyond loopback without TLS (the calls forward their callers' metadata, authorization included, in the clear)")
 	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "serve callers without verified client certificates beyond loopback (without -tls-ca, the proxy listens only on loopback unless told this)")
 	fs.BoolVar(&f.noAdmission, "no-admission", false, "forward everything, without the proxy's own admission control (not recommended: the proxy is the fuse)")
 	fs.DurationVar(&f.maxWait, "max-wait", triagegrpc.DefaultProxyMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
@@ -74,11 +77,12 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 		return nil, 2, false
 	}
 	f.addrs = splitList(*backends)
+	f.trustIDs = splitList(*trustedIDs)
 	if msg := f.check(fs); msg != "" {
 		fmt.Fprintln(stderr, "triage proxy: "+msg)
 		return nil, 2, false
 	}
-	pol, err := trust.New(trust.Config{Networks: splitList(*trusted), Identities: splitList(*trustedIDs)})
+	pol, err := trust.New(trust.Config{Networks: splitList(*trusted), Identities: f.trustIDs})
 	if err != nil {
 		fmt.Fprintf(stderr, "triage proxy: -trust: %v\n", err)
 		return nil, 2, false
@@ -116,10 +120,15 @@ func (f *proxyFlags) check(fs *flag.FlagSet) string {
 		return fmt.Sprintf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-ca so that callers are authenticated, or -unauthenticated", f.listen)
 	case f.backendServerName != "" && !f.backendTLS.Set():
 		return "-backend-tls-server-name needs the backend TLS flags"
+	case len(f.trustIDs) > 0 && f.tls.CA == "":
+		return "-trust-identity needs -tls-ca (identities come from client certificates it verified)"
 	}
 	for _, a := range f.addrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fmt.Sprintf("backend %q: %v", a, err)
+		}
+		if !f.backendTLS.Set() && !f.insecureBackends && beyondLoopback(a) {
+			return fmt.Sprintf("backend %s is beyond loopback: give -backend-tls-ca (and a client certificate) so that the calls and their metadata are not in the clear, or -insecure-backends", a)
 		}
 	}
 	return ""

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,8 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	tlsFiles.Register(fs, "", "tasks")
 	binds := bindFlag{}
 	fs.Var(binds, "bind", "IDENTITY=TASK: a task whose verified client certificate names IDENTITY reports as TASK (repeatable; needs -tls-ca). An identity not bound reports as itself")
+	boundOnly := fs.Bool("bound-only", false, "with -tls-ca, refuse a caller none of whose identities -bind names, instead of letting it report as a task named after its identity (default true when -bind is given: under a mesh's or SPIFFE's CA any workload has an identity)")
+	insecureEtcd := fs.Bool("insecure-etcd", false, "talk to -etcd endpoints beyond loopback without TLS (whoever reaches etcd writes the policy and the election)")
 	unauthenticated := fs.Bool("unauthenticated", false, "accept reports from callers without a verified client certificate, their task ids believed as sent (needed to listen beyond loopback without -tls-ca)")
 	drain := fs.Duration("drain", time.Second, "on SIGTERM, how long the service answers in lame duck (health NOT_SERVING) before it stops; calls still running 5 s later are cut")
 	etcdEndpoints := fs.String("etcd", "", "comma-separated etcd endpoints: run as one of several replicas, the leader elected through etcd (quotareplica); default one process, no etcd")
@@ -80,6 +83,9 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 			return 0
 		}
 		return 2
+	}
+	if !flagSet(fs, "bound-only") {
+		*boundOnly = len(binds) > 0
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -109,8 +115,14 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	case *drain < 0 || *drain > time.Hour:
 		fmt.Fprintln(stderr, "triage quota-server: -drain must be between 0 and 1h")
 		return 2
+	case *etcdEndpoints != "" && !etcdTLS.Set() && !*insecureEtcd && etcdBeyondLoopback(*etcdEndpoints):
+		fmt.Fprintf(stderr, "triage quota-server: -etcd %s is beyond loopback: give -etcd-tls-ca (and a client certificate) so that the policy and the election are not in the clear, or -insecure-etcd\n", *etcdEndpoints)
+		return 2
 	case len(binds) > 0 && tlsFiles.CA == "":
 		fmt.Fprintln(stderr, "triage quota-server: -bind needs -tls-ca (identities come from verified client certificates)")
+		return 2
+	case *boundOnly && tlsFiles.CA == "":
+		fmt.Fprintln(stderr, "triage quota-server: -bound-only needs -tls-ca (identities come from verified client certificates)")
 		return 2
 	case tlsFiles.CA != "" && *unauthenticated:
 		fmt.Fprintln(stderr, "triage quota-server: -unauthenticated and -tls-ca contradict each other")
@@ -131,6 +143,9 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if tlsFiles.CA != "" {
 		svcOpts = append(svcOpts, quotaservice.WithTaskIdentities(binds))
+		if *boundOnly {
+			svcOpts = append(svcOpts, quotaservice.WithBoundIdentitiesOnly())
+		}
 	}
 	mode, err := quota.ParseMode(*modeName)
 	if err != nil {
@@ -311,6 +326,35 @@ func beyondLoopback(addr string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err != nil || !ip.IsLoopback()
+}
+
+// flagSet reports whether name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// etcdBeyondLoopback reports whether any of the comma-separated etcd
+// endpoints (host:port, or a URL) is beyond loopback; a unix socket is
+// not.
+func etcdBeyondLoopback(endpoints string) bool {
+	for _, e := range strings.Split(endpoints, ",") {
+		e = strings.TrimSpace(e)
+		if e == "" || strings.HasPrefix(e, "unix:") || strings.HasPrefix(e, "unixs:") {
+			continue
+		}
+		if u, err := url.Parse(e); err == nil && u.Host != "" {
+			e = u.Host
+		}
+		if _, _, err := net.SplitHostPort(e); err != nil {
+			e = net.JoinHostPort(strings.Trim(e, "[]"), "2379")
+		}
+		if beyondLoopback(e) {
+			return true
+		}
+	}
+	return false
 }
 
 // dialEtcd returns a client of the comma-separated etcd endpoints, over

@@ -50,8 +50,9 @@ import (
 type Service struct {
 	quotapb.UnimplementedQuotaServer
 	alloc *quota.Allocator
-	bind  bool
-	tasks map[string]string
+	bind      bool
+	boundOnly bool // an identity not in tasks is refused
+	tasks     map[string]string
 	log   func(task string, ls quota.Lease)
 }
 
@@ -85,6 +86,16 @@ func WithTaskIdentities(tasks map[string]string) ServiceOption {
 // must not block.
 func WithGrantLog(log func(task string, ls quota.Lease)) ServiceOption {
 	return serviceOptionFunc(func(s *Service) { s.log = log })
+}
+
+// WithBoundIdentitiesOnly, with WithTaskIdentities, refuses a caller
+// none of whose identities the map binds (PERMISSION_DENIED), instead of
+// letting it report as the identity itself. Use it where the CA that
+// verifies callers vouches for more than the tasks (a mesh's CA, SPIFFE's
+// trust domain): there any workload could otherwise report, as a task
+// named after itself, and take a share of every customer's limit.
+func WithBoundIdentitiesOnly() ServiceOption {
+	return serviceOptionFunc(func(s *Service) { s.boundOnly = true })
 }
 
 // NewService returns the service; register it with
@@ -137,7 +148,7 @@ func (s *Service) authorize(ctx context.Context, task string) error {
 			if mapped == task {
 				return nil
 			}
-		} else if id == task {
+		} else if id == task && !s.boundOnly {
 			return nil
 		}
 	}
