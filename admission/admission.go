@@ -389,10 +389,10 @@ type Controller struct {
 	limits         limitRule
 	ls             limitState // guarded by adjust
 	pending        pendingRule
-	probingNow     atomic.Bool                     // ls.probing, for wait (read without c.adjust)
-	probeResume    atomic.Int64                    // ls.resume, for wait
-	mu             sync.Mutex                      // guards the queues
-	queues         [returning + 1]fifo              // by rank; returning: stalled requests coming back
+	probingNow     atomic.Bool         // ls.probing, for wait (read without c.adjust)
+	probeResume    atomic.Int64        // ls.resume, for wait
+	mu             sync.Mutex          // guards the queues
+	queues         [returning + 1]fifo // by rank; returning: stalled requests coming back
 
 	// hot holds every counter that every request writes, on one cache
 	// line (docs/rationale.md, "One cache line").

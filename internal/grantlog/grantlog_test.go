@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
-	"math"
 	"testing"
 	"time"
 

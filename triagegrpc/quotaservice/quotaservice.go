@@ -49,11 +49,11 @@ import (
 // bounded by its tasks and their reports, plus the identity map.
 type Service struct {
 	quotapb.UnimplementedQuotaServer
-	alloc *quota.Allocator
+	alloc     *quota.Allocator
 	bind      bool
 	boundOnly bool // an identity not in tasks is refused
 	tasks     map[string]string
-	log   func(task string, ls quota.Lease)
+	log       func(task string, ls quota.Lease)
 }
 
 // ServiceOption configures a Service.
