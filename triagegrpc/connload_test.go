@@ -157,6 +157,9 @@ func TestWithConnLoadCallsAndHealthChecks(t *testing.T) {
 	if _, err := w.Recv(); err != nil { // the watch is open on the server
 		t.Fatal(err)
 	}
+	// The Check's End event runs on the server after its answer was sent:
+	// the client can see the answer first.
+	loopback.WaitFor(t, "the check's end on the server", func() bool { return l.Stats().Busy == 0 })
 	if s := l.Stats(); s.HealthChecks != 2 || s.Busy != 0 || s.Open != 1 {
 		t.Fatalf("after a check and a watch: %+v, want 2 health checks, 0 busy of 1", s)
 	}
