@@ -1,9 +1,14 @@
 package triagehttp_test
 
 import (
+	"bufio"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
@@ -48,13 +53,17 @@ func BenchmarkMiddleware(b *testing.B) {
 		{"trusted", "10.0.0.1:5", "SHEDDABLE", criticality.Sheddable, wrapped},
 		{"untrusted-path-rule", "192.0.2.1:5", "", criticality.CriticalPlus, wrapped},
 		{"trusted+admission", "10.0.0.1:5", "SHEDDABLE", criticality.Sheddable, withAdmission},
+		{"trusted+admission/net-http-writer", "10.0.0.1:5", "SHEDDABLE", criticality.Sheddable, withAdmission},
 	} {
 		r := httptest.NewRequest("GET", "/checkout/pay", nil)
 		r.RemoteAddr = tc.remote
 		if tc.hdr != "" {
 			r.Header.Set("Triage-Criticality", tc.hdr)
 		}
-		w := httptest.NewRecorder()
+		var w http.ResponseWriter = httptest.NewRecorder()
+		if strings.HasSuffix(tc.name, "net-http-writer") {
+			w = http1ShapedWriter{w.(*httptest.ResponseRecorder)}
+		}
 		hh := tc.handler
 		if hh == nil {
 			hh = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -73,3 +82,18 @@ func BenchmarkMiddleware(b *testing.B) {
 		})
 	}
 }
+
+// http1ShapedWriter has the methods of net/http's HTTP/1.x writer, as a
+// server hands it to the middleware (the recorder alone is a Flusher and
+// nothing more, which takes the general path).
+type http1ShapedWriter struct{ *httptest.ResponseRecorder }
+
+func (http1ShapedWriter) FlushError() error                            { return nil }
+func (http1ShapedWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) { return nil, nil, nil }
+func (w http1ShapedWriter) ReadFrom(r io.Reader) (int64, error) {
+	return io.Copy(w.ResponseRecorder, r)
+}
+func (http1ShapedWriter) CloseNotify() <-chan bool         { return nil }
+func (http1ShapedWriter) SetReadDeadline(time.Time) error  { return nil }
+func (http1ShapedWriter) SetWriteDeadline(time.Time) error { return nil }
+func (http1ShapedWriter) EnableFullDuplex() error          { return nil }

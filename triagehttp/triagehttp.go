@@ -21,6 +21,7 @@
 package triagehttp
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -28,6 +29,7 @@ import (
 	"github.com/felixge/httpsnoop"
 	"github.com/petermattis/goid"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -242,21 +244,29 @@ type clientIO struct {
 // onClient wraps w, and r's body unless the middleware read all of it
 // ahead (whole). The wrapped writer has exactly the optional interfaces
 // w has (http.Flusher and FlushError, http.Hijacker, io.ReaderFrom,
-// http.Pusher, io.StringWriter, the deadlines and full duplex:
-// httpsnoop.Wrap), and unwraps to it.
+// http.Pusher, io.StringWriter, http.CloseNotifier, the deadlines and
+// full duplex), and unwraps to it: net/http's own HTTP/1.x and HTTP/2
+// writers get a wrapper of their shape with no allocation of its own;
+// any other writer goes through httpsnoop.Wrap.
 func onClient(w http.ResponseWriter, r *http.Request, h *intake.Handle, whole bool) (http.ResponseWriter, *http.Request) {
 	owner := goid.Get()
-	c := &clientIO{w: clientWriter{h: h, owner: owner}}
+	c := &clientIO{w: clientWriter{rw: w, h: h, owner: owner}}
 	if !whole && hasBody(r) {
 		c.b = clientBody{ReadCloser: r.Body, h: h, owner: owner}
 		r.Body = &c.b
 	}
+	switch shapeOf(w) {
+	case http1Shape:
+		return http1Writer{netWriter{&c.w}}, r
+	case http2Shape:
+		return http2Writer{netWriter{&c.w}}, r
+	}
 	return httpsnoop.Wrap(w, httpsnoop.Hooks{
-		Write:       c.w.hookWrite,
-		WriteString: c.w.hookWriteString,
-		ReadFrom:    c.w.hookReadFrom,
-		Flush:       c.w.hookFlush,
-		FlushError:  c.w.hookFlushError,
+		Write:       func(httpsnoop.WriteFunc) httpsnoop.WriteFunc { return c.w.write },
+		WriteString: func(httpsnoop.WriteStringFunc) httpsnoop.WriteStringFunc { return c.w.writeString },
+		ReadFrom:    func(httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc { return c.w.readFrom },
+		Flush:       func(httpsnoop.FlushFunc) httpsnoop.FlushFunc { return func() { c.w.flushError() } },
+		FlushError:  func(httpsnoop.FlushErrorFunc) httpsnoop.FlushErrorFunc { return c.w.flushError },
 	}), r
 }
 
@@ -268,10 +278,11 @@ func onClient(w http.ResponseWriter, r *http.Request, h *intake.Handle, whole bo
 // them, skip ClientWait; every flush, and every write past it, waits.
 const unblockedResponse = 2 << 10
 
-// clientWriter holds what the hooks of the handler's ResponseWriter share.
-// A ResponseWriter is used by one goroutine at a time; the body may be
-// read on another (full duplex).
+// clientWriter is what the handler's ResponseWriter does beyond the
+// server's: it waits on the client. A ResponseWriter is used by one
+// goroutine at a time; the body may be read on another (full duplex).
 type clientWriter struct {
+	rw      http.ResponseWriter // the server's
 	h       *intake.Handle
 	owner   int64 // the handler's goroutine
 	written int
@@ -286,40 +297,125 @@ func (w *clientWriter) wait(f func() error) error {
 	return err
 }
 
-func (w *clientWriter) hookWrite(next httpsnoop.WriteFunc) httpsnoop.WriteFunc {
-	return func(p []byte) (n int, err error) {
-		if w.written += len(p); w.written <= unblockedResponse {
-			return next(p)
+func (w *clientWriter) write(p []byte) (n int, err error) {
+	if w.written += len(p); w.written <= unblockedResponse {
+		return w.rw.Write(p)
+	}
+	err = w.wait(func() error { n, err = w.rw.Write(p); return err })
+	return n, err
+}
+
+func (w *clientWriter) writeString(p string) (n int, err error) {
+	if w.written += len(p); w.written <= unblockedResponse {
+		return io.WriteString(w.rw, p)
+	}
+	err = w.wait(func() error { n, err = io.WriteString(w.rw, p); return err })
+	return n, err
+}
+
+func (w *clientWriter) readFrom(src io.Reader) (n int64, err error) {
+	err = w.wait(func() error { n, err = w.rw.(io.ReaderFrom).ReadFrom(src); return err })
+	w.written += int(min(n, 1<<30))
+	return n, err
+}
+
+// flushError flushes through http.ResponseController, which returns the
+// server's error (FlushError) where it has one.
+func (w *clientWriter) flushError() error {
+	return w.wait(http.NewResponseController(w.rw).Flush)
+}
+
+// The shapes of net/http's own writers: the optional interfaces they
+// have, exactly.
+type writerShape uint8
+
+const (
+	otherShape writerShape = iota
+	http1Shape             // HTTP/1.x: Hijacker and ReaderFrom, no Pusher
+	http2Shape             // HTTP/2: Pusher, no Hijacker nor ReaderFrom
+)
+
+type (
+	flushErrorer interface{ FlushError() error }
+	deadliner    interface {
+		SetReadDeadline(time.Time) error
+		SetWriteDeadline(time.Time) error
+	}
+	fullDuplexer interface{ EnableFullDuplex() error }
+)
+
+// netHTTP1 and netHTTP2 are the method sets of net/http's writers.
+type (
+	netCommon interface {
+		http.ResponseWriter
+		http.Flusher
+		flushErrorer
+		io.StringWriter
+		http.CloseNotifier //nolint:staticcheck // the server's writers have it
+		deadliner
+		fullDuplexer
+	}
+	netHTTP1 interface {
+		netCommon
+		http.Hijacker
+		io.ReaderFrom
+	}
+	netHTTP2 interface {
+		netCommon
+		http.Pusher
+	}
+)
+
+// shapeOf says which of net/http's writers w has the shape of, exactly.
+func shapeOf(w http.ResponseWriter) writerShape {
+	if _, ok := w.(netHTTP1); ok {
+		if _, pu := w.(http.Pusher); !pu {
+			return http1Shape
 		}
-		err = w.wait(func() error { n, err = next(p); return err })
-		return n, err
+		return otherShape
 	}
-}
-
-func (w *clientWriter) hookWriteString(next httpsnoop.WriteStringFunc) httpsnoop.WriteStringFunc {
-	return func(p string) (n int, err error) {
-		if w.written += len(p); w.written <= unblockedResponse {
-			return next(p)
+	if _, ok := w.(netHTTP2); ok {
+		_, hj := w.(http.Hijacker)
+		_, rf := w.(io.ReaderFrom)
+		if !hj && !rf {
+			return http2Shape
 		}
-		err = w.wait(func() error { n, err = next(p); return err })
-		return n, err
 	}
+	return otherShape
 }
 
-func (w *clientWriter) hookReadFrom(next httpsnoop.ReadFromFunc) httpsnoop.ReadFromFunc {
-	return func(src io.Reader) (n int64, err error) {
-		err = w.wait(func() error { n, err = next(src); return err })
-		w.written += int(min(n, 1<<30))
-		return n, err
-	}
+// netWriter is the wrapper of net/http's writers: their common methods,
+// the waits on the client added. A struct of one pointer, it is stored
+// in an interface without an allocation.
+type netWriter struct{ *clientWriter }
+
+func (n netWriter) Header() http.Header                { return n.rw.Header() }
+func (n netWriter) Write(p []byte) (int, error)        { return n.write(p) }
+func (n netWriter) WriteString(s string) (int, error)  { return n.writeString(s) }
+func (n netWriter) WriteHeader(code int)               { n.rw.WriteHeader(code) }
+func (n netWriter) Flush()                             { n.flushError() }
+func (n netWriter) FlushError() error                  { return n.flushError() }
+func (n netWriter) SetReadDeadline(t time.Time) error  { return n.rw.(deadliner).SetReadDeadline(t) }
+func (n netWriter) SetWriteDeadline(t time.Time) error { return n.rw.(deadliner).SetWriteDeadline(t) }
+func (n netWriter) EnableFullDuplex() error            { return n.rw.(fullDuplexer).EnableFullDuplex() }
+func (n netWriter) Unwrap() http.ResponseWriter        { return n.rw }
+func (n netWriter) CloseNotify() <-chan bool {
+	return n.rw.(http.CloseNotifier).CloseNotify() //nolint:staticcheck // the server's writer has it
 }
 
-func (w *clientWriter) hookFlush(next httpsnoop.FlushFunc) httpsnoop.FlushFunc {
-	return func() { w.wait(func() error { next(); return nil }) }
-}
+// http1Writer wraps net/http's HTTP/1.x writer.
+type http1Writer struct{ netWriter }
 
-func (w *clientWriter) hookFlushError(next httpsnoop.FlushErrorFunc) httpsnoop.FlushErrorFunc {
-	return func() error { return w.wait(next) }
+func (n http1Writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return n.rw.(http.Hijacker).Hijack()
+}
+func (n http1Writer) ReadFrom(src io.Reader) (int64, error) { return n.readFrom(src) }
+
+// http2Writer wraps net/http's HTTP/2 writer.
+type http2Writer struct{ netWriter }
+
+func (n http2Writer) Push(target string, opts *http.PushOptions) error {
+	return n.rw.(http.Pusher).Push(target, opts)
 }
 
 // clientBody is the handler's request body, when the middleware did not

@@ -111,3 +111,53 @@ func TestWriterKeepsTheServersInterfaces(t *testing.T) {
 		})
 	}
 }
+
+// The same over net/http's own servers, HTTP/1.1 and HTTP/2: their
+// writers' interfaces are kept (HTTP/1.1: Hijacker and ReaderFrom;
+// HTTP/2: Pusher), and a flush reaches the client.
+func TestWriterKeepsNetHTTPsInterfaces(t *testing.T) {
+	ctl, err := admission.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type shape struct{ flush, hijack, readFrom, push bool }
+	got := make(chan shape, 1)
+	addr := serveH2C(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var s shape
+		_, s.flush = w.(http.Flusher)
+		_, s.hijack = w.(http.Hijacker)
+		_, s.readFrom = w.(io.ReaderFrom)
+		_, s.push = w.(http.Pusher)
+		got <- s
+		w.Write([]byte("ok"))
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			t.Errorf("flush: %v", err)
+		}
+	})))
+	for _, tc := range []struct {
+		name string
+		h2   bool
+		want shape
+	}{
+		{"HTTP/1.1", false, shape{flush: true, hijack: true, readFrom: true}},
+		{"HTTP/2", true, shape{flush: true, push: true}},
+	} {
+		tr := &http.Transport{Protocols: new(http.Protocols)}
+		tr.Protocols.SetHTTP1(!tc.h2)
+		tr.Protocols.SetUnencryptedHTTP2(tc.h2)
+		resp, err := (&http.Client{Transport: tr}).Get("http://" + addr + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		tr.CloseIdleConnections()
+		if s := <-got; s != tc.want || string(b) != "ok" || resp.ProtoMajor != map[bool]int{false: 1, true: 2}[tc.h2] {
+			t.Errorf("%s: the handler's writer %+v, answer %q over HTTP/%d; want %+v", tc.name, s, b, resp.ProtoMajor, tc.want)
+		}
+	}
+}

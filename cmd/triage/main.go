@@ -132,6 +132,7 @@ Flags:
 	out := fs.String("out", "", "directory for result.json, report.html and the tasks' logs (default: a new temporary directory, printed at the end)")
 	serve := fs.String("serve", "", "also serve the live view as a web page on this address, e.g. 127.0.0.1:8080")
 	quiet := fs.Bool("quiet", false, "print one line a second instead of redrawing the live view")
+	lateOK := fs.Bool("late-ok", false, "record answers later than the user's timeout without failing the run (on a machine busy with other work they measure the machine); the ledger must still balance")
 	only := fs.String("only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
 	rounds := fs.Int("rounds", 1, fmt.Sprintf("repeat the drill this many times (1-%d; each round lasts -duration) and report medians", drill.MaxRounds))
 	stackOnly := fs.String("stack", "", "start only the stack, \"with\" or \"without\" triage, print the frontend's URL and keep it up for -hold (for triage loadtest)")
@@ -197,7 +198,7 @@ Flags:
 		}
 		return 0
 	}
-	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, Runs: runs, Rounds: *rounds, Faults: faultNames,
+	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, LateOK: *lateOK, Runs: runs, Rounds: *rounds, Faults: faultNames,
 		Command: command})
 	if err != nil && ctx.Err() != nil {
 		fmt.Fprintln(stderr, "triage demo: interrupted; every process it started is stopped")

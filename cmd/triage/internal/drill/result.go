@@ -202,8 +202,14 @@ func (r Residue) String() string {
 // LedgerSlack is how long past the user's timeout an answer may come.
 const LedgerSlack = 250 * time.Millisecond
 
-// Check returns what does not balance, or nil.
-func (l Ledger) Check() error {
+// Check returns what does not balance, or nil: every request sent
+// answered once, none more than LedgerSlack past the user's timeout.
+func (l Ledger) Check() error { return l.check(true) }
+
+// Balance is Check without the lateness: every request sent answered once.
+func (l Ledger) Balance() error { return l.check(false) }
+
+func (l Ledger) check(late bool) error {
 	var errs []string
 	for lv := range l.Sent {
 		if l.Sent[lv] != l.Answered[lv] {
@@ -213,7 +219,7 @@ func (l Ledger) Check() error {
 	if l.Twice > 0 {
 		errs = append(errs, fmt.Sprintf("%d answered twice", l.Twice))
 	}
-	if l.Late > 0 {
+	if late && l.Late > 0 {
 		errs = append(errs, fmt.Sprintf("%d answered more than %v past the timeout (%s)", l.Late, LedgerSlack, strings.Join(l.LateAnswers, ", ")))
 	}
 	if len(errs) > 0 {
