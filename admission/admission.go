@@ -1148,35 +1148,6 @@ func (c *Controller) Unstall(ctx context.Context, t *Ticket) error {
 	return nil
 }
 
-// awaitReturn queues a stalled request coming back for a slot, ahead of
-// every rank of new requests and outside the queue's cap (the stalled
-// requests are bounded by WithMaxStalled), and waits for the slot or
-// ctx's end.
-func (c *Controller) awaitReturn(ctx context.Context) error {
-	w := &waiter{ch: make(chan error, 1), level: criticality.CriticalPlus}
-	c.mu.Lock()
-	c.queues[returning].push(w)
-	c.queued.Add(1)
-	c.dispatch()
-	c.mu.Unlock()
-	select {
-	case <-w.ch: // a slot: nobody displaces a returning request
-		return nil
-	case <-ctx.Done():
-	}
-	c.mu.Lock()
-	_, answered := received(w)
-	if !answered {
-		w.gone = true
-		c.queued.Add(-1)
-	}
-	c.mu.Unlock()
-	if answered {
-		return nil
-	}
-	return ctx.Err()
-}
-
 // TargetDelay is the mean wait before Start the Controller aims at
 // (WithTargetDelay); a send blocked this long is stalled (Stall).
 func (c *Controller) TargetDelay() time.Duration { return time.Duration(c.targetDelay) }

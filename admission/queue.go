@@ -319,18 +319,46 @@ func (c *Controller) demote(w *waiter, to criticality.Level) (_ *waiter, err err
 	return moved, nil, false
 }
 
+// leave takes w out of the queue, unless it was answered meanwhile: then
+// it returns the answer.
+func (c *Controller) leave(w *waiter) (err error, answered bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err, answered = received(w); !answered {
+		w.gone = true
+		c.queued.Add(-1)
+	}
+	return err, answered
+}
+
+// awaitReturn queues a stalled request coming back for a slot, ahead of
+// every rank of new requests and outside the queue's cap (the stalled
+// requests are bounded by WithMaxStalled), and waits for the slot or
+// ctx's end.
+func (c *Controller) awaitReturn(ctx context.Context) error {
+	w := &waiter{ch: make(chan error, 1), level: criticality.CriticalPlus}
+	c.mu.Lock()
+	c.queues[returning].push(w)
+	c.queued.Add(1)
+	c.dispatch()
+	c.mu.Unlock()
+	select {
+	case <-w.ch: // a slot: nobody displaces a returning request
+		return nil
+	case <-ctx.Done():
+	}
+	if _, answered := c.leave(w); answered {
+		return nil
+	}
+	return ctx.Err()
+}
+
 // giveUp takes w out of the queue when its wait ends (budget or context):
 // a slot given to it just now goes back, a displacement just now is its
 // answer, and otherwise the request is refused for its context, its
 // deadline, or the lack of a slot.
 func (c *Controller) giveUp(ctx context.Context, w *waiter, l criticality.Level, byDeadline bool) error {
-	c.mu.Lock()
-	err, answered := received(w)
-	if !answered {
-		w.gone = true
-		c.queued.Add(-1)
-	}
-	c.mu.Unlock()
+	err, answered := c.leave(w)
 	switch {
 	case answered && err == nil:
 		c.release() // we give up the slot we were just given

@@ -225,22 +225,8 @@ func TestClientWaitStallsOnlyWaitsPastTheTargetDelay(t *testing.T) {
 // on its client, its own among them, waits: a goroutine reading the
 // client while the handler's own works does not free the slot.
 func TestClientWaitStallsOnlyWhenEveryGoroutineWaits(t *testing.T) {
-	f := clock.NewFake(time.Unix(0, 0))
-	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithInterval(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(); err != nil {
-		t.Fatal(err)
-	}
+	in, ctl, f := admittedIntake(t, 1)
+	h := started(t, in, &intake.Request{Path: "/svc/M"})
 	const reader = 7 // another goroutine's id
 	d := ctl.TargetDelay()
 	h.ClientWait(reader) // the reader waits for the client's next message
@@ -275,25 +261,11 @@ func TestClientWaitStallsOnlyWhenEveryGoroutineWaits(t *testing.T) {
 // A connection's stalled requests are bounded (Request.ConnStalls): past
 // the bound, a request waiting on its client keeps its slot.
 func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {
-	f := clock.NewFake(time.Unix(0, 0))
-	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(4, 4, 4), admission.WithInterval(time.Hour))
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f))
-	if err != nil {
-		t.Fatal(err)
-	}
+	in, ctl, f := admittedIntake(t, 4)
 	conn := intake.NewConnStalls(2)
 	var hs []*intake.Handle
 	for range 3 {
-		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", ConnStalls: conn})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Start(); err != nil {
-			t.Fatal(err)
-		}
+		h := started(t, in, &intake.Request{Path: "/svc/M", ConnStalls: conn})
 		h.ClientWait(intake.Own)
 		hs = append(hs, h)
 	}
@@ -307,4 +279,33 @@ func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {
 	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 0 || conn.Stalled() != 0 {
 		t.Fatalf("after Finish: %+v, connection %d", s, conn.Stalled())
 	}
+}
+
+// admittedIntake returns an Intake with admission control at a limit of
+// limit on a fake clock.
+func admittedIntake(t *testing.T, limit int) (*intake.Intake, *admission.Controller, *clock.Fake) {
+	t.Helper()
+	f := clock.NewFake(time.Unix(0, 0))
+	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(limit, limit, limit), admission.WithInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in, ctl, f
+}
+
+// started accepts a request through in and starts it.
+func started(t *testing.T, in *intake.Intake, r *intake.Request) *intake.Handle {
+	t.Helper()
+	h, err := in.Accept(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return h
 }

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/triagehq/triage/admission"
-	"github.com/triagehq/triage/triagehttp"
 )
 
 // Issue 38: an error reading the body ahead is the handler's to answer,
@@ -24,14 +23,7 @@ import (
 // the limit reaches the handler as *http.MaxBytesError, which it answers
 // 413, rather than an empty 200 from a handler that never ran.
 func TestBodyReadAheadErrorsReachTheHandler(t *testing.T) {
-	ctl, err := admission.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw, _ := admittedMiddleware(t)
 	srv := httptest.NewServer(http.MaxBytesHandler(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, err := io.ReadAll(r.Body)
 		var tooLarge *http.MaxBytesError
@@ -63,14 +55,7 @@ func TestBodyReadAheadErrorsReachTheHandler(t *testing.T) {
 // timeout ends its own stream with 408, not the connection that other
 // callers (a load balancer's) share: the next stream on it is served.
 func TestSlowBodyOverHTTP2EndsOnlyItsStream(t *testing.T) {
-	ctl, err := admission.New(admission.WithMessageTimeout(100 * time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw, _ := admittedMiddleware(t, admission.WithMessageTimeout(100*time.Millisecond))
 	addr := serveH2C(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Write([]byte("ok"))

@@ -56,14 +56,7 @@ func (allWriter) Push(string, *http.PushOptions) error         { return nil }
 // through http.ResponseController returns the server's error, so an
 // event stream learns that its client left.
 func TestWriterKeepsTheServersInterfaces(t *testing.T) {
-	ctl, err := admission.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw, ctl := admittedMiddleware(t)
 	for _, tc := range []struct {
 		name                                  string
 		w                                     func(baseWriter) http.ResponseWriter
@@ -116,14 +109,7 @@ func TestWriterKeepsTheServersInterfaces(t *testing.T) {
 // writers' interfaces are kept (HTTP/1.1: Hijacker and ReaderFrom;
 // HTTP/2: Pusher), and a flush reaches the client.
 func TestWriterKeepsNetHTTPsInterfaces(t *testing.T) {
-	ctl, err := admission.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mw, _ := admittedMiddleware(t)
 	type shape struct{ flush, hijack, readFrom, push bool }
 	got := make(chan shape, 1)
 	addr := serveH2C(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -160,4 +146,19 @@ func TestWriterKeepsNetHTTPsInterfaces(t *testing.T) {
 			t.Errorf("%s: the handler's writer %+v, answer %q over HTTP/%d; want %+v", tc.name, s, b, resp.ProtoMajor, tc.want)
 		}
 	}
+}
+
+// admittedMiddleware returns the middleware under admission control with
+// a Controller made with opts.
+func admittedMiddleware(t *testing.T, opts ...admission.Option) (func(http.Handler) http.Handler, *admission.Controller) {
+	t.Helper()
+	ctl, err := admission.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw, ctl
 }

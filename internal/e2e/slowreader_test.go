@@ -11,6 +11,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
 	"sync/atomic"
@@ -297,23 +298,7 @@ func TestStalledStreamsComeBackWithinTheLimit(t *testing.T) {
 			}
 		}()
 	}
-	done := 0
-	waitFor(t, "every stream read to its end", func() bool {
-		for {
-			select {
-			case err := <-errs:
-				if err != nil {
-					t.Fatalf("a stream read after its stall: %v", err)
-				}
-				done++
-				continue
-			default:
-			}
-			break
-		}
-		r.f.Advance(r.ctl.TargetDelay())
-		return done == calls
-	})
+	r.collect(t, "a stream read after its stall", errs, calls)
 	close(stop)
 	if got := <-peak; got > limit {
 		t.Fatalf("%d stalled streams read at once: %d executing at the peak, want at most the limit %d", calls, got, limit)
@@ -382,13 +367,23 @@ func TestReaderGoroutineDoesNotFreeAWorkingSlot(t *testing.T) {
 			}
 		}()
 	}
+	r.collect(t, "a call", errs, calls)
+	if got := svc.peak.Load(); got > limit {
+		t.Fatalf("%d handlers worked at once with a limit of %d: their reader goroutines freed their slots", got, limit)
+	}
+}
+
+// collect waits for n results on errs, each nil, moving the fake clock on
+// by the target delay meanwhile, as time would pass for the stall timers.
+func (r *readerServer) collect(t *testing.T, what string, errs <-chan error, n int) {
+	t.Helper()
 	done := 0
-	waitFor(t, "every call answered", func() bool {
+	waitFor(t, fmt.Sprintf("%d results of %s", n, what), func() bool {
 		for {
 			select {
 			case err := <-errs:
 				if err != nil {
-					t.Fatalf("a call: %v", err)
+					t.Fatalf("%s: %v", what, err)
 				}
 				done++
 				continue
@@ -396,10 +391,7 @@ func TestReaderGoroutineDoesNotFreeAWorkingSlot(t *testing.T) {
 			}
 			break
 		}
-		r.f.Advance(r.ctl.TargetDelay()) // time passes for the stall timers
-		return done == calls
+		r.f.Advance(r.ctl.TargetDelay())
+		return done == n
 	})
-	if got := svc.peak.Load(); got > limit {
-		t.Fatalf("%d handlers worked at once with a limit of %d: their reader goroutines freed their slots", got, limit)
-	}
 }
