@@ -24,7 +24,7 @@ import (
 type decayRun struct {
 	name                       string
 	homeServed, homeLate       int // late: answered after the decay (past usefulness), as the client saw it
-	homeLateAtFront            int // answered OK by the frontend after the decay, from its receipt
+	homeLateAtFront            int // answered OK by the frontend after the decay (its deadline, when it cancels), from its receipt
 	homeShed, feedServed, feed int
 	homeSent                   int
 }
@@ -39,16 +39,32 @@ func (r decayRun) lateShare() float64 {
 // timedWriter records a handler's status and when it was written.
 type timedWriter struct {
 	http.ResponseWriter
-	start  time.Time
-	status int
-	after  time.Duration
+	start    time.Time
+	deadline time.Time // the request's own, inside the middleware (a decay to cancel sets it)
+	status   int
+	after    time.Duration
+	past     bool // answered after its deadline
 }
 
 func (w *timedWriter) WriteHeader(code int) {
 	if w.status == 0 {
 		w.status, w.after = code, time.Since(w.start)
+		w.past = !w.deadline.IsZero() && time.Now().After(w.deadline)
 	}
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// late says whether the frontend answered OK past usefulFor: past the
+// request's deadline where it has one (a decay to cancel sets it when
+// the middleware accepts the request), else usefulFor after receipt.
+func (w *timedWriter) late(usefulFor time.Duration) bool {
+	if w.status != http.StatusOK {
+		return false
+	}
+	if !w.deadline.IsZero() {
+		return w.past
+	}
+	return w.after > usefulFor
 }
 
 // runDecay runs one variant: decay is "" (none), "SHEDDABLE" or "cancel";
@@ -94,11 +110,16 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 	// the client, whose own queueing and the answer's way back under a
 	// loaded machine are not the frontend's doing.
 	timed := func(h http.Handler) http.Handler {
-		inner := mw(h)
+		inner := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if tw, ok := w.(*timedWriter); ok {
+				tw.deadline, _ = r.Context().Deadline()
+			}
+			h.ServeHTTP(w, r)
+		}))
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tw := &timedWriter{ResponseWriter: w, start: time.Now()}
 			inner.ServeHTTP(tw, r)
-			if r.URL.Path == "/home" && tw.status == http.StatusOK && tw.after > usefulFor {
+			if r.URL.Path == "/home" && tw.late(usefulFor) {
 				mu.Lock()
 				run.homeLateAtFront++
 				mu.Unlock()
