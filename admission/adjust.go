@@ -1,0 +1,85 @@
+package admission
+
+import (
+	"github.com/triagehq/triage/criticality"
+)
+
+// maybeAdjust revisits the execution limit and the pending cap once per
+// interval, on whichever request comes first.
+func (c *Controller) maybeAdjust(now int64) {
+	if now < c.nextAdjust.Load() || !c.adjust.TryLock() {
+		return
+	}
+	defer c.adjust.Unlock()
+	if now < c.nextAdjust.Load() {
+		return
+	}
+	intervals := max(1, (now-c.nextAdjust.Load())/c.interval+1) // since the last adjustment
+	c.nextAdjust.Store(now + c.interval)
+	if c.saturation != nil {
+		c.busy = c.saturation.Utilization()
+		c.saturated.Store(c.busy >= saturatedAt)
+	}
+	c.adjustPending()
+	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
+	waited := c.waited.Swap(false)
+	if n == 0 {
+		// No measured request finished: no evidence of the service time.
+		// The estimate halves with each such interval, so that a stale
+		// one (requests held across a pause of the process) cannot
+		// refuse every request for its deadline, and so measure nothing
+		// new, for good.
+		c.expectedSvc.Store(c.expectedSvc.Load() >> min(intervals, 62))
+		return
+	}
+	mean := sum / n
+	c.expectedSvc.Store(mean)
+	if n >= sampleAbove {
+		c.sampleMask.Store(sampleMaskHeavy)
+	} else {
+		c.sampleMask.Store(0)
+	}
+	limit := c.ls.limit
+	c.ls = c.limits.step(c.ls, mean, waited)
+	c.probeResume.Store(c.ls.resume)
+	c.probingNow.Store(c.ls.probing)
+	if next := c.ls.limit; next != limit {
+		c.limit.Store(next)
+		c.obs.LimitChanged(int(next))
+		if next > limit {
+			c.mu.Lock()
+			c.dispatch()
+			c.mu.Unlock()
+		}
+	}
+}
+
+// adjustPending revisits each criticality's usual occupancy and the
+// pending cap. c.adjust is held.
+func (c *Controller) adjustPending() {
+	for l := range c.lv {
+		c.lv[l].usual.Store(usualStep(c.lv[l].usual.Load(), c.levelOccupancy(criticality.Level(l))*1000))
+	}
+	hit := c.capHit.Swap(false)
+	delay, ok := c.queueDelay()
+	if !ok {
+		return
+	}
+	c.lastDelay.Store(delay)
+	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy))
+}
+
+// queueDelay is the interval's mean queueing delay, if it has a
+// measurement: the scheduler's, or its sampled requests' from Arrive to
+// Start.
+func (c *Controller) queueDelay() (int64, bool) {
+	if c.sched != nil {
+		d, n := c.sched.read()
+		return int64(d), n > 0
+	}
+	n, sum := c.delayCount.Swap(0), c.delaySum.Swap(0)
+	if n == 0 {
+		return 0, false
+	}
+	return sum / n, true
+}

@@ -1,0 +1,466 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/triagehq/triage/criticality"
+)
+
+// Ticket follows one request from Arrive to Done. Adapters keep it with
+// the request (the gRPC adapter in the request's context node) and pass a
+// pointer to Start and Done; the zero Ticket is not admitted.
+type Ticket struct {
+	arrive, started int64
+	epoch           int64 // of the prestart ring it was counted in
+	awayAt, awayFor int64 // sampled: the last Away, the time spent away before it
+	level           criticality.Level
+	state           uint8
+	sampled         bool // measured: delay before Start, service time
+}
+
+// Level returns the request's criticality.
+func (t *Ticket) Level() criticality.Level { return t.level }
+
+const (
+	ticketPending   uint8 = iota + 1 // arrived, Start not called
+	ticketScheduled                  // its goroutine ran (Scheduled), Start not called
+	ticketInside                     // in Start: waiting, or rejected there
+	ticketRunning                    // holds an execution slot
+	ticketAway                       // running, waiting on a downstream call without a slot
+	ticketStalled                    // running, waiting on its own client without a slot or room
+	ticketDone
+)
+
+// Arrive decides whether a request of level l, carrying attempt counter
+// attempt and the given deadline (zero: none), may enter the task. On
+// admission it fills t and returns nil; the caller must then call Start (or
+// Done, if the request ends before its handler runs) and Done. On rejection
+// it returns an *outcome.Error of kind TaskOverloaded or DontRetry whose
+// Reason is the Reason's name; the errors are shared and must not be
+// modified. Arrive does not allocate.
+func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
+	return c.arrive(t, l, attemptN, deadline, false)
+}
+
+// ArriveOverShare is Arrive for a request whose client already holds its
+// share of the requests admitted and not yet running (to the gRPC
+// adapter, ConnShare streams of its connection waiting for their
+// goroutines): it is admitted only into the first half of the task's
+// room, so that one client's burst, which fills the room until its
+// requests run, leaves the other half to the other clients. A client
+// alone still gets the whole task in time: its requests wait less, and
+// the pending cap grows.
+func (c *Controller) ArriveOverShare(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
+	return c.arrive(t, l, attemptN, deadline, true)
+}
+
+func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, overShare bool) error {
+	if !l.Valid() {
+		l = criticality.Default
+	}
+	// Under heavy traffic only sampled requests read the clock; the others
+	// take the time the last sampled one read, a few requests old. It
+	// serves the interval, the second of arrival and the deadline check,
+	// none of which needs better.
+	var draw uint32
+	if c.seeded {
+		draw = uint32(c.random() * (1 << 32))
+	} else {
+		draw = rand.Uint32()
+	}
+	sampled := draw&c.sampleMask.Load() == 0
+	var now int64
+	if sampled {
+		now = c.now()
+		c.recent.Store(now)
+	} else {
+		now = c.recent.Load()
+	}
+	c.maybeAdjust(now)
+	if sampled {
+		retry := uint32(0)
+		if attemptN > 0 {
+			retry = 1
+		}
+		c.attempts.Add(now, 1, retry)
+		c.attempted[l][min(max(attemptN, 0), AttemptBuckets-1)].Add(uint64(c.sampleMask.Load()) + 1)
+	}
+	if c.forcedAny.Load() && c.forcedOut(l, now) {
+		return c.reject(l, Forced, now)
+	}
+	for i := range c.gates {
+		g := &c.gates[i]
+		if p := g.th.rejectP(l, g.sig.Utilization()); p > 0 && (p >= 1 || c.random() < p) {
+			return c.reject(l, Utilization, now)
+		}
+	}
+	if !deadline.IsZero() {
+		left := int64(deadline.Sub(c.start)) - now
+		if left <= c.expectedWaitAndService() {
+			return c.reject(l, Deadline, now)
+		}
+	}
+	room := c.capFor(l)
+	if overShare {
+		room = (room + 1) / 2
+	}
+	if c.occupancy(now)+c.reserved(l)+1 > room && !c.evictBelow(l) {
+		c.capHit.Store(true)
+		return c.reject(l, Concurrency, now)
+	}
+	e, ok := c.prestart.add(now/c.prestartEpoch, l)
+	if !ok {
+		c.capHit.Store(true)
+		return c.reject(l, Concurrency, now)
+	}
+	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled}
+	return nil
+}
+
+func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + queueSlack }
+
+// headroom is how far past the pending cap each criticality may still be
+// admitted, in percent: when the task is full, SHEDDABLE is refused first,
+// then SHEDDABLE_PLUS, CRITICAL, CRITICAL_PLUS. The higher classes are
+// admitted beyond the cap rather than the lower ones held below it, so that
+// the task stays work-conserving: with only SHEDDABLE traffic, SHEDDABLE
+// uses all of it. The cap is small (about 5 ms of work when the task is full
+// of one class: the cap shrinks until the wait meets the target whatever
+// the headroom), so CRITICAL's 3x and CRITICAL_PLUS's 5x cost little
+// queueing; they are this large because critical requests arrive in bursts
+// that must not find the room taken (docs/rationale.md, "Headroom").
+var headroom = [criticality.NumLevels]int64{0, 25, 200, 400}
+
+type levelCounters struct {
+	owed, usual atomic.Int64
+}
+
+// levelOccupancy is the requests of level l admitted and not done.
+func (c *Controller) levelOccupancy(l criticality.Level) int64 {
+	return max(c.notStarted(l), 0) + int64(c.hot.started[l].Load())
+}
+
+// notStarted is the requests of level l between Arrive and Start.
+func (c *Controller) notStarted(l criticality.Level) int64 { return c.prestart.level(l) }
+
+// reserved is the room a request of level l must leave free for the more
+// critical ones: their usual occupancy, less what they occupy now. Lower
+// criticalities are thus admitted into what the higher ones do not use;
+// with no more critical traffic, nothing is reserved.
+func (c *Controller) reserved(l criticality.Level) int64 {
+	var r int64
+	for h := l + 1; h < criticality.NumLevels; h++ {
+		if u := (c.lv[h].usual.Load() + 999) / 1000; u > 0 {
+			r += max(u-c.levelOccupancy(h), 0)
+		}
+	}
+	return r
+}
+
+// capFor is the occupancy a request of level l may reach: the pending cap
+// plus the level's headroom, rounded up to whole requests, so that every
+// level may have at least one request in the task.
+func (c *Controller) capFor(l criticality.Level) int64 {
+	p := c.pendingCap.Load() * (100 + headroom[l])
+	return (p + 100*milli - 1) / (100 * milli)
+}
+
+// milli is the pending cap's unit: a thousandth of a request.
+const milli = 1000
+
+// minPendingCap is the pending cap's floor, in thousandths: a tenth of a
+// request, which still admits one request of every level.
+const minPendingCap = milli / 10
+
+// expectedWaitAndService is the time a request arriving now would take:
+// the recent wait before Start, the queue for slots divided among them,
+// and one service time.
+func (c *Controller) expectedWaitAndService() int64 {
+	svc := c.expectedSvc.Load()
+	limit := c.limit.Load()
+	return c.lastDelay.Load() + svc + c.queued.Load()*svc/limit
+}
+
+func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
+	if now-c.lastShed.Load() > c.interval/16 {
+		c.lastShed.Store(now)
+	}
+	dr := 0
+	if c.retriesHigh(now) {
+		dr = 1
+	}
+	c.obs.Rejected(l, r, dr == 1)
+	return c.errs[r][dr][c.retrySlot(l, now)]
+}
+
+// retriesHigh reports whether the share of retries among recent requests
+// is at least the don't-retry ratio: rejections then say "overloaded;
+// don't retry".
+func (c *Controller) retriesHigh(now int64) bool {
+	w, _ := c.attempts.Sums(now)
+	return w.A >= dontRetryMinRequests/float64(c.sampleMask.Load()+1) && w.B >= c.dontRetryRatio*w.A
+}
+
+// Start gives the request an execution slot, waiting for one if needed (at
+// most MaxWait, never past ctx's deadline, highest criticality first). It
+// returns nil when the handler may run, or a rejection error (Concurrency,
+// or Deadline when the deadline would pass while waiting) or ctx's error.
+// Either way the caller calls Done afterwards.
+func (c *Controller) Start(ctx context.Context, t *Ticket) error {
+	scheduled := t.state == ticketScheduled
+	switch t.state {
+	case ticketPending:
+		c.prestart.remove(t.epoch, t.level)
+		c.hot.started[t.level].Add(1)
+	case ticketScheduled:
+		c.hot.started[t.level].Add(1)
+	default:
+		return errors.New("admission: Start without Arrive")
+	}
+	t.state = ticketInside
+	if c.displaced(t.level) {
+		return c.reject(t.level, Concurrency, c.now())
+	}
+	late := false
+	if t.sampled {
+		t.started = c.now()
+		if !scheduled {
+			c.addDelay(t.started - t.arrive)
+		}
+	}
+	if c.lateAfter > 0 {
+		now := t.started
+		if !t.sampled {
+			now = c.recent.Load()
+		}
+		if now-t.arrive > c.messageTimeout {
+			return c.reject(t.level, Late, now)
+		}
+		late = now-t.arrive > c.lateAfter
+	}
+	if c.queued.Load() == 0 && c.tryAcquire() {
+		return c.started(t, false)
+	}
+	return c.wait(ctx, t, late)
+}
+
+func (c *Controller) started(t *Ticket, waited bool) error {
+	t.state = ticketRunning
+	if t.sampled && waited {
+		t.started = c.now() // service starts when the slot is given
+	}
+	c.obs.Admitted(t.level)
+	return nil
+}
+
+func (c *Controller) tryAcquire() bool {
+	for {
+		e, l := c.hot.executing.Load(), c.limit.Load()
+		if e >= l {
+			return false
+		}
+		if c.hot.executing.CompareAndSwap(e, e+1) {
+			return true
+		}
+	}
+}
+
+// Done ends the request: it gives back its execution slot, if it had one,
+// and its place among the pending requests. Done on a Ticket that is not
+// admitted, or a second time, does nothing.
+func (c *Controller) Done(t *Ticket) {
+	switch t.state {
+	case ticketRunning:
+		if t.sampled {
+			c.addService(t, c.now())
+		}
+		c.release()
+		c.hot.started[t.level].Add(-1)
+	case ticketAway:
+		if t.sampled {
+			now := c.now()
+			t.awayFor += now - t.awayAt
+			c.addService(t, now)
+		}
+		c.away.Add(-1)
+		c.hot.started[t.level].Add(-1)
+	case ticketStalled:
+		if t.sampled {
+			now := c.now()
+			t.awayFor += now - t.awayAt
+			c.addService(t, now)
+		}
+		c.stalled.Add(-1)
+	case ticketInside:
+		c.hot.started[t.level].Add(-1)
+	case ticketPending:
+		c.prestart.remove(t.epoch, t.level)
+	case ticketScheduled:
+	default:
+		return
+	}
+	t.state = ticketDone
+}
+
+// addService counts a sampled request's service time: from Start to now,
+// less its time away.
+func (c *Controller) addService(t *Ticket, now int64) {
+	c.svcSum.Add(max(now-t.started-t.awayFor, 1))
+	c.svcCount.Add(1)
+}
+
+// Away tells the Controller that a running request now waits on a call
+// to another service: it gives its execution slot to the next waiter
+// until Back, and the wait does not count in its service time, so that a
+// task whose handlers wait on slow downstreams neither runs out of slots
+// nor shrinks its limit for it (the downstream sheds its own load). The
+// request still counts among those the task holds (the pending cap and
+// its criticality's occupancy). triage's client adapters call it, through
+// the request's context, around every outgoing call (intake.Handle).
+//
+// Away and Back alternate, on one goroutine at a time, between Start and
+// Done; Away does nothing unless the request holds a slot, Back unless
+// it is away. Back takes a slot back at once, even past the limit: the
+// request was admitted and has work to finish.
+func (c *Controller) Away(t *Ticket) {
+	if t.state != ticketRunning {
+		return
+	}
+	t.state = ticketAway
+	if t.sampled {
+		t.awayAt = c.now()
+	}
+	c.away.Add(1)
+	c.release()
+}
+
+// Back ends a wait begun with Away.
+func (c *Controller) Back(t *Ticket) {
+	if t.state != ticketAway {
+		return
+	}
+	t.state = ticketRunning
+	if t.sampled {
+		t.awayFor += c.now() - t.awayAt
+	}
+	c.hot.executing.Add(1)
+	c.away.Add(-1)
+}
+
+// Stall tells the Controller that a running request now waits on its
+// own client: a response it sends blocks because the client does not
+// read it, or it waits for the client's next message. Until Unstall the
+// request gives its execution slot to the next waiter and, unlike Away,
+// takes no room either (the pending cap and its criticality's
+// occupancy): a client that stops reading holds its own stream, not the
+// task. The wait does not count in its service time. Adapters call it,
+// through intake.Handle, once the request has waited on its client for
+// the target delay (WithTargetDelay). It reports whether the request is
+// stalled: at most WithMaxStalled requests are at once, and one past that
+// keeps its slot.
+//
+// Stall and Unstall alternate, on one goroutine at a time, with Away and
+// Back between Start and Done; Stall does nothing unless the request
+// holds a slot, Unstall unless it is stalled.
+func (c *Controller) Stall(t *Ticket) bool {
+	if t.state != ticketRunning {
+		return false
+	}
+	for {
+		n := c.stalled.Load()
+		if n >= c.maxStalled {
+			return false
+		}
+		if c.stalled.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	t.state = ticketStalled
+	if t.sampled {
+		t.awayAt = c.now()
+	}
+	c.hot.started[t.level].Add(-1)
+	c.release()
+	return true
+}
+
+// Unstall ends a wait begun with Stall: the request takes its room back
+// and waits for an execution slot, never past the limit, ahead of every
+// request that has not started (a stalled request was admitted and has
+// work to finish), until it gets one or ctx ends. It returns nil with a
+// slot, or ctx's error; then the request stays stalled, holding no slot,
+// until Done (its handler is about to end) or a later Unstall.
+func (c *Controller) Unstall(ctx context.Context, t *Ticket) error {
+	if t.state != ticketStalled {
+		return nil
+	}
+	if c.queued.Load() > 0 || !c.tryAcquire() {
+		if err := c.awaitReturn(ctx); err != nil {
+			return err
+		}
+	}
+	t.state = ticketRunning
+	if t.sampled {
+		t.awayFor += c.now() - t.awayAt
+	}
+	c.hot.started[t.level].Add(1)
+	c.stalled.Add(-1)
+	return nil
+}
+
+// TargetDelay is the mean wait before Start the Controller aims at
+// (WithTargetDelay); a send blocked this long is stalled (Stall).
+func (c *Controller) TargetDelay() time.Duration { return time.Duration(c.targetDelay) }
+
+// MessageTimeout is how long after its headers a request's message may
+// come (WithMessageTimeout): Start refuses a later one (Late), and
+// adapters that read the message themselves stop waiting for it then.
+func (c *Controller) MessageTimeout() time.Duration { return time.Duration(c.messageTimeout) }
+
+// Scheduled tells the Controller that an admitted request's own goroutine
+// has begun to run, before Start: it no longer waits for the CPU. From
+// then until Start it counts neither towards the pending cap nor among
+// its level's requests not started, so that a request whose message has
+// not arrived waits on its client, not in the task: it is bounded by the
+// message timeout (WithMessageTimeout), its deadline and the transport's
+// limits, and takes no room from the requests that can run. A request
+// that is never started needs no Done once Scheduled.
+//
+// Calling it is optional (without it, a request counts until Start, or
+// until it has been pending four target delays); adapters call it first
+// thing on the request's goroutine where that goroutine is not the one
+// that called Arrive (the gRPC adapter: in its stats handler's TagRPC).
+// It does nothing unless t is admitted and not yet started.
+func (c *Controller) Scheduled(t *Ticket) {
+	if t.state != ticketPending {
+		return
+	}
+	c.prestart.remove(t.epoch, t.level)
+	t.state = ticketScheduled
+	if t.sampled {
+		c.addDelay(c.now() - t.arrive)
+	}
+}
+
+// addDelay counts a sampled request's delay before its goroutine ran
+// (Scheduled) or, without Scheduled, before Start, under ArrivalDelay.
+func (c *Controller) addDelay(d int64) {
+	if c.sched == nil {
+		c.delaySum.Add(max(d, 0))
+		c.delayCount.Add(1)
+	}
+}
+
+// release gives back an execution slot and hands free slots to waiters.
+func (c *Controller) release() {
+	c.hot.executing.Add(-1)
+	if c.queued.Load() > 0 {
+		c.mu.Lock()
+		c.dispatch()
+		c.mu.Unlock()
+	}
+}
