@@ -166,37 +166,19 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 1
 	}
 	var extraMetrics []prometheus.Collector
-	grantLogDone := make(chan struct{})
 	if *grantLog != "" {
-		f, err := grantlog.OpenFile(*grantLog, *grantLogMax, *grantLogBackups)
-		if err != nil {
-			fmt.Fprintf(stderr, "triage quota-server: -grant-log: %v\n", err)
-			return 1
-		}
-		defer f.Close()
 		name := *advertise
 		if name == "" {
 			name = *listen
 		}
-		gl := grantlog.NewWriter(f, name, time.Now, func(err error) {
-			fmt.Fprintf(stderr, "triage quota-server: -grant-log: writing %s: %v (counted in triage_quota_grant_log_errors_total)\n", *grantLog, err)
-		})
-		glCtx, stopLog := context.WithCancel(ctx)
-		go func() { defer close(grantLogDone); gl.Run(glCtx) }()
-		defer func() { stopLog(); <-grantLogDone }() // before f.Close: the queue is written out
-		svcOpts = append(svcOpts, quotaservice.WithGrantLog(gl.Lease))
-		stat := func(i int) func() float64 {
-			return func() float64 {
-				w, d, e := gl.Stats()
-				return float64([3]uint64{w, d, e}[i])
-			}
+		gl, stop, err := startGrantLog(ctx, *grantLog, *grantLogMax, *grantLogBackups, name, stderr)
+		if err != nil {
+			fmt.Fprintf(stderr, "triage quota-server: -grant-log: %v\n", err)
+			return 1
 		}
-		extraMetrics = append(extraMetrics,
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_records_total", Help: "Grants written to the grant log."}, stat(0)),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_dropped_total", Help: "Leases not logged: the grant log's queue was full."}, stat(1)),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_errors_total", Help: "Grants lost to write errors of the grant log (a full disk)."}, stat(2)))
-	} else {
-		close(grantLogDone)
+		defer stop()
+		svcOpts = append(svcOpts, quotaservice.WithGrantLog(gl.Lease))
+		extraMetrics = grantLogMetrics(gl)
 	}
 	newAlloc := func(p *quota.Policy, extra ...quota.AllocatorOption) (*quota.Allocator, error) {
 		return quota.NewAllocator(p, append(extra, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode))...)
@@ -326,6 +308,38 @@ func beyondLoopback(addr string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err != nil || !ip.IsLoopback()
+}
+
+// startGrantLog opens the grant log at path for the replica named name
+// and writes it until stop, which writes out what is queued and closes
+// the file. Write errors go to stderr.
+func startGrantLog(ctx context.Context, path string, maxBytes int64, backups int, name string, stderr io.Writer) (gl *grantlog.Writer, stop func(), err error) {
+	f, err := grantlog.OpenFile(path, maxBytes, backups)
+	if err != nil {
+		return nil, nil, err
+	}
+	gl = grantlog.NewWriter(f, name, time.Now, func(err error) {
+		fmt.Fprintf(stderr, "triage quota-server: -grant-log: writing %s: %v (counted in triage_quota_grant_log_errors_total)\n", path, err)
+	})
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); gl.Run(ctx) }()
+	return gl, func() { cancel(); <-done; f.Close() }, nil
+}
+
+// grantLogMetrics exports gl's counts.
+func grantLogMetrics(gl *grantlog.Writer) []prometheus.Collector {
+	stat := func(i int) func() float64 {
+		return func() float64 {
+			w, d, e := gl.Stats()
+			return float64([3]uint64{w, d, e}[i])
+		}
+	}
+	return []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_records_total", Help: "Grants written to the grant log."}, stat(0)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_dropped_total", Help: "Leases not logged: the grant log's queue was full."}, stat(1)),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "triage_quota_grant_log_errors_total", Help: "Grants lost to write errors of the grant log (a full disk)."}, stat(2)),
+	}
 }
 
 // flagSet reports whether name was given on the command line.

@@ -183,6 +183,30 @@ func TestQuotaServerReplicas(t *testing.T) {
 	if len(recs) != 3 || recs[0].Task != "task-0" || recs[0].Customer != "ads" || recs[0].Replica != leader || recs[0].Lease != 4*time.Second {
 		t.Errorf("grant log: %+v; want three grants of ads to task-0 from %s", recs, leader)
 	}
+	// Its counts are metrics: three records written among the replicas,
+	// none dropped or lost.
+	written := 0
+	for i, r := range rs {
+		m := scrape(r.metrics)
+		for _, series := range []string{"triage_quota_grant_log_dropped_total 0\n", "triage_quota_grant_log_errors_total 0\n"} {
+			if !strings.Contains(m, series) {
+				t.Errorf("replica %d's metrics lack %q", i, strings.TrimSpace(series))
+			}
+		}
+		var n int
+		at := strings.Index(m, "\ntriage_quota_grant_log_records_total ")
+		if at < 0 {
+			t.Errorf("replica %d's metrics lack triage_quota_grant_log_records_total", i)
+			continue
+		}
+		if _, err := fmt.Sscanf(m[at+1:], "triage_quota_grant_log_records_total %d", &n); err != nil {
+			t.Errorf("replica %d: triage_quota_grant_log_records_total: %v", i, err)
+		}
+		written += n
+	}
+	if written != len(recs) {
+		t.Errorf("triage_quota_grant_log_records_total sums to %d over the replicas, the logs hold %d", written, len(recs))
+	}
 }
 
 // triage quota-server -etcd over TLS: against an etcd that requires
