@@ -1,6 +1,7 @@
 package clock_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,3 +131,30 @@ type nowOnly struct{}
 
 func (nowOnly) Now() time.Time                     { return time.Unix(0, 0) }
 func (nowOnly) NewTimer(time.Duration) clock.Timer { return nil }
+
+// A timer set to a later time never runs another timer's func on the
+// goroutine that sets it, as time.AfterFunc never does: code may Reset a
+// timer under a lock that the funcs take. Here A and C are due at once;
+// while Advance runs A's func, the test goroutine resets B to an hour
+// later; C must wait for Advance, not run inside Reset.
+func TestFakeResetRunsNoOtherTimersFunc(t *testing.T) {
+	f := clock.NewFake(epoch)
+	inA, releaseA := make(chan struct{}), make(chan struct{})
+	var ranC atomic.Bool
+	clock.AfterFunc(f, 10*time.Millisecond, func() { close(inA); <-releaseA })
+	clock.AfterFunc(f, 10*time.Millisecond, func() { ranC.Store(true) })
+	b := f.NewTimer(time.Hour)
+	done := make(chan struct{})
+	go func() { f.Advance(10 * time.Millisecond); close(done) }()
+	<-inA
+	b.Reset(time.Hour)
+	clock.AfterFunc(f, time.Hour, func() {})
+	if ranC.Load() {
+		t.Fatal("Reset or AfterFunc ran a timer due at the same time on the caller's goroutine")
+	}
+	close(releaseA)
+	<-done
+	if !ranC.Load() {
+		t.Fatal("Advance did not run the second timer due")
+	}
+}

@@ -7,7 +7,11 @@ import (
 )
 
 // Fake is a Clock that moves only when told to, for tests and the simulator.
-// Timers fire, in order of their deadlines, while Advance or Set passes them.
+// Timers fire, in order of their deadlines, while Advance or Set passes
+// them, on the goroutine that calls it. A timer made or reset with d <= 0
+// fires at once, with the other timers due, on the goroutine that made
+// or reset it; one made or reset for later never fires another timer on
+// that goroutine, so code may set a timer under a lock its func takes.
 //
 // The zero value is not usable; call NewFake. A Fake is safe for concurrent
 // use. It holds one entry per pending timer and nothing else; stopped and
@@ -69,7 +73,9 @@ func (f *Fake) start(t *fakeTimer, d time.Duration) Timer {
 	t.when = f.now.Add(d)
 	f.schedule(t)
 	f.mu.Unlock()
-	f.fireDue()
+	if d <= 0 {
+		f.fireDue()
+	}
 	return t
 }
 
@@ -174,6 +180,8 @@ func (t *fakeTimer) Reset(d time.Duration) bool {
 	t.when = t.f.now.Add(d)
 	t.f.schedule(t)
 	t.f.mu.Unlock()
-	t.f.fireDue()
+	if d <= 0 {
+		t.f.fireDue()
+	}
 	return was
 }
