@@ -20,6 +20,7 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
@@ -34,7 +35,7 @@ import (
 // metadata, invoking a no-op invoker. /retry is a retry attempt (two
 // headers), /first a first attempt (criticality only).
 func BenchmarkEncode(b *testing.B) {
-	icpt := triagegrpc.NewClient(triagegrpc.WithoutPolicy()).UnaryInterceptor()
+	icpt := loopback.Client(b, egress.WithoutPolicy(), egress.WithInternal("*")).UnaryInterceptor()
 	var got metadata.MD
 	noop := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
 		got, _ = metadata.FromOutgoingContext(ctx)
@@ -111,7 +112,7 @@ func BenchmarkUnaryLoopback(b *testing.B) {
 					b.Fatal(err)
 				}
 				sopts = srv.ServerOptions()
-				dopts = append(dopts, triagegrpc.NewClient().DialOptions()...)
+				dopts = append(dopts, loopback.Client(b).DialOptions()...)
 			}
 			s := grpc.NewServer(sopts...)
 			relay.Register(s, &relay.Tier{Name: "B"})
@@ -143,7 +144,7 @@ func BenchmarkUnaryLoopback(b *testing.B) {
 // BenchmarkClientChainOverhead measures what the whole client side (header
 // source, interceptor, throttle, retry policy, budget) adds to a unary call
 // over loopback. The same bare server answers two connections, one bare and
-// one with triagegrpc.NewClient().DialOptions(); each iteration makes one
+// one with a Client's DialOptions(); each iteration makes one
 // call on each, alternating, so drift and noise hit both alike. Reported:
 // bare-ns/call, triage-ns/call and overhead-% (triage/bare - 1).
 func BenchmarkClientChainOverhead(b *testing.B) {
@@ -162,7 +163,7 @@ func BenchmarkClientChainOverhead(b *testing.B) {
 		}
 		return cc
 	}
-	bare, tri := dial(), dial(triagegrpc.NewClient().DialOptions()...)
+	bare, tri := dial(), dial(loopback.Client(b).DialOptions()...)
 	defer bare.Close()
 	defer tri.Close()
 	ctx := criticality.NewContext(context.Background(), criticality.SheddablePlus)

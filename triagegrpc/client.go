@@ -2,7 +2,9 @@ package triagegrpc
 
 import (
 	"context"
-	"sync"
+	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -10,88 +12,57 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/triagehq/triage/attempt"
-	"github.com/triagehq/triage/clock"
-	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/isolate"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/outcome"
-	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/wire"
 )
 
-// Client holds the client side of the adapter: propagation of criticality
-// and the attempt counter, and the client-side defences of package retry
-// (adaptive throttling, up to three attempts, the per-client retry budget,
-// backoff, "overloaded; don't retry" upward).
+// Client is the gRPC binding of an egress.Caller: it writes each call's
+// keys (egress.Call.Keys) into its metadata, runs unary calls under the
+// Caller's policy and streams as single attempts, and decodes overload
+// outcomes into *RemoteError. What a call carries, to which hosts, and
+// under which policy is the Caller's (package egress), the same for every
+// transport; the host of a call is its connection's dial target's
+// (grpc.ClientConn.Target: "dns:///api.svc:443" is "api.svc", a unix
+// socket has none).
 //
-// The throttle and the budget keep statistics of one backend service, so
-// use one Client per backend service (per target you dial), shared by all
-// connections to it. A Client is safe for concurrent use; its memory is
-// fixed: a table of the 16 possible header sets (4 criticalities x 4
-// attempt values), built once, and the Policy's windows.
+// Use one Client per backend service, as one Caller. A Client is safe for
+// concurrent use; its memory is fixed: a table of the 16 possible header
+// sets (4 criticalities x 4 attempt values), built once.
 //
-// Headers: every call carries triage-criticality; triage-attempt is sent
-// only on retries (a missing counter means 0), which keeps first attempts
-// one header lighter.
+// Headers: every call to an internal host carries triage-criticality;
+// triage-attempt only on retries (a missing counter means 0).
 //
 // # Retries and grpc-go's own retry policy
 //
 // Only one layer may retry a call. DialOptions installs the Client's
-// interceptors with grpc.WithDisableRetry, so a retryPolicy in the service
-// config is ignored on that connection and the Client's Policy alone retries
-// (use retry.WithRetryable to retry other errors, such as a failed
-// connection). The standalone UnaryInterceptor cannot turn grpc-go's retries
-// off; for a method whose service config has a retryPolicy it sends each
-// call once through the throttle and leaves retrying to grpc-go. Streams are
-// throttled and counted but never retried by triage: a stream's messages
-// cannot be replayed.
+// interceptors with grpc.WithDisableRetry when the Caller has a policy, so
+// a retryPolicy in the service config is ignored on that connection and
+// the Caller's policy alone retries (use retry.WithRetryable to retry
+// other errors, such as a failed connection). The standalone
+// UnaryInterceptor cannot turn grpc-go's retries off; for a method whose
+// service config has a retryPolicy it sends each call once through the
+// throttle and leaves retrying to grpc-go. Streams are throttled and
+// counted but never retried by triage: a stream's messages cannot be
+// replayed.
 type Client struct {
+	eg      *egress.Caller
 	headers *headerTable
-	policy  *retry.Policy
 	idle    time.Duration
-	clock   clock.Clock
-	iso     *isolate.Table
-	sacPol  *retry.Policy // for client types routed to the sacrificial backends
-	// gens holds, per client type, a context cancelled when the type's
-	// route changes: calls in flight of that type are cancelled with it.
-	gens   atomic.Pointer[map[string]routeGen]
-	gensMu sync.Mutex // held to replace gens
-}
-
-type routeGen struct {
-	route  isolate.Route
-	ctx    context.Context
-	cancel context.CancelFunc
 }
 
 // ClientOption configures a Client.
 type ClientOption interface{ applyClient(*clientConfig) }
 
 type clientConfig struct {
-	policy   *retry.Policy
-	noPolicy bool
-	idle     time.Duration
-	clock    clock.Clock
-	iso      *isolate.Table
-	sacPol   *retry.Policy
+	idle time.Duration
 }
 
 type clientOptionFunc func(*clientConfig)
 
 func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
-
-// WithPolicy sets the retry and throttling policy. Default: retry.New()
-// with the book's defaults (K = 2 over two minutes, 3 attempts, 10% budget).
-func WithPolicy(p *retry.Policy) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.policy, c.noPolicy = p, p == nil })
-}
-
-// WithoutPolicy makes the Client propagate criticality and decode outcomes
-// only: no throttling, no retries.
-func WithoutPolicy() ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.policy, c.noPolicy = nil, true })
-}
 
 // DefaultIdleTimeout is how long a connection set up with a Client's
 // DialOptions may carry no call before it goes idle: its connections are
@@ -109,126 +80,24 @@ func WithIdleTimeout(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.idle = max(d, 0) })
 }
 
-// WithClientClock sets the clock that reads the time left before a
-// request's criticality decays (criticality.WithDecay): each call carries
-// the current criticality and, while the decay is ahead, its time left in
-// triage-criticality-decay. Default clock.Real().
-func WithClientClock(clk clock.Clock) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.clock = clk })
-}
-
-// WithClientIsolation gives the calls of client types that t routes to the
-// sacrificial backends (lb.WithIsolation) a policy of
-// their own, sacrificial (nil: retry.New() with the book's defaults):
-// adaptive throttling estimates how much the backends it sends to accept,
-// and the sacrificial backends, which may be overloaded, must not throttle
-// the other client types' calls to the rest, nor spend their retry
-// budget. Without a Policy (WithoutPolicy) it changes nothing. The Client
-// subscribes to t for the life of the process (isolate.Table.Subscribe):
-// make one per backend service, as usual, not one per call.
-func WithClientIsolation(t *isolate.Table, sacrificial *retry.Policy) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.iso, c.sacPol = t, sacrificial })
-}
-
-// NewClient returns a Client.
-func NewClient(opts ...ClientOption) *Client {
+// NewClient returns the Client of caller, or an error for a nil caller or
+// option.
+func NewClient(caller *egress.Caller, opts ...ClientOption) (*Client, error) {
+	if caller == nil {
+		return nil, errors.New("triagegrpc: NewClient: nil egress.Caller")
+	}
 	cfg := clientConfig{idle: DefaultIdleTimeout}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("triagegrpc: NewClient: option %d is nil", i)
+		}
 		o.applyClient(&cfg)
 	}
-	if cfg.policy == nil && !cfg.noPolicy {
-		p, err := retry.New()
-		if err != nil {
-			panic("triagegrpc: default retry policy: " + err.Error()) // the defaults are valid
-		}
-		cfg.policy = p
-	}
-	c := &Client{headers: newHeaderTable(), policy: cfg.policy, idle: cfg.idle, clock: clock.OrReal(cfg.clock)}
-	if cfg.iso != nil && cfg.policy != nil {
-		c.iso, c.sacPol = cfg.iso, cfg.sacPol
-		if c.sacPol == nil {
-			p, err := retry.New()
-			if err != nil {
-				panic("triagegrpc: default retry policy: " + err.Error()) // the defaults are valid
-			}
-			c.sacPol = p
-		}
-		c.gens.Store(&map[string]routeGen{})
-		c.iso.Subscribe(c.routesChanged) // for the life of the process: a Client is long-lived
-	}
-	return c
+	return &Client{eg: caller, headers: newHeaderTable(), idle: cfg.idle}, nil
 }
 
-// Policy returns the Client's policy, nil without one.
-func (c *Client) Policy() *retry.Policy { return c.policy }
-
-// routesChanged cancels the calls in flight of every client type whose
-// route changed: a client type moved to the sacrificial backends (or
-// black-holed) leaves the shared ones at once, with the requests it has
-// queued there.
-func (c *Client) routesChanged() {
-	c.gensMu.Lock()
-	defer c.gensMu.Unlock()
-	old := *c.gens.Load()
-	next := make(map[string]routeGen, len(old))
-	for ct, g := range old {
-		if c.iso.RouteOf(ct) != g.route {
-			g.cancel()
-			continue
-		}
-		next[ct] = g
-	}
-	c.gens.Store(&next)
-}
-
-// isolated returns ctx cancelled when the route of its client type
-// changes, and a func to call when the call ends. A call without a client
-// type is left alone.
-func (c *Client) isolated(ctx context.Context) (context.Context, func()) {
-	ct := isolate.ClientOf(ctx)
-	if c.iso == nil || ct == "" {
-		return ctx, func() {}
-	}
-	g, ok := (*c.gens.Load())[ct]
-	if !ok {
-		g = c.newGen(ct)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(g.ctx, cancel)
-	return ctx, func() { stop(); cancel() }
-}
-
-// newGen adds ct's generation (bounded by isolate.MaxClients: a client
-// type the table does not name gets none).
-func (c *Client) newGen(ct string) routeGen {
-	c.gensMu.Lock()
-	defer c.gensMu.Unlock()
-	cur := *c.gens.Load()
-	if g, ok := cur[ct]; ok {
-		return g
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	g := routeGen{route: c.iso.RouteOf(ct), ctx: ctx, cancel: cancel}
-	if len(cur) >= isolate.MaxClients {
-		return g
-	}
-	next := make(map[string]routeGen, len(cur)+1)
-	for k, v := range cur {
-		next[k] = v
-	}
-	next[ct] = g
-	c.gens.Store(&next)
-	return g
-}
-
-// policyFor returns the policy of ctx's call: the sacrificial route's for
-// a client type routed there (WithClientIsolation), else the Client's.
-func (c *Client) policyFor(ctx context.Context) *retry.Policy {
-	if c.iso != nil && c.iso.RouteOf(isolate.ClientOf(ctx)) == isolate.Sacrificial {
-		return c.sacPol
-	}
-	return c.policy
-}
+// Caller returns the Client's egress.Caller.
+func (c *Client) Caller() *egress.Caller { return c.eg }
 
 // DialOptions returns the grpc.DialOptions that install the client side on a
 // connection; pass them to grpc.NewClient. With a Policy it includes
@@ -239,7 +108,7 @@ func (c *Client) DialOptions() []grpc.DialOption {
 		grpc.WithChainStreamInterceptor(c.stream(false)),
 		grpc.WithIdleTimeout(c.idle),
 	}
-	if c.policy != nil {
+	if c.eg.Policy() != nil {
 		opts = append(opts, grpc.WithDisableRetry())
 	}
 	return opts
@@ -262,44 +131,56 @@ func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.str
 
 func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		ctx = dropForwarded(ctx, opts)
-		t := cost.TrackerFrom(ctx) // the handler's request, if any, waits meanwhile
-		t.Wait()
-		defer t.Resume()
-		if c.policy == nil {
-			return fromWire(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
-		}
-		call := func(ctx context.Context) error {
-			return fromWire(invoker(c.outgoing(ctx), method, req, reply, cc, opts...))
-		}
-		ctx, end := c.isolated(ctx)
-		defer end()
-		p := c.policyFor(ctx)
-		if standalone && cc != nil && cc.GetMethodConfig(method).RetryPolicy != nil {
-			return toWire(p.DoOnce(ctx, call)) // grpc-go retries this method
-		}
-		return toWire(p.Do(ctx, call))
+		call := c.eg.Begin(dropForwarded(ctx, opts), targetHost(cc))
+		defer call.End()
+		// grpc-go retries a method whose service config has a retryPolicy
+		// when the standalone interceptor is used.
+		once := standalone && cc != nil && cc.GetMethodConfig(method).RetryPolicy != nil
+		return toWire(call.Do(once, func(ctx context.Context) error {
+			return fromWire(invoker(c.outgoing(ctx, &call), method, req, reply, cc, opts...))
+		}))
 	}
 }
 
-func (c *Client) stream(standalone bool) grpc.StreamClientInterceptor {
+func (c *Client) stream(bool) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		ctx = dropForwarded(ctx, opts)
-		var single retry.Single
-		if c.policy != nil {
-			var err error
-			if single, err = c.policyFor(ctx).Start(ctx); err != nil {
-				return nil, toWire(err)
-			}
+		call := c.eg.Begin(dropForwarded(ctx, opts), targetHost(cc))
+		single, err := call.Start()
+		if err != nil {
+			call.End()
+			return nil, toWire(err)
 		}
-		cs, err := streamer(c.outgoing(ctx), desc, cc, method, opts...)
+		cs, err := streamer(c.outgoing(call.Context(), &call), desc, cc, method, opts...)
 		if err != nil {
 			err = fromWire(err)
 			single.Finish(err)
+			call.End()
 			return nil, err
 		}
-		return &clientStream{ClientStream: cs, single: single}, nil
+		return &clientStream{ClientStream: cs, single: single, call: call}, nil
 	}
+}
+
+// targetHost returns the host of cc's dial target: "dns:///api.svc:443"
+// and "api.svc:443" give "api.svc:443" (egress ignores the port); a
+// target without a host (a unix socket) gives "".
+func targetHost(cc *grpc.ClientConn) string {
+	if cc == nil {
+		return ""
+	}
+	t := cc.Target()
+	scheme, rest, ok := strings.Cut(t, "://")
+	if !ok {
+		if scheme, rest, ok = strings.Cut(t, ":"); ok && (scheme == "unix" || scheme == "unix-abstract") {
+			return ""
+		}
+		return t
+	}
+	if scheme == "unix" || scheme == "unix-abstract" {
+		return ""
+	}
+	_, endpoint, _ := strings.Cut(rest, "/") // after the authority, if any
+	return endpoint
 }
 
 // clientStream decodes outcomes and reports the stream's first answer (its
@@ -307,13 +188,18 @@ func (c *Client) stream(standalone bool) grpc.StreamClientInterceptor {
 type clientStream struct {
 	grpc.ClientStream
 	single   retry.Single
+	call     egress.Call
 	answered atomic.Bool
+	ended    atomic.Bool
 }
 
 func (s *clientStream) RecvMsg(m any) error {
 	err := fromWire(s.ClientStream.RecvMsg(m))
 	if !s.answered.Swap(true) {
 		s.single.Finish(err)
+	}
+	if err != nil && !s.ended.Swap(true) {
+		s.call.End() // the stream is over: its isolation ends with it
 	}
 	return err
 }
@@ -380,24 +266,20 @@ func newHeaderTable() *headerTable {
 	return &t
 }
 
-// outgoing adds the triage headers of ctx (criticality.Of,
-// attempt.Outgoing, and quota.CustomerOf when there is one) to its
-// outgoing metadata. ctx must have been through dropForwarded.
-func (c *Client) outgoing(ctx context.Context) context.Context {
-	level := criticality.Of(ctx)
-	decay := ""
-	if dc, ok := criticality.DecayOf(ctx); ok {
-		now := c.clock.Now()
-		if level, _ = criticality.Current(ctx, now); level > dc.To {
-			decay = criticality.FormatDecay(dc, now)
-		}
+// outgoing adds the triage keys of an attempt of call made with ctx
+// (egress.Call.Keys) to ctx's outgoing metadata. ctx must have been
+// through dropForwarded.
+func (c *Client) outgoing(ctx context.Context, call *egress.Call) context.Context {
+	k, ok := call.Keys(ctx)
+	if !ok {
+		return ctx
 	}
-	kv := c.headers[level][attempt.Outgoing(ctx)]
-	if decay != "" {
-		kv = append(kv[:len(kv):len(kv)], wire.DecayKey, decay)
+	kv := c.headers[k.Level][k.Attempt]
+	if k.Decay != "" {
+		kv = append(kv[:len(kv):len(kv)], wire.DecayKey, k.Decay)
 	}
-	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
-		kv = append(kv[:len(kv):len(kv)], wire.CustomerKey, cu)
+	if k.Customer != "" {
+		kv = append(kv[:len(kv):len(kv)], wire.CustomerKey, k.Customer)
 	}
 	return metadata.AppendToOutgoingContext(ctx, kv...)
 }

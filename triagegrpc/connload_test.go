@@ -92,7 +92,7 @@ func TestClientIdleTimeout(t *testing.T) {
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(l)
 	defer srv.Stop()
-	cc := loopback.DialGRPC(t, l.Addr().String(), triagegrpc.NewClient(triagegrpc.WithoutPolicy(), triagegrpc.WithIdleTimeout(50*time.Millisecond)).DialOptions()...)
+	cc := loopback.DialGRPC(t, l.Addr().String(), idleClient(t, 50*time.Millisecond).DialOptions()...)
 	check := func() {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

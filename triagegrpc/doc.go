@@ -9,9 +9,10 @@
 // request A by default." A Server's interceptors read criticality and attempt
 // from the incoming metadata (believed only from trusted peers, see package
 // trust) and put them in the handler's context; a Client's interceptors
-// write the context's criticality, and the attempt counter the retry layer
-// set, into every outgoing call. Code overrides the criticality for a call
-// with criticality.NewContext.
+// write what package egress says each outgoing call carries (the context's
+// criticality, the attempt counter the retry layer set, the decay and the
+// customer) into the calls to the hosts its egress.Caller names internal.
+// Code overrides the criticality for a call with criticality.NewContext.
 //
 // # Overload outcomes on the wire
 //

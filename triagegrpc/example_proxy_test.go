@@ -11,6 +11,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -30,8 +31,10 @@ func ExampleNewProxy() {
 	go backend.Serve(blis)
 	defer backend.Stop()
 
-	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	// The backend is ours: its host receives triage's keys.
+	caller, _ := egress.New(egress.WithoutPolicy(), egress.WithInternal("127.0.0.1"))
+	client, _ := triagegrpc.NewClient(caller)
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, client.DialOptions()...)
 	toBackend, _ := grpc.NewClient(blis.Addr().String(), dial...)
 	defer toBackend.Close()
 	px, _ := triagegrpc.NewProxy(toBackend)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -36,8 +37,11 @@ func Example() {
 	go s.Serve(lis)
 	defer s.Stop()
 
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		triagegrpc.NewClient().DialOptions()...)
+	// The backend is ours: its host receives triage's keys. The Caller
+	// has the book's retry policy.
+	caller, _ := egress.New(egress.WithInternal("127.0.0.1"))
+	client, _ := triagegrpc.NewClient(caller)
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, client.DialOptions()...)
 	cc, _ := grpc.NewClient(lis.Addr().String(), opts...)
 	defer cc.Close()
 

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/triagegrpc"
 )
 
 // A handler that forwards its incoming metadata, or copies triage keys
@@ -30,7 +30,7 @@ func TestClientDropsEveryForwardedTriageKey(t *testing.T) {
 		got <- md
 		return ss.SendMsg(&emptypb.Empty{})
 	}))
-	c := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
+	c := loopback.Client(t, egress.WithoutPolicy())
 	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, gs), c.DialOptions()...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

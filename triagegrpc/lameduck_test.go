@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/lifecycle"
@@ -111,7 +112,7 @@ func TestLameDuckReachesIdleClient(t *testing.T) {
 	}
 	r := manual.NewBuilderWithScheme("idle")
 	r.InitialState(resolver.State{Endpoints: eps})
-	opts := append(triagegrpc.NewClient(triagegrpc.WithoutPolicy(), triagegrpc.WithIdleTimeout(100*time.Millisecond)).DialOptions(),
+	opts := append(idleClient(t, 100*time.Millisecond).DialOptions(),
 		grpc.WithResolvers(r), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"triage": {"policy": "round_robin"}}], "healthCheckConfig": {"serviceName": ""}}`))
 	cc, err := grpc.NewClient(r.Scheme()+":///backends", opts...)
@@ -190,4 +191,15 @@ func TestShutdownBoundedWithWatchOpen(t *testing.T) {
 			break // the server stopped: the watch ended
 		}
 	}
+}
+
+// idleClient returns a loopback Client without a policy whose connections
+// go idle after d.
+func idleClient(t *testing.T, d time.Duration) *triagegrpc.Client {
+	t.Helper()
+	c, err := triagegrpc.NewClient(loopback.Caller(t, egress.WithoutPolicy()), triagegrpc.WithIdleTimeout(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagegrpc"
@@ -50,7 +51,7 @@ func TestLoadTargetOverLoopback(t *testing.T) {
 		return status.Error(codes.InvalidArgument, "no")
 	}))
 	addr := loopback.ServeGRPC(t, s)
-	cc := loopback.DialGRPC(t, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	cc := loopback.DialGRPC(t, addr, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	req, err := proto.Marshal(wrapperspb.String("hello"))
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -49,7 +51,7 @@ func TestInterceptorOnlyPaths(t *testing.T) {
 			t.Fatal(err)
 		}
 		go s.Serve(lis)
-		c := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
+		c := loopback.Client(t, egress.WithoutPolicy())
 		cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithChainUnaryInterceptor(c.UnaryInterceptor()), grpc.WithChainStreamInterceptor(c.StreamInterceptor()))
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/egress"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -63,7 +64,7 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 	relay.Register(backend, p.backend)
 	baddr := loopback.ServeGRPC(t, backend)
 
-	cc := loopback.DialGRPC(t, baddr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	cc := loopback.DialGRPC(t, baddr, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	px, err := triagegrpc.NewProxy(cc)
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +84,7 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 // answer; an unknown method's status comes back from the backend.
 func TestProxyForwards(t *testing.T) {
 	p := startProxied(t, true, nil)
-	client := loopback.DialGRPC(t, p.proxy, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	client := loopback.DialGRPC(t, p.proxy, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	ctx = criticality.NewContext(ctx, criticality.SheddablePlus)
@@ -133,7 +134,7 @@ func TestProxyOverloadGoesUpAsDontRetry(t *testing.T) {
 	p := startProxied(t, true, func(context.Context) error {
 		return triagegrpc.ToError(&outcome.Error{Kind: outcome.TaskOverloaded, Reason: "test"})
 	})
-	client := loopback.DialGRPC(t, p.proxy, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	client := loopback.DialGRPC(t, p.proxy, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	_, err := relay.Invoke(context.Background(), client, "x")
 	var oe *outcome.Error
 	if !errors.As(err, &oe) || oe.Kind != outcome.DontRetry {
@@ -159,7 +160,7 @@ func BenchmarkProxy(b *testing.B) {
 			relay.Register(backend, &relay.Tier{Name: "backend"})
 			addr := loopback.ServeGRPC(b, backend)
 			if via == "proxy" {
-				cc := loopback.DialGRPC(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+				cc := loopback.DialGRPC(b, addr, loopback.Client(b, egress.WithoutPolicy()).DialOptions()...)
 				px, err := triagegrpc.NewProxy(cc)
 				if err != nil {
 					b.Fatal(err)
@@ -171,7 +172,7 @@ func BenchmarkProxy(b *testing.B) {
 				addr = loopback.ServeGRPC(b, grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...))
 			}
 			if via == "typed-hop" {
-				cc := loopback.DialGRPC(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+				cc := loopback.DialGRPC(b, addr, loopback.Client(b, egress.WithoutPolicy()).DialOptions()...)
 				hs, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
 				if err != nil {
 					b.Fatal(err)
@@ -180,7 +181,7 @@ func BenchmarkProxy(b *testing.B) {
 				relay.Register(hop, &relay.Tier{Name: "hop", Next: cc})
 				addr = loopback.ServeGRPC(b, hop)
 			}
-			client := loopback.DialGRPC(b, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+			client := loopback.DialGRPC(b, addr, loopback.Client(b, egress.WithoutPolicy()).DialOptions()...)
 			ctx := context.Background()
 			if _, err := relay.Invoke(ctx, client, "warm"); err != nil {
 				b.Fatal(err)
@@ -219,7 +220,7 @@ func TestProxyHealthPrefixDoesNotPassTheFuse(t *testing.T) {
 		reached.Add(1)
 		return nil
 	}))...)
-	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	px, err := triagegrpc.NewProxy(cc)
 	if err != nil {
 		t.Fatal(err)

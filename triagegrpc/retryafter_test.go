@@ -15,6 +15,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
@@ -59,7 +60,7 @@ func TestSheddableRejectionsTellClientsToComeBackLater(t *testing.T) {
 	relay.Register(gs, &relay.Tier{Name: "backend"})
 	addr := loopback.ServeGRPC(t, gs)
 
-	plain := loopback.DialGRPC(t, addr, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	plain := loopback.DialGRPC(t, addr, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	call := func(cc *grpc.ClientConn, l criticality.Level) error {
 		ctx, cancel := context.WithTimeout(criticality.NewContext(context.Background(), l), 300*time.Millisecond)
 		defer cancel()
@@ -96,7 +97,7 @@ func TestSheddableRejectionsTellClientsToComeBackLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc := loopback.DialGRPC(t, addr, triagegrpc.NewClient(triagegrpc.WithPolicy(pol)).DialOptions()...)
+	cc := loopback.DialGRPC(t, addr, loopback.Client(t, egress.WithPolicy(pol)).DialOptions()...)
 	call(cc, criticality.Critical) // before retries are common enough to say "don't retry"
 	if n := obs.n[criticality.Critical].Load(); n != 2 {
 		t.Errorf("%d CRITICAL retries, want 2", n)

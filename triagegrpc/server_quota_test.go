@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
@@ -37,7 +38,7 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 		return nil
 	}})
-	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
+	client := loopback.Client(t, egress.WithoutPolicy())
 	downCC := loopback.DialGRPC(t, loopback.ServeGRPC(t, down), client.DialOptions()...)
 
 	p, err := quota.New(quota.Config{Default: quota.Limit{CPU: 100}, Customers: map[string]quota.Limit{"capped": {CPU: 0.05, Hard: true}}})

@@ -11,6 +11,8 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -56,7 +58,7 @@ func TestDecayStartsAtTheEdgeAndTravels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &triagehttp.Transport{Clock: f, Internal: []string{"127.0.0.1"}}
+	tr := &triagehttp.Transport{Caller: loopback.Caller(t, egress.WithoutPolicy(), egress.WithClock(f))}
 	var hop string
 	var wait time.Duration
 	edgeSrv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

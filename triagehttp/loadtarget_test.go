@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagehttp"
 )
@@ -41,7 +42,11 @@ func TestLoadTargetOverLoopback(t *testing.T) {
 	}))
 	defer srv.Close()
 	u, _ := url.Parse(srv.URL)
-	client := &http.Client{Transport: &triagehttp.Transport{Internal: []string{u.Host}}}
+	caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal(u.Host))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &triagehttp.Transport{Caller: caller}}
 	for path, want := range map[string]loadtest.Outcome{
 		"/ok": loadtest.OK, "/shed": loadtest.Overloaded, "/quota": loadtest.Overloaded,
 		"/slow": loadtest.DeadlineExceeded, "/gateway": loadtest.DeadlineExceeded, "/bad": loadtest.Failed,

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -35,7 +37,7 @@ func TestQuotaOverLoopback(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}))
 	defer down.Close()
-	client := &http.Client{Transport: &triagehttp.Transport{Internal: []string{"127.0.0.1"}}}
+	client := &http.Client{Transport: &triagehttp.Transport{Caller: loopback.Caller(t, egress.WithoutPolicy())}}
 
 	p, err := quota.New(quota.Config{Default: quota.Limit{CPU: 100}, Customers: map[string]quota.Limit{"capped": {CPU: 0.05, Hard: true}}})
 	if err != nil {

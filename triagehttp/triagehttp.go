@@ -26,29 +26,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/felixge/httpsnoop"
-	"github.com/petermattis/goid"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"strings"
 	"time"
+
+	"github.com/felixge/httpsnoop"
+	"github.com/petermattis/goid"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
-	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
-	"github.com/triagehq/triage/internal/hostport"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -534,19 +532,20 @@ func PeerOf(r *http.Request) trust.Peer {
 
 var lameDuckValue = []string{"1"}
 
-// Transport is an http.RoundTripper that writes the request context's
-// criticality (criticality.Of) and outgoing attempt counter
-// (attempt.Outgoing) into the headers of requests to the hosts it is told
-// are internal (Internal), replacing any triage headers already there,
-// and sends requests to every other host without triage headers at all
-// (criticality, customer names and attempt counts are nobody else's
-// business); with a Policy, it applies the client-side defences of
-// package retry: adaptive throttling, up to three attempts of a request the
-// backend answered "task overloaded" (503 with Triage-Outcome), the
-// per-client retry budget and backoff. It is safe for concurrent use.
+// Transport is the net/http binding of an egress.Caller: an
+// http.RoundTripper that writes each attempt's triage headers
+// (egress.Call.Keys), replacing any already there, into requests to the
+// hosts the Caller names internal (the request URL's host), and sends
+// requests to every other host without triage headers at all; with a
+// policy, it runs each request under it: adaptive throttling, up to three
+// attempts of a request the backend answered "task overloaded" (503 with
+// Triage-Outcome), the per-client retry budget and backoff, and the
+// client type's route (egress.WithIsolation). What a request carries, to
+// which hosts, and under which policy is the Caller's, the same for every
+// transport. It is safe for concurrent use.
 //
-// With a Policy, RoundTrip returns:
-//   - the response, when the Policy did not have to give up (a success, any
+// With a policy, RoundTrip returns:
+//   - the response, when the policy did not have to give up (a success, any
 //     other status, and "overloaded; don't retry" or "out of quota"
 //     answered by the backend: read those with FromResponse);
 //   - an error wrapping an *outcome.Error of kind DontRetry, with no
@@ -557,37 +556,14 @@ var lameDuckValue = []string{"1"}
 //
 // A request whose body cannot be replayed (Body set, GetBody nil) is sent
 // once. Each attempt is a new round trip on Base, so it is load balanced
-// like a new request. Use one Transport (one Policy) per backend service.
+// like a new request. Use one Transport (one Caller) per backend service.
 type Transport struct {
 	// Base makes the request; nil means http.DefaultTransport.
 	Base http.RoundTripper
-	// Policy is the retry and throttling policy; nil propagates headers only.
-	Policy *retry.Policy
-	// Clock reads the time left before a criticality decay
-	// (criticality.WithDecay), sent in Triage-Criticality-Decay. Nil
-	// means the real clock.
-	Clock clock.Clock
-	// Internal lists the hosts that get triage's headers: a name matches
-	// the request's host exactly (case-insensitive, port and trailing dot
-	// ignored), and a name starting with "." matches every host under it
-	// (".svc.cluster.local"). Requests to any other host carry no triage
-	// header. Empty: no host does.
-	Internal []string
-}
-
-// internal reports whether requests to host get triage's headers.
-func (t *Transport) internal(host string) bool {
-	host = hostport.Host(host)
-	for _, h := range t.Internal {
-		if strings.HasPrefix(h, ".") {
-			if len(host) > len(h) && strings.EqualFold(host[len(host)-len(h):], h) {
-				return true
-			}
-		} else if strings.EqualFold(host, hostport.Host(h)) {
-			return true
-		}
-	}
-	return false
+	// Caller is the client side of the backend service (package
+	// egress). Nil: each request is sent once, without triage headers,
+	// as a call of a nil Caller (egress.Caller.Begin).
+	Caller *egress.Caller
 }
 
 // RoundTrip implements http.RoundTripper. The caller's request is not
@@ -597,16 +573,13 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	tr := cost.TrackerFrom(r.Context()) // the handler's request, if any, waits meanwhile
-	tr.Wait()
-	defer tr.Resume()
-	if t.Policy == nil {
-		return base.RoundTrip(withHeaders(r, r.Context(), t.Clock, t.internal(r.URL.Host)))
-	}
+	call := t.Caller.Begin(r.Context(), r.URL.Host)
 	var resp *http.Response
 	first := true
-	call := func(ctx context.Context) error {
-		out := withHeaders(r, ctx, t.Clock, t.internal(r.URL.Host))
+	once := r.Body != nil && r.Body != http.NoBody && r.GetBody == nil
+	err := call.Do(once, func(ctx context.Context) error {
+		k, internal := call.Keys(ctx)
+		out := withHeaders(r, ctx, k, internal)
 		if !first && r.GetBody != nil {
 			body, err := r.GetBody()
 			if err != nil {
@@ -621,7 +594,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		if oe, ok := FromResponse(res); ok {
 			if oe.Kind == outcome.TaskOverloaded {
-				// The Policy decides: retry or give up. Either way this
+				// The policy decides: retry or give up. Either way this
 				// response is done with.
 				io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
 				res.Body.Close()
@@ -632,46 +605,75 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		resp = res
 		return nil
+	})
+	if resp == nil {
+		call.End()
+		if err == nil {
+			err = errors.New("triagehttp: no response") // unreachable: a nil error always comes with a response
+		}
+		return nil, err
 	}
-	var err error
-	if r.Body != nil && r.Body != http.NoBody && r.GetBody == nil {
-		err = t.Policy.DoOnce(r.Context(), call)
+	if call.Context() == r.Context() {
+		call.End()
 	} else {
-		err = t.Policy.Do(r.Context(), call)
+		// The response's body is read under the call's context, which a
+		// route change cancels: the call ends when the body is closed.
+		// An upgraded connection's body (101 Switching Protocols) is
+		// also written to.
+		if rw, ok := resp.Body.(io.ReadWriteCloser); ok {
+			resp.Body = &endingConn{ReadWriteCloser: rw, end: call.End}
+		} else {
+			resp.Body = &endingBody{ReadCloser: resp.Body, end: call.End}
+		}
 	}
-	if resp != nil {
-		return resp, nil
-	}
-	if err == nil {
-		err = errors.New("triagehttp: no response") // unreachable: a nil error always comes with a response
-	}
-	return nil, err
+	return resp, nil
+}
+
+// endingBody ends its call when closed.
+type endingBody struct {
+	io.ReadCloser
+	end func()
+}
+
+func (b *endingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.end()
+	return err
+}
+
+// endingConn is endingBody for an upgraded connection.
+type endingConn struct {
+	io.ReadWriteCloser
+	end func()
+}
+
+func (b *endingConn) Close() error {
+	err := b.ReadWriteCloser.Close()
+	b.end()
+	return err
 }
 
 // withHeaders clones r for ctx without any triage header and, for an
-// internal host, with the triage headers of ctx (criticality as of now,
-// its decay if still ahead, attempt, and the customer when there is one).
-func withHeaders(r *http.Request, ctx context.Context, clk clock.Clock, internal bool) *http.Request {
+// internal host, with the triage headers of k.
+func withHeaders(r *http.Request, ctx context.Context, k egress.Keys, internal bool) *http.Request {
 	out := r.Clone(ctx)
-	for k := range out.Header {
-		if wire.IsTriage(k) {
-			delete(out.Header, k)
+	for name := range out.Header {
+		if wire.IsTriage(name) {
+			delete(out.Header, name)
 		}
 	}
 	if !internal {
 		return out
 	}
-	level := criticality.Of(ctx)
-	if dc, ok := criticality.DecayOf(ctx); ok {
-		now := clock.OrReal(clk).Now()
-		if level, _ = criticality.Current(ctx, now); level > dc.To {
-			out.Header[decayHeader] = []string{criticality.FormatDecay(dc, now)}
-		}
+	out.Header[criticalityHeader] = []string{k.Level.String()}
+	if k.Attempt > 0 {
+		out.Header[attemptHeader] = []string{attempt.Format(k.Attempt)}
 	}
-	out.Header[criticalityHeader] = []string{level.String()}
-	out.Header[attemptHeader] = []string{attempt.Format(attempt.Outgoing(ctx))}
-	if cu := quota.CustomerOf(ctx); cu != "" && len(cu) <= wire.CustomerMaxLen {
-		out.Header[customerHeader] = []string{cu}
+	if k.Decay != "" {
+		out.Header[decayHeader] = []string{k.Decay}
+	}
+	if k.Customer != "" {
+		out.Header[customerHeader] = []string{k.Customer}
 	}
 	return out
 }

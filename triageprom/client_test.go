@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagehttp"
@@ -29,7 +31,7 @@ func TestClientMetricsOverLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := &http.Client{Transport: &triagehttp.Transport{Policy: p, Internal: []string{"127.0.0.1"}}}
+	hc := &http.Client{Transport: &triagehttp.Transport{Caller: loopback.Caller(t, egress.WithPolicy(p))}}
 	for i := 0; i < 20; i++ {
 		resp, err := hc.Get(backend.URL)
 		if err == nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/triagehq/triage/cmd/triage/internal/reflectreq"
 	"github.com/triagehq/triage/cmd/triage/internal/report"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
@@ -183,7 +184,11 @@ func (f loadtestFlags) target(ctx context.Context) (t loadtest.Target, name stri
 		base := http.DefaultTransport.(*http.Transport).Clone()
 		base.MaxIdleConnsPerHost = 256
 		base.TLSClientConfig = tlsConf
-		client := &http.Client{Transport: &triagehttp.Transport{Base: base, Internal: []string{host}}}
+		caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal(host))
+		if err != nil {
+			return nil, "", nil, err
+		}
+		client := &http.Client{Transport: &triagehttp.Transport{Base: base, Caller: caller}}
 		t, err := triagehttp.NewLoadTarget(client, f.httpMethod, f.rawURL, data, header)
 		if err != nil {
 			return nil, "", nil, err
@@ -199,7 +204,16 @@ func (f loadtestFlags) target(ctx context.Context) (t loadtest.Target, name stri
 	if tlsConf != nil {
 		creds = credentials.NewTLS(tlsConf)
 	}
-	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	// The target is the operator's own server: every host is internal.
+	caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal("*"))
+	if err != nil {
+		return nil, "", nil, err
+	}
+	client, err := triagegrpc.NewClient(caller)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, client.DialOptions()...)
 	var conns []*grpc.ClientConn
 	closeAll := func() {
 		for _, c := range conns {

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -98,7 +100,7 @@ func TestProxyCommand(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	addr, done, errb := startCommand(t, ctx, "proxy", "--listen", "127.0.0.1:0", "--backends", blis.Addr().String(), "--trust", "127.0.0.1/32")
-	cc, err := grpc.NewClient(addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	cc, err := grpc.NewClient(addr, append(loopback.Client(t, egress.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
@@ -217,7 +218,16 @@ func (f *proxyFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) (*gr
 		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a, ServerName: name}}})
 	}
 	r.InitialState(resolver.State{Endpoints: eps})
-	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy()) // the proxy does not retry: it is a fuse, not a retrying layer
+	// The proxy does not retry: it is a fuse, not a retrying layer. Its
+	// backends are the operator's own: every host is internal.
+	caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal("*"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	client, err := triagegrpc.NewClient(caller)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	cc, err := grpc.NewClient(r.Scheme()+":///backends", append(client.DialOptions(), grpc.WithResolvers(r),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":`+f.lbConfig+`}]}`))...)

@@ -14,6 +14,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -184,7 +186,7 @@ func TestProxyTLS(t *testing.T) {
 		if cert != nil {
 			cfg.Certificates = []tls.Certificate{*cert}
 		}
-		cc, err := grpc.NewClient(addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))...)
+		cc, err := grpc.NewClient(addr, append(loopback.Client(t, egress.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
@@ -44,7 +45,7 @@ func plainConn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
 	cc, err := grpc.NewClient("passthrough:///"+addr,
 		append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-			triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)...)
+			loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
@@ -78,7 +80,7 @@ func dialWith(t *testing.T, addr string, p *retry.Policy) *grpc.ClientConn {
 	t.Helper()
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
 		return dialerFrom(internalIP).DialContext(ctx, "tcp", a)
-	})}, triagegrpc.NewClient(triagegrpc.WithPolicy(p)).DialOptions()...)
+	})}, loopback.Client(t, egress.WithPolicy(p)).DialOptions()...)
 	cc, err := grpc.NewClient("passthrough:///"+addr, opts...)
 	if err != nil {
 		t.Fatal(err)

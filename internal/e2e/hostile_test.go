@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
@@ -286,7 +287,7 @@ func TestProxyFloodStaysBounded(t *testing.T) {
 		reached.Add(1)
 		return ss.SendMsg(&emptypb.Empty{})
 	}))...)
-	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	px, err := triagegrpc.NewProxy(cc)
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,8 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
@@ -109,7 +111,7 @@ func runIsolation(t *testing.T, rogueLevel string) {
 	}
 	t.Cleanup(func() { e2eIsolation.Set(isolate.Config{}) })
 
-	client := triagegrpc.NewClient(triagegrpc.WithClientIsolation(e2eIsolation, nil))
+	client := loopback.Client(t, egress.WithIsolation(e2eIsolation, nil))
 	cc := lbConn(t, addrs, `{"loadBalancingConfig": [{"triage": {"policy": "least_loaded"}}]}`, client.DialOptions()...)
 
 	rules := edge.Config{}
@@ -262,7 +264,7 @@ func TestServerIsolationByAuthority(t *testing.T) {
 	}, triagegrpc.WithServerIsolation(tb))
 	call := func(authority string) error {
 		cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithAuthority(authority)}, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)...)
+			grpc.WithAuthority(authority)}, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)...)
 		if err != nil {
 			t.Fatal(err)
 		}

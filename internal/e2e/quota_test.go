@@ -32,6 +32,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/proc"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/outcome"
@@ -381,7 +383,7 @@ func TestQuotasOverLoopback(t *testing.T) {
 
 	var backends []*proc2
 	var ccs []grpc.ClientConnInterface
-	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
+	client := loopback.Client(t, egress.WithoutPolicy())
 	for i := range 3 {
 		addr := freeAddr(t)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestQuotaBackendProcess$", "-test.count=1")

@@ -22,9 +22,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/etcdtest"
 	"github.com/triagehq/triage/internal/grantlog"
-	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/internal/loopback"
 )
 
 const replicaTTL = 2 // seconds: the replicas' etcd session TTL
@@ -111,7 +112,7 @@ func replicaFailover(t *testing.T, e *etcdtest.Server, bin, mode string) {
 
 	var backends []*proc2
 	var ccs []grpc.ClientConnInterface
-	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
+	client := loopback.Client(t, egress.WithoutPolicy())
 	for i := range 3 {
 		addr := freeAddr(t)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestQuotaBackendProcess$", "-test.count=1")

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
@@ -98,7 +100,7 @@ func TestNormalisedQuotaOnTwoMachineSpeeds(t *testing.T) {
 	if !measuring() {
 		t.Skip("a measurement: TRIAGE_MEASURE=1")
 	}
-	client := triagegrpc.NewClient(triagegrpc.WithoutPolicy())
+	client := loopback.Client(t, egress.WithoutPolicy())
 	run := func(speed, mult float64) float64 {
 		addr := freeAddr(t)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSpeedBackendProcess$", "-test.count=1")

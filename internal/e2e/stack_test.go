@@ -23,6 +23,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/internal/testcert"
@@ -60,7 +61,7 @@ func grpcFrom(t *testing.T, target, ip string, withTriage bool, extra ...grpc.Di
 	}
 	opts = append(opts, extra...)
 	if withTriage {
-		opts = append(opts, triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()...)
+		opts = append(opts, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
 	}
 	cc, err := grpc.NewClient("passthrough:///"+target, opts...)
 	if err != nil {
@@ -476,7 +477,7 @@ func TestHTTPTransportPropagates(t *testing.T) {
 		{[]string{"backend.internal", ".svc.cluster.local"}, criticality.Default.String() + "|[]"},
 		{nil, criticality.Default.String() + "|[]"},
 	} {
-		c := &http.Client{Transport: &triagehttp.Transport{Base: &http.Transport{DialContext: dialerFrom(internalIP).DialContext}, Internal: tc.internal}, Timeout: 10 * time.Second}
+		c := &http.Client{Transport: &triagehttp.Transport{Base: &http.Transport{DialContext: dialerFrom(internalIP).DialContext}, Caller: internalCaller(t, tc.internal)}, Timeout: 10 * time.Second}
 		ctx := criticality.NewContext(context.Background(), criticality.SheddablePlus)
 		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+lis.Addr().String()+"/", nil)
 		req.Header.Set("Triage-Criticality", "CRITICAL_PLUS") // stale, forwarded by mistake
@@ -492,4 +493,15 @@ func TestHTTPTransportPropagates(t *testing.T) {
 			t.Error("Transport modified the caller's request")
 		}
 	}
+}
+
+// internalCaller returns a Caller without a policy whose internal hosts
+// are hosts.
+func internalCaller(t *testing.T, hosts []string) *egress.Caller {
+	t.Helper()
+	c, err := egress.New(egress.WithoutPolicy(), egress.WithInternal(hosts...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/triagegrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -59,4 +61,29 @@ func WaitFor(tb testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// Hosts are the loopback hosts tests dial: the internal hosts of Caller.
+var Hosts = []string{"127.0.0.1", "::1", "localhost"}
+
+// Caller returns an egress.Caller made with opts that sends triage's keys
+// to the loopback hosts; it fails the test on an error.
+func Caller(tb testing.TB, opts ...egress.Option) *egress.Caller {
+	tb.Helper()
+	c, err := egress.New(append([]egress.Option{egress.WithInternal(Hosts...)}, opts...)...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.Close)
+	return c
+}
+
+// Client returns the triagegrpc.Client of Caller(tb, opts...).
+func Client(tb testing.TB, opts ...egress.Option) *triagegrpc.Client {
+	tb.Helper()
+	c, err := triagegrpc.NewClient(Caller(tb, opts...))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
 }

@@ -51,8 +51,10 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/bench/internal/child"
+	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -210,7 +212,7 @@ func runOne(ctx context.Context, c config, variant string, rounds, batchRounds i
 		defer px.Stop()
 		target = px.Addr
 	}
-	opts := append(triagegrpc.NewClient().DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := append(clientopts.MustDial(nil), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	var conns []*grpc.ClientConn
 	for range 4 {
 		cc, err := grpc.NewClient("passthrough:///"+srv.Addr, opts...)
@@ -369,7 +371,7 @@ func jobMain(args []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cc, err := grpc.NewClient("passthrough:///"+target, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(),
+			cc, err := grpc.NewClient("passthrough:///"+target, append(clientopts.MustDial([]egress.Option{egress.WithoutPolicy()}),
 				grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 			if err != nil {
 				return
@@ -515,7 +517,7 @@ func proxyMain(args []string) error {
 		return errors.New("usage: batchjob proxy BACKEND")
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	cc, err := grpc.NewClient("passthrough:///"+args[0], append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(),
+	cc, err := grpc.NewClient("passthrough:///"+args[0], append(clientopts.MustDial([]egress.Option{egress.WithoutPolicy()}),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err

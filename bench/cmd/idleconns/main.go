@@ -49,7 +49,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/bench/internal/child"
+	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/connload"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -184,7 +186,7 @@ func runMode(ctx context.Context, c config, mode string) (result, error) {
 	if mode == "idle" {
 		idle = c.idle
 	}
-	opts := append(triagegrpc.NewClient(triagegrpc.WithoutPolicy(), triagegrpc.WithIdleTimeout(idle)).DialOptions(),
+	opts := append(clientopts.MustDial([]egress.Option{egress.WithoutPolicy()}, triagegrpc.WithIdleTimeout(idle)),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: c.keepalive, Timeout: 20 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultServiceConfig(`{"healthCheckConfig": {"serviceName": ""}}`))

@@ -50,10 +50,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/bench/internal/stockrows"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/retry"
-	"github.com/triagehq/triage/triagegrpc"
 )
 
 var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "failsafe-go", "oracle-tap16", "triage-admission", "triage"}
@@ -278,9 +279,9 @@ func dial(cfg config, b *backend, variant string) ([]grpc.ClientConnInterface, *
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		extra = triagegrpc.NewClient(triagegrpc.WithPolicy(pol)).DialOptions() // one client: one throttle and budget for the backend
+		extra = clientopts.MustDial([]egress.Option{egress.WithPolicy(pol)}) // one client: one throttle and budget for the backend
 	} else {
-		extra = triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions()
+		extra = clientopts.MustDial([]egress.Option{egress.WithoutPolicy()})
 	}
 	var ccs []grpc.ClientConnInterface
 	var closers []func()

@@ -26,6 +26,8 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/child"
+	"github.com/triagehq/triage/bench/internal/clientopts"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -96,7 +98,7 @@ func run(callers int, d time.Duration, repeats int, proxyCPU string) error {
 // warm-up, and returns calls answered and rejected (by the proxy's
 // admission control) per second, and the proxy's CPU share.
 func load(px *child.Process, callers int, d time.Duration) (rate, rejected, cpu float64, err error) {
-	cc, err := grpc.NewClient(px.Addr, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(),
+	cc, err := grpc.NewClient(px.Addr, append(clientopts.MustDial([]egress.Option{egress.WithoutPolicy()}),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return 0, 0, 0, err
@@ -140,7 +142,7 @@ func proxyMain(backend string, withAdmission bool) error {
 		return errors.New("usage: proxybench proxy HOST:PORT")
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	cc, err := grpc.NewClient(backend, append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(),
+	cc, err := grpc.NewClient(backend, append(clientopts.MustDial([]egress.Option{egress.WithoutPolicy()}),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err

@@ -36,8 +36,10 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/bench/internal/child"
+	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -163,7 +165,7 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	defer srv.Stop()
 	addr := srv.Addr
 	r := result{Variant: variant, StormClients: c.clients}
-	opts := append(triagegrpc.NewClient(triagegrpc.WithoutPolicy()).DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := append(clientopts.MustDial([]egress.Option{egress.WithoutPolicy()}), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	var steady []*grpc.ClientConn
 	for range 4 {
 		cc, err := grpc.NewClient("passthrough:///"+addr, opts...)

@@ -34,6 +34,7 @@ import (
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
@@ -476,7 +477,16 @@ func (t *task) dial() (*grpc.ClientConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, triagegrpc.NewClient(triagegrpc.WithPolicy(pol)).DialOptions()...)
+		// The next tier's tasks are the drill's own: every host is internal.
+		caller, err := egress.New(egress.WithPolicy(pol), egress.WithInternal("*"))
+		if err != nil {
+			return nil, err
+		}
+		client, err := triagegrpc.NewClient(caller)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, client.DialOptions()...)
 	} else {
 		opts = append(opts, grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"round_robin": {}}]}`),
 			grpc.WithUnaryInterceptor(naiveRetry))
