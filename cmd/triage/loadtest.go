@@ -137,69 +137,97 @@ func (f loadtestFlags) target(ctx context.Context) (t loadtest.Target, name stri
 			return nil, "", nil, fmt.Errorf("%w (-allow-remote to test it anyway)", err)
 		}
 	}
-	var tlsConf *tls.Config
-	if f.tlsCA != "" {
-		pem, err := os.ReadFile(f.tlsCA)
-		if err != nil {
-			return nil, "", nil, fmt.Errorf("-tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, "", nil, fmt.Errorf("-tls-ca: no PEM certificate in %s", f.tlsCA)
-		}
-		tlsConf = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	tlsConf, err := f.tlsConfig()
+	if err != nil {
+		return nil, "", nil, err
 	}
+	data, err := f.body()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if f.rawURL != "" {
+		return f.httpTarget(host, tlsConf, data)
+	}
+	return f.grpcTarget(ctx, tlsConf, data)
+}
+
+// tlsConfig is the client TLS of -tls-ca, nil without it.
+func (f loadtestFlags) tlsConfig() (*tls.Config, error) {
+	if f.tlsCA == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(f.tlsCA)
+	if err != nil {
+		return nil, fmt.Errorf("-tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("-tls-ca: no PEM certificate in %s", f.tlsCA)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
+// body is the request's message of -data (HTTP only: gRPC's is encoded
+// by reflection once connected), -data-hex (gRPC only) or -data-file.
+func (f loadtestFlags) body() ([]byte, error) {
 	given := 0
 	for _, d := range []string{f.data, f.dataHex, f.dataFile} {
 		if d != "" {
 			given++
 		}
 	}
-	if given > 1 {
-		return nil, "", nil, errors.New("give one of -data, -data-hex and -data-file")
-	}
-	var data []byte
-	if f.data != "" && f.rawURL != "" {
-		data = []byte(f.data)
-	}
-	if f.dataFile != "" {
-		if data, err = os.ReadFile(f.dataFile); err != nil {
-			return nil, "", nil, fmt.Errorf("-data-file: %w", err)
+	switch {
+	case given > 1:
+		return nil, errors.New("give one of -data, -data-hex and -data-file")
+	case f.dataHex != "" && f.rawURL != "":
+		return nil, errors.New("-data-hex is for gRPC; give an HTTP body with -data-file")
+	case f.data != "" && f.rawURL != "":
+		return []byte(f.data), nil
+	case f.dataFile != "":
+		data, err := os.ReadFile(f.dataFile)
+		if err != nil {
+			return nil, fmt.Errorf("-data-file: %w", err)
 		}
-	}
-	if f.rawURL != "" {
-		if f.dataHex != "" {
-			return nil, "", nil, errors.New("-data-hex is for gRPC; give an HTTP body with -data-file")
+		return data, nil
+	case f.dataHex != "":
+		data, err := hex.DecodeString(f.dataHex)
+		if err != nil {
+			return nil, fmt.Errorf("-data-hex: %w", err)
 		}
-		header := http.Header{}
-		if f.headers != "" {
-			for _, h := range strings.Split(f.headers, ";") {
-				k, v, ok := strings.Cut(h, ":")
-				if !ok || strings.TrimSpace(k) == "" {
-					return nil, "", nil, fmt.Errorf(`-header: %q is not "Name: value"`, h)
-				}
-				header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+		return data, nil
+	}
+	return nil, nil
+}
+
+// httpTarget is the Target of -url.
+func (f loadtestFlags) httpTarget(host string, tlsConf *tls.Config, data []byte) (loadtest.Target, string, func(), error) {
+	header := http.Header{}
+	if f.headers != "" {
+		for _, h := range strings.Split(f.headers, ";") {
+			k, v, ok := strings.Cut(h, ":")
+			if !ok || strings.TrimSpace(k) == "" {
+				return nil, "", nil, fmt.Errorf(`-header: %q is not "Name: value"`, h)
 			}
-		}
-		base := http.DefaultTransport.(*http.Transport).Clone()
-		base.MaxIdleConnsPerHost = 256
-		base.TLSClientConfig = tlsConf
-		caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal(host))
-		if err != nil {
-			return nil, "", nil, err
-		}
-		client := &http.Client{Transport: &triagehttp.Transport{Base: base, Caller: caller}}
-		t, err := triagehttp.NewLoadTarget(client, f.httpMethod, f.rawURL, data, header)
-		if err != nil {
-			return nil, "", nil, err
-		}
-		return t, f.httpMethod + " " + f.rawURL, base.CloseIdleConnections, nil
-	}
-	if f.dataHex != "" {
-		if data, err = hex.DecodeString(f.dataHex); err != nil {
-			return nil, "", nil, fmt.Errorf("-data-hex: %w", err)
+			header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 		}
 	}
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	base.MaxIdleConnsPerHost = 256
+	base.TLSClientConfig = tlsConf
+	caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal(host))
+	if err != nil {
+		return nil, "", nil, err
+	}
+	client := &http.Client{Transport: &triagehttp.Transport{Base: base, Caller: caller}}
+	t, err := triagehttp.NewLoadTarget(client, f.httpMethod, f.rawURL, data, header)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return t, f.httpMethod + " " + f.rawURL, base.CloseIdleConnections, nil
+}
+
+// grpcTarget is the Target of -grpc: -conns connections, called in turn.
+func (f loadtestFlags) grpcTarget(ctx context.Context, tlsConf *tls.Config, data []byte) (loadtest.Target, string, func(), error) {
 	creds := insecure.NewCredentials()
 	if tlsConf != nil {
 		creds = credentials.NewTLS(tlsConf)

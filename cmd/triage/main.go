@@ -103,10 +103,55 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var f demoFlags
 	fs := flag.NewFlagSet("triage demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `Usage: triage demo [flags]
+		fmt.Fprint(stderr, demoUsage)
+		fs.PrintDefaults()
+	}
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "triage demo: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	opts, err := f.options()
+	if err != nil {
+		fmt.Fprintf(stderr, "triage demo: %v\n", err)
+		return 2
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "triage demo: %v\n", err)
+		return 1
+	}
+	opts.Stdout = stdout
+	opts.Command = func(args ...string) *exec.Cmd { return exec.Command(self, args...) } // the environment is inherited
+	if f.stack != "" {
+		err = drill.ServeStack(ctx, opts, f.stack == "with", f.hold, func(url string) {
+			fmt.Fprintf(stdout, "the drill's stack (%s triage) is up: frontend %s (paths /checkout, /search, /suggest, /prefetch; header X-Api-Key: key-gmail, key-calendar, key-android)\nit stops in %v or on Ctrl-C\n", f.stack, url, f.hold)
+		})
+	} else {
+		_, err = drill.Run(ctx, opts)
+	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		fmt.Fprintln(stderr, "triage demo: interrupted; every process it started is stopped")
+		return 130
+	case err != nil:
+		fmt.Fprintf(stderr, "triage demo: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+const demoUsage = `Usage: triage demo [flags]
 
 The overload drill: a stack of real processes on loopback (an HTTP frontend,
 gRPC backends A and B, the DB frontend, three tasks per gRPC tier on machines
@@ -125,90 +170,61 @@ quota (the quota service down), restart (rolling restart of every tier) and stor
 whole DB tier stopped for 5 s). Every request's outcome is checked.
 
 Flags:
-`)
-		fs.PrintDefaults()
-	}
-	duration := fs.Duration("duration", 2*time.Minute, "length of the whole drill, both runs (20s-1h)")
-	out := fs.String("out", "", "directory for result.json, report.html and the tasks' logs (default: a new temporary directory, printed at the end)")
-	serve := fs.String("serve", "", "also serve the live view as a web page on this address, e.g. 127.0.0.1:8080")
-	quiet := fs.Bool("quiet", false, "print one line a second instead of redrawing the live view")
-	lateOK := fs.Bool("late-ok", false, "record answers later than the user's timeout without failing the run (on a machine busy with other work they measure the machine); the ledger must still balance")
-	only := fs.String("only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
-	rounds := fs.Int("rounds", 1, fmt.Sprintf("repeat the drill this many times (1-%d; each round lasts -duration) and report medians", drill.MaxRounds))
-	stackOnly := fs.String("stack", "", "start only the stack, \"with\" or \"without\" triage, print the frontend's URL and keep it up for -hold (for triage loadtest)")
-	hold := fs.Duration("hold", 10*time.Minute, "with -stack: how long to keep the stack up (at most 1h; Ctrl-C stops it sooner)")
-	faults := fs.String("faults", "", "run the fault harness instead of the overload drill: all, or a comma-separated list of "+strings.Join(drill.Faults(), ", ")+
+`
+
+// demoFlags are triage demo's flags.
+type demoFlags struct {
+	duration, hold          time.Duration
+	out, serve, only, stack string
+	faults                  string
+	quiet, lateOK           bool
+	rounds                  int
+}
+
+func (f *demoFlags) register(fs *flag.FlagSet) {
+	fs.DurationVar(&f.duration, "duration", 2*time.Minute, "length of the whole drill, both runs (20s-1h)")
+	fs.StringVar(&f.out, "out", "", "directory for result.json, report.html and the tasks' logs (default: a new temporary directory, printed at the end)")
+	fs.StringVar(&f.serve, "serve", "", "also serve the live view as a web page on this address, e.g. 127.0.0.1:8080")
+	fs.BoolVar(&f.quiet, "quiet", false, "print one line a second instead of redrawing the live view")
+	fs.BoolVar(&f.lateOK, "late-ok", false, "record answers later than the user's timeout without failing the run (on a machine busy with other work they measure the machine); the ledger must still balance")
+	fs.StringVar(&f.only, "only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
+	fs.IntVar(&f.rounds, "rounds", 1, fmt.Sprintf("repeat the drill this many times (1-%d; each round lasts -duration) and report medians", drill.MaxRounds))
+	fs.StringVar(&f.stack, "stack", "", "start only the stack, \"with\" or \"without\" triage, print the frontend's URL and keep it up for -hold (for triage loadtest)")
+	fs.DurationVar(&f.hold, "hold", 10*time.Minute, "with -stack: how long to keep the stack up (at most 1h; Ctrl-C stops it sooner)")
+	fs.StringVar(&f.faults, "faults", "", "run the fault harness instead of the overload drill: all, or a comma-separated list of "+strings.Join(drill.Faults(), ", ")+
 		" (each fault a run with triage and one without, its length set by the fault: -duration is not used)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+}
+
+// options checks the flags and returns the drill's options, without its
+// output and command.
+func (f *demoFlags) options() (drill.Options, error) {
+	o := drill.Options{Duration: f.duration, Out: f.out, Serve: f.serve, Quiet: f.quiet, LateOK: f.lateOK, Rounds: f.rounds}
+	switch {
+	case f.duration < 20*time.Second || f.duration > time.Hour:
+		return o, fmt.Errorf("-duration must be between 20s and 1h, got %v", f.duration)
+	case f.rounds < 1 || f.rounds > drill.MaxRounds:
+		return o, fmt.Errorf("-rounds must be between 1 and %d, got %d", drill.MaxRounds, f.rounds)
+	case f.stack != "" && f.stack != "with" && f.stack != "without":
+		return o, fmt.Errorf("-stack must be \"with\" or \"without\", got %q", f.stack)
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "triage demo: unexpected argument %q\n", fs.Arg(0))
-		return 2
-	}
-	if *duration < 20*time.Second || *duration > time.Hour {
-		fmt.Fprintf(stderr, "triage demo: -duration must be between 20s and 1h, got %v\n", *duration)
-		return 2
-	}
-	if *rounds < 1 || *rounds > drill.MaxRounds {
-		fmt.Fprintf(stderr, "triage demo: -rounds must be between 1 and %d, got %d\n", drill.MaxRounds, *rounds)
-		return 2
-	}
-	var faultNames []string
-	if *faults != "" {
-		faultNames = strings.Split(*faults, ",")
-		for _, f := range faultNames {
-			if f != "all" && !slices.Contains(drill.Faults(), f) {
-				fmt.Fprintf(stderr, "triage demo: unknown fault %q in -faults (want all, or some of %s)\n", f, strings.Join(drill.Faults(), ", "))
-				return 2
+	if f.faults != "" {
+		o.Faults = strings.Split(f.faults, ",")
+		for _, name := range o.Faults {
+			if name != "all" && !slices.Contains(drill.Faults(), name) {
+				return o, fmt.Errorf("unknown fault %q in -faults (want all, or some of %s)", name, strings.Join(drill.Faults(), ", "))
 			}
 		}
 	}
-	var runs []bool
-	switch *only {
+	switch f.only {
 	case "":
 	case "with":
-		runs = []bool{true}
+		o.Runs = []bool{true}
 	case "without":
-		runs = []bool{false}
+		o.Runs = []bool{false}
 	default:
-		fmt.Fprintf(stderr, "triage demo: -only must be \"with\" or \"without\", got %q\n", *only)
-		return 2
+		return o, fmt.Errorf("-only must be \"with\" or \"without\", got %q", f.only)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintf(stderr, "triage demo: %v\n", err)
-		return 1
-	}
-	command := func(args ...string) *exec.Cmd { return exec.Command(self, args...) } // the environment is inherited
-	if *stackOnly != "" {
-		if *stackOnly != "with" && *stackOnly != "without" {
-			fmt.Fprintf(stderr, "triage demo: -stack must be \"with\" or \"without\", got %q\n", *stackOnly)
-			return 2
-		}
-		err := drill.ServeStack(ctx, drill.Options{Out: *out, Command: command}, *stackOnly == "with", *hold, func(url string) {
-			fmt.Fprintf(stdout, "the drill's stack (%s triage) is up: frontend %s (paths /checkout, /search, /suggest, /prefetch; header X-Api-Key: key-gmail, key-calendar, key-android)\nit stops in %v or on Ctrl-C\n", *stackOnly, url, *hold)
-		})
-		if err != nil {
-			fmt.Fprintf(stderr, "triage demo: %v\n", err)
-			return 1
-		}
-		return 0
-	}
-	_, err = drill.Run(ctx, drill.Options{Duration: *duration, Out: *out, Serve: *serve, Stdout: stdout, Quiet: *quiet, LateOK: *lateOK, Runs: runs, Rounds: *rounds, Faults: faultNames,
-		Command: command})
-	if err != nil && ctx.Err() != nil {
-		fmt.Fprintln(stderr, "triage demo: interrupted; every process it started is stopped")
-		return 130
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "triage demo: %v\n", err)
-		return 1
-	}
-	return 0
+	return o, nil
 }
 
 // runServe is `triage serve ROLE [flags]`: one task of the drill's stack,

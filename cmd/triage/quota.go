@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -51,33 +52,10 @@ func serveMetrics(addr string, reg *prometheus.Registry) (func(), error) {
 // done: tasks report usage and get leases; the policy file is reloaded
 // when it changes, and a bad one is refused with the last good one kept.
 func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var f quotaServerFlags
 	fs := flag.NewFlagSet("triage quota-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	config := fs.String("config", "", "YAML quota policy file (see quota.Config); this or -policy-key is required")
-	listen := fs.String("listen", "127.0.0.1:7070", "gRPC listen address")
-	lease := fs.Duration("lease", 30*time.Second, "how long a lease is valid")
-	refresh := fs.Duration("refresh", 5*time.Second, "how often tasks renew their lease (jittered ±25% by each task)")
-	reload := fs.Duration("reload", time.Second, "how often the policy file is checked for changes")
-	metrics := fs.String("metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9090); default none")
-	var tlsFiles tlsfiles.Files
-	tlsFiles.Register(fs, "", "tasks")
-	binds := bindFlag{}
-	fs.Var(binds, "bind", "IDENTITY=TASK: a task whose verified client certificate names IDENTITY reports as TASK (repeatable; needs -tls-ca). An identity not bound reports as itself")
-	boundOnly := fs.Bool("bound-only", false, "with -tls-ca, refuse a caller none of whose identities -bind names, instead of letting it report as a task named after its identity (default true when -bind is given: under a mesh's or SPIFFE's CA any workload has an identity)")
-	insecureEtcd := fs.Bool("insecure-etcd", false, "talk to -etcd endpoints beyond loopback without TLS (whoever reaches etcd writes the policy and the election)")
-	unauthenticated := fs.Bool("unauthenticated", false, "accept reports from callers without a verified client certificate, their task ids believed as sent (needed to listen beyond loopback without -tls-ca)")
-	drain := fs.Duration("drain", time.Second, "on SIGTERM, how long the service answers in lame duck (health NOT_SERVING) before it stops; calls still running 5 s later are cut")
-	etcdEndpoints := fs.String("etcd", "", "comma-separated etcd endpoints: run as one of several replicas, the leader elected through etcd (quotareplica); default one process, no etcd")
-	advertise := fs.String("advertise", "", "with -etcd, the address tasks reach this replica at (told to tasks by the other replicas; required with -etcd)")
-	sessionTTL := fs.Int("session-ttl", quotareplica.DefaultSessionTTL, "with -etcd, the etcd session TTL in seconds: how long a dead leader holds the election")
-	electionPrefix := fs.String("election-prefix", quotareplica.DefaultElectionPrefix, "with -etcd, the etcd key prefix of the election (replicas of one service share it)")
-	policyKey := fs.String("policy-key", "", "with -etcd, the etcd key holding the YAML policy, instead of -config: every replica watches it, refuses a bad push and keeps the last good policy")
-	grantLog := fs.String("grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; internal/grantlog), written off the refresh path; its errors go to stderr and triage_quota_grant_log_errors_total")
-	grantLogMax := fs.Int64("grant-log-max-bytes", 100<<20, "with -grant-log, rotate the file (to FILE.1, FILE.2, ...) before it passes this size")
-	grantLogBackups := fs.Int("grant-log-backups", 5, "with -grant-log, how many rotated files to keep (0 to 100)")
-	var etcdTLS tlsfiles.Files
-	etcdTLS.Register(fs, "etcd-", "etcd")
-	modeName := fs.String("mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
+	f.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -85,168 +63,236 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 2
 	}
 	if !flagSet(fs, "bound-only") {
-		*boundOnly = len(binds) > 0
+		f.boundOnly = len(f.binds) > 0
 	}
-	switch {
-	case fs.NArg() > 0:
+	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "triage quota-server: unexpected argument %q\n", fs.Arg(0))
 		return 2
-	case *config == "" && *policyKey == "":
-		fmt.Fprintln(stderr, "triage quota-server: -config is required (or -policy-key with -etcd)")
-		return 2
-	case *config != "" && *policyKey != "":
-		fmt.Fprintln(stderr, "triage quota-server: -config and -policy-key contradict each other: the policy lives in one place")
-		return 2
-	case *etcdEndpoints == "" && (*policyKey != "" || *advertise != "" || etcdTLS.Set()):
-		fmt.Fprintln(stderr, "triage quota-server: -policy-key, -advertise and -etcd-tls-* need -etcd")
-		return 2
-	case *etcdEndpoints != "" && *advertise == "":
-		fmt.Fprintln(stderr, "triage quota-server: -etcd needs -advertise, the address tasks reach this replica at")
-		return 2
-	case *etcdEndpoints != "" && (*sessionTTL < 2 || *sessionTTL > 3600):
-		fmt.Fprintln(stderr, "triage quota-server: -session-ttl must be 2 to 3600 seconds")
-		return 2
-	case *refresh <= 0 || *lease < *refresh || *lease > 24*time.Hour || *reload <= 0:
-		fmt.Fprintln(stderr, "triage quota-server: need 0 < -refresh <= -lease <= 24h and a positive -reload")
-		return 2
-	case *grantLog == "" && (*grantLogMax != 100<<20 || *grantLogBackups != 5):
-		fmt.Fprintln(stderr, "triage quota-server: -grant-log-max-bytes and -grant-log-backups need -grant-log")
-		return 2
-	case *drain < 0 || *drain > time.Hour:
-		fmt.Fprintln(stderr, "triage quota-server: -drain must be between 0 and 1h")
-		return 2
-	case *etcdEndpoints != "" && !etcdTLS.Set() && !*insecureEtcd && etcdBeyondLoopback(*etcdEndpoints):
-		fmt.Fprintf(stderr, "triage quota-server: -etcd %s is beyond loopback: give -etcd-tls-ca (and a client certificate) so that the policy and the election are not in the clear, or -insecure-etcd\n", *etcdEndpoints)
-		return 2
-	case len(binds) > 0 && tlsFiles.CA == "":
-		fmt.Fprintln(stderr, "triage quota-server: -bind needs -tls-ca (identities come from verified client certificates)")
-		return 2
-	case *boundOnly && tlsFiles.CA == "":
-		fmt.Fprintln(stderr, "triage quota-server: -bound-only needs -tls-ca (identities come from verified client certificates)")
-		return 2
-	case tlsFiles.CA != "" && *unauthenticated:
-		fmt.Fprintln(stderr, "triage quota-server: -unauthenticated and -tls-ca contradict each other")
-		return 2
-	case tlsFiles.CA == "" && !*unauthenticated && beyondLoopback(*listen):
-		fmt.Fprintf(stderr, "triage quota-server: -listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-ca so that tasks are authenticated, or -unauthenticated\n", *listen)
+	}
+	if err := f.check(); err != nil {
+		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 		return 2
 	}
-	var creds []grpc.ServerOption
-	var svcOpts []quotaservice.ServiceOption
-	if tlsFiles.Set() {
-		cfg, err := tlsFiles.Server()
-		if err != nil {
-			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-			return 2
-		}
-		creds = append(creds, grpc.Creds(credentials.NewTLS(cfg)))
+	qs, code, err := f.build(ctx, stderr)
+	if qs != nil {
+		defer qs.close()
 	}
-	if tlsFiles.CA != "" {
-		svcOpts = append(svcOpts, quotaservice.WithTaskIdentities(binds))
-		if *boundOnly {
-			svcOpts = append(svcOpts, quotaservice.WithBoundIdentitiesOnly())
-		}
-	}
-	mode, err := quota.ParseMode(*modeName)
 	if err != nil {
-		fmt.Fprintf(stderr, "triage quota-server: -mode: %v\n", err)
-		return 2
+		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
+		return code
 	}
-	var cli *clientv3.Client
-	if *etcdEndpoints != "" {
-		if cli, err = dialEtcd(*etcdEndpoints, etcdTLS); err != nil {
-			fmt.Fprintf(stderr, "triage quota-server: -etcd: %v\n", err)
-			return 2
-		}
-		defer cli.Close()
-	}
-	src, err := loadPolicySource(ctx, *config, *reload, cli, *policyKey)
-	if err != nil {
+	if err := qs.serve(ctx, &f, stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 		return 1
 	}
-	var extraMetrics []prometheus.Collector
-	if *grantLog != "" {
-		name := *advertise
-		if name == "" {
-			name = *listen
+	return 0
+}
+
+// quotaServerFlags are triage quota-server's flags.
+type quotaServerFlags struct {
+	config, listen, metrics, etcd, advertise  string
+	electionPrefix, policyKey, grantLog, mode string
+	lease, refresh, reload, drain             time.Duration
+	tls, etcdTLS                              tlsfiles.Files
+	binds                                     bindFlag
+	boundOnly, insecureEtcd, unauthenticated  bool
+	sessionTTL, grantLogBackups               int
+	grantLogMax                               int64
+}
+
+func (f *quotaServerFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "YAML quota policy file (see quota.Config); this or -policy-key is required")
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:7070", "gRPC listen address")
+	fs.DurationVar(&f.lease, "lease", 30*time.Second, "how long a lease is valid")
+	fs.DurationVar(&f.refresh, "refresh", 5*time.Second, "how often tasks renew their lease (jittered ±25% by each task)")
+	fs.DurationVar(&f.reload, "reload", time.Second, "how often the policy file is checked for changes")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9090); default none")
+	f.tls.Register(fs, "", "tasks")
+	f.binds = bindFlag{}
+	fs.Var(f.binds, "bind", "IDENTITY=TASK: a task whose verified client certificate names IDENTITY reports as TASK (repeatable; needs -tls-ca). An identity not bound reports as itself")
+	fs.BoolVar(&f.boundOnly, "bound-only", false, "with -tls-ca, refuse a caller none of whose identities -bind names, instead of letting it report as a task named after its identity (default true when -bind is given: under a mesh's or SPIFFE's CA any workload has an identity)")
+	fs.BoolVar(&f.insecureEtcd, "insecure-etcd", false, "talk to -etcd endpoints beyond loopback without TLS (whoever reaches etcd writes the policy and the election)")
+	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "accept reports from callers without a verified client certificate, their task ids believed as sent (needed to listen beyond loopback without -tls-ca)")
+	fs.DurationVar(&f.drain, "drain", time.Second, "on SIGTERM, how long the service answers in lame duck (health NOT_SERVING) before it stops; calls still running 5 s later are cut")
+	fs.StringVar(&f.etcd, "etcd", "", "comma-separated etcd endpoints: run as one of several replicas, the leader elected through etcd (quotareplica); default one process, no etcd")
+	fs.StringVar(&f.advertise, "advertise", "", "with -etcd, the address tasks reach this replica at (told to tasks by the other replicas; required with -etcd)")
+	fs.IntVar(&f.sessionTTL, "session-ttl", quotareplica.DefaultSessionTTL, "with -etcd, the etcd session TTL in seconds: how long a dead leader holds the election")
+	fs.StringVar(&f.electionPrefix, "election-prefix", quotareplica.DefaultElectionPrefix, "with -etcd, the etcd key prefix of the election (replicas of one service share it)")
+	fs.StringVar(&f.policyKey, "policy-key", "", "with -etcd, the etcd key holding the YAML policy, instead of -config: every replica watches it, refuses a bad push and keeps the last good policy")
+	fs.StringVar(&f.grantLog, "grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; internal/grantlog), written off the refresh path; its errors go to stderr and triage_quota_grant_log_errors_total")
+	fs.Int64Var(&f.grantLogMax, "grant-log-max-bytes", 100<<20, "with -grant-log, rotate the file (to FILE.1, FILE.2, ...) before it passes this size")
+	fs.IntVar(&f.grantLogBackups, "grant-log-backups", 5, "with -grant-log, how many rotated files to keep (0 to 100)")
+	f.etcdTLS.Register(fs, "etcd-", "etcd")
+	fs.StringVar(&f.mode, "mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
+}
+
+// check refuses flags that contradict each other or are out of range.
+func (f *quotaServerFlags) check() error {
+	switch {
+	case f.config == "" && f.policyKey == "":
+		return errors.New("-config is required (or -policy-key with -etcd)")
+	case f.config != "" && f.policyKey != "":
+		return errors.New("-config and -policy-key contradict each other: the policy lives in one place")
+	case f.etcd == "" && (f.policyKey != "" || f.advertise != "" || f.etcdTLS.Set()):
+		return errors.New("-policy-key, -advertise and -etcd-tls-* need -etcd")
+	case f.etcd != "" && f.advertise == "":
+		return errors.New("-etcd needs -advertise, the address tasks reach this replica at")
+	case f.etcd != "" && (f.sessionTTL < 2 || f.sessionTTL > 3600):
+		return errors.New("-session-ttl must be 2 to 3600 seconds")
+	case f.refresh <= 0 || f.lease < f.refresh || f.lease > 24*time.Hour || f.reload <= 0:
+		return errors.New("need 0 < -refresh <= -lease <= 24h and a positive -reload")
+	case f.grantLog == "" && (f.grantLogMax != 100<<20 || f.grantLogBackups != 5):
+		return errors.New("-grant-log-max-bytes and -grant-log-backups need -grant-log")
+	case f.drain < 0 || f.drain > time.Hour:
+		return errors.New("-drain must be between 0 and 1h")
+	case f.etcd != "" && !f.etcdTLS.Set() && !f.insecureEtcd && etcdBeyondLoopback(f.etcd):
+		return fmt.Errorf("-etcd %s is beyond loopback: give -etcd-tls-ca (and a client certificate) so that the policy and the election are not in the clear, or -insecure-etcd", f.etcd)
+	}
+	return f.checkAuth()
+}
+
+// checkAuth refuses a listener beyond loopback whose callers are not
+// authenticated, and identity flags without verified certificates.
+func (f *quotaServerFlags) checkAuth() error {
+	switch {
+	case len(f.binds) > 0 && f.tls.CA == "":
+		return errors.New("-bind needs -tls-ca (identities come from verified client certificates)")
+	case f.boundOnly && f.tls.CA == "":
+		return errors.New("-bound-only needs -tls-ca (identities come from verified client certificates)")
+	case f.tls.CA != "" && f.unauthenticated:
+		return errors.New("-unauthenticated and -tls-ca contradict each other")
+	case f.tls.CA == "" && !f.unauthenticated && beyondLoopback(f.listen):
+		return fmt.Errorf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-ca so that tasks are authenticated, or -unauthenticated", f.listen)
+	}
+	return nil
+}
+
+// quotaServer is a built quota service, ready to serve: one process's
+// Allocator, or a replica's.
+type quotaServer struct {
+	creds     []grpc.ServerOption
+	svcOpts   []quotaservice.ServiceOption
+	src       *policySource
+	cli       *clientv3.Client
+	server    quotapb.QuotaServer
+	metrics   []prometheus.Collector
+	setPolicy func(*quota.Policy, int64)
+	runMore   func(context.Context) error // a replica's election, nil for one process
+	closers   []func()
+}
+
+func (q *quotaServer) close() {
+	for i := len(q.closers) - 1; i >= 0; i-- {
+		q.closers[i]()
+	}
+}
+
+// build makes the quota service the flags describe. On an error it
+// returns the exit code; the caller closes q even then.
+func (f *quotaServerFlags) build(ctx context.Context, stderr io.Writer) (q *quotaServer, code int, err error) {
+	q = &quotaServer{}
+	if err := f.credentials(q); err != nil {
+		return q, 2, err
+	}
+	mode, err := quota.ParseMode(f.mode)
+	if err != nil {
+		return q, 2, fmt.Errorf("-mode: %w", err)
+	}
+	if f.etcd != "" {
+		if q.cli, err = dialEtcd(f.etcd, f.etcdTLS); err != nil {
+			return q, 2, fmt.Errorf("-etcd: %w", err)
 		}
-		gl, stop, err := startGrantLog(ctx, *grantLog, *grantLogMax, *grantLogBackups, name, stderr)
+		q.closers = append(q.closers, func() { q.cli.Close() })
+	}
+	if q.src, err = loadPolicySource(ctx, f.config, f.reload, q.cli, f.policyKey); err != nil {
+		return q, 1, err
+	}
+	if f.grantLog != "" {
+		gl, stop, err := startGrantLog(ctx, f.grantLog, f.grantLogMax, f.grantLogBackups, cmp.Or(f.advertise, f.listen), stderr)
 		if err != nil {
-			fmt.Fprintf(stderr, "triage quota-server: -grant-log: %v\n", err)
-			return 1
+			return q, 1, fmt.Errorf("-grant-log: %w", err)
 		}
-		defer stop()
-		svcOpts = append(svcOpts, quotaservice.WithGrantLog(gl.Lease))
-		extraMetrics = grantLogMetrics(gl)
+		q.closers = append(q.closers, stop)
+		q.svcOpts = append(q.svcOpts, quotaservice.WithGrantLog(gl.Lease))
+		q.metrics = grantLogMetrics(gl)
 	}
 	newAlloc := func(p *quota.Policy, extra ...quota.AllocatorOption) (*quota.Allocator, error) {
-		return quota.NewAllocator(p, append(extra, quota.WithLease(*lease), quota.WithRefresh(*refresh), quota.WithAllocatorMode(mode))...)
+		return quota.NewAllocator(p, append(extra, quota.WithLease(f.lease), quota.WithRefresh(f.refresh), quota.WithAllocatorMode(mode))...)
 	}
-	// One process serves its Allocator; a replica serves the one of its
-	// term as leader.
-	var (
-		server    quotapb.QuotaServer
-		collector prometheus.Collector
-		setPolicy func(*quota.Policy, int64)
-		runMore   func(context.Context) error
-	)
-	if cli == nil {
-		alloc, err := newAlloc(src.policy)
+	if q.cli == nil {
+		alloc, err := newAlloc(q.src.policy)
 		if err != nil {
-			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-			return 1
+			return q, 1, err
 		}
-		server = quotaservice.NewService(alloc, svcOpts...)
-		collector = triageprom.New().QuotaService(alloc)
-		setPolicy = func(p *quota.Policy, _ int64) { alloc.SetPolicy(p) }
-	} else {
-		r, err := quotareplica.New(cli, *advertise, src.policy, newAlloc, quotareplica.WithSessionTTL(*sessionTTL),
-			quotareplica.WithElectionPrefix(*electionPrefix), quotareplica.WithServiceOptions(svcOpts...))
-		if err != nil {
-			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-			return 2
-		}
-		r.SetPolicy(src.policy, src.version)
-		server, setPolicy, runMore = r, r.SetPolicy, r.Run
-		collector = triageprom.New().QuotaReplica(r)
+		q.server = quotaservice.NewService(alloc, q.svcOpts...)
+		q.metrics = append(q.metrics, triageprom.New().QuotaService(alloc))
+		q.setPolicy = func(p *quota.Policy, _ int64) { alloc.SetPolicy(p) }
+		return q, 0, nil
 	}
-	lis, err := net.Listen("tcp", *listen)
+	r, err := quotareplica.New(q.cli, f.advertise, q.src.policy, newAlloc, quotareplica.WithSessionTTL(f.sessionTTL),
+		quotareplica.WithElectionPrefix(f.electionPrefix), quotareplica.WithServiceOptions(q.svcOpts...))
 	if err != nil {
-		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-		return 1
+		return q, 2, err
 	}
-	gs := grpc.NewServer(append(creds, quotaservice.ServerOptions()...)...)
-	quotapb.RegisterQuotaServer(gs, server)
+	r.SetPolicy(q.src.policy, q.src.version)
+	q.server, q.setPolicy, q.runMore = r, r.SetPolicy, r.Run
+	q.metrics = append(q.metrics, triageprom.New().QuotaReplica(r))
+	return q, 0, nil
+}
+
+// credentials sets q's TLS and the identities tasks report as.
+func (f *quotaServerFlags) credentials(q *quotaServer) error {
+	if f.tls.Set() {
+		cfg, err := f.tls.Server()
+		if err != nil {
+			return err
+		}
+		q.creds = append(q.creds, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	if f.tls.CA != "" {
+		q.svcOpts = append(q.svcOpts, quotaservice.WithTaskIdentities(f.binds))
+		if f.boundOnly {
+			q.svcOpts = append(q.svcOpts, quotaservice.WithBoundIdentitiesOnly())
+		}
+	}
+	return nil
+}
+
+// serve serves q on f.listen until ctx ends, then drains: lame duck for
+// -drain, and a replica resigns so that another takes over at once.
+func (q *quotaServer) serve(ctx context.Context, f *quotaServerFlags, stdout, stderr io.Writer) error {
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer(append(q.creds, quotaservice.ServerOptions()...)...)
+	quotapb.RegisterQuotaServer(gs, q.server)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(*drain))
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(f.drain))
 	if err != nil {
-		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-		return 1
+		lis.Close()
+		return err
 	}
-	if *metrics != "" {
+	if f.metrics != "" {
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(collector)
-		reg.MustRegister(extraMetrics...)
-		stopMetrics, err := serveMetrics(*metrics, reg)
+		reg.MustRegister(q.metrics...)
+		stopMetrics, err := serveMetrics(f.metrics, reg)
 		if err != nil {
-			fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-			return 1
+			lis.Close()
+			return err
 		}
 		defer stopMetrics()
 	}
-	go src.run(ctx, func(p *quota.Policy, version int64) {
-		setPolicy(p, version)
+	go q.src.run(ctx, func(p *quota.Policy, version int64) {
+		q.setPolicy(p, version)
 		fmt.Fprintf(stdout, "policy %d in force: %d customers\n", version, len(p.Customers()))
 	}, func(version int64, err error) {
 		fmt.Fprintf(stderr, "triage quota-server: policy %d refused, keeping the last good one: %v\n", version, err)
 	})
 	ranMore := make(chan struct{})
-	if runMore != nil {
-		// Until ctx is done; then the replica resigns, so that another
-		// takes over at once: wait for it before exiting.
-		go func() { defer close(ranMore); runMore(ctx) }()
+	if q.runMore != nil {
+		go func() { defer close(ranMore); q.runMore(ctx) }()
 	} else {
 		close(ranMore)
 	}
@@ -254,26 +300,31 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	go func() {
 		defer close(stopped)
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), *drain+5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), f.drain+5*time.Second)
 		defer cancel()
 		lc.Shutdown(sctx, triagegrpc.GracefulStop(gs))
 	}()
-	auth := "tasks authenticated by client certificate"
-	if tlsFiles.CA == "" {
-		auth = "tasks NOT authenticated"
-	}
-	how := "one process"
-	if cli != nil {
-		how = fmt.Sprintf("a replica advertised as %s, leader elected through etcd %s", *advertise, *etcdEndpoints)
-	}
-	fmt.Fprintf(stdout, "quota service listening on %s: %d customers (policy %s), lease %v, refresh %v, %s, %s\n", lis.Addr(), len(src.policy.Customers()), src.where, *lease, *refresh, auth, how)
+	fmt.Fprintf(stdout, "quota service listening on %s: %d customers (policy %s), lease %v, refresh %v, %s\n",
+		lis.Addr(), len(q.src.policy.Customers()), q.src.where, f.lease, f.refresh, f.describe())
 	if err := gs.Serve(lis); err != nil {
-		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
-		return 1
+		return err
 	}
 	<-stopped
 	<-ranMore
-	return 0
+	return nil
+}
+
+// describe says how tasks are authenticated and how the service runs.
+func (f *quotaServerFlags) describe() string {
+	auth := "tasks authenticated by client certificate"
+	if f.tls.CA == "" {
+		auth = "tasks NOT authenticated"
+	}
+	how := "one process"
+	if f.etcd != "" {
+		how = fmt.Sprintf("a replica advertised as %s, leader elected through etcd %s", f.advertise, f.etcd)
+	}
+	return auth + ", " + how
 }
 
 // bindFlag is -bind: IDENTITY=TASK pairs.

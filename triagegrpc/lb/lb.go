@@ -138,11 +138,11 @@ func countAndDuration(nName string, n *int, defN int, dName, d string, defD time
 	if d != "" {
 		var err error
 		if cd, err = time.ParseDuration(d); err != nil {
-			return 0, 0, fmt.Errorf("triage balancer: %s %q is not a duration", dName, d)
+			return 0, 0, fmt.Errorf("%s %q is not a duration", dName, d)
 		}
 	}
 	if cn < 0 || cn > 1<<16 || cn > 0 && (cd <= 0 || cd > balance.MaxEjection) {
-		return 0, 0, fmt.Errorf("triage balancer: %s %d, %s %v (want 0 to 65536 calls, and a duration in (0, %v])", nName, cn, dName, cd, balance.MaxEjection)
+		return 0, 0, fmt.Errorf("%s %d, %s %v (want 0 to 65536 calls, and a duration in (0, %v])", nName, cn, dName, cd, balance.MaxEjection)
 	}
 	return cn, cd, nil
 }
@@ -213,17 +213,31 @@ func ParseConfig(js []byte) (*Config, error) {
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("triage balancer: %w", err)
 	}
+	for _, step := range []func() error{c.balanceOptions, c.failureOptions, c.subsetOptions} {
+		if err := step(); err != nil {
+			return nil, fmt.Errorf("triage balancer: %w", err)
+		}
+	}
+	if _, err := balance.New(c.opts...); err != nil { // validates the values
+		return nil, fmt.Errorf("triage balancer: %w", err)
+	}
+	return &c, nil
+}
+
+// balanceOptions reads the policy, the cap on active requests and the
+// durations of the load picture.
+func (c *Config) balanceOptions() error {
 	if c.Policy == "" {
 		c.Policy = balance.RoundRobin.String()
 	}
 	p, err := balance.ParsePolicy(c.Policy)
 	if err != nil {
-		return nil, fmt.Errorf("triage balancer: %w", err)
+		return err
 	}
 	c.opts = append(c.opts, balance.WithPolicy(p))
 	switch {
 	case c.MaxActive < -1:
-		return nil, fmt.Errorf("triage balancer: maxActive %d (want -1 to disable, or a positive cap)", c.MaxActive)
+		return fmt.Errorf("maxActive %d (want -1 to disable, or a positive cap)", c.MaxActive)
 	case c.MaxActive == -1:
 		c.opts = append(c.opts, balance.WithMaxActive(0))
 	case c.MaxActive > 0:
@@ -238,10 +252,27 @@ func ParseConfig(js []byte) (*Config, error) {
 		}
 		v, err := time.ParseDuration(d.v)
 		if err != nil || v < 0 || (v == 0 && d.name != "blackout") {
-			return nil, fmt.Errorf("triage balancer: %s %q is not a positive duration", d.name, d.v)
+			return fmt.Errorf("%s %q is not a positive duration", d.name, d.v)
 		}
 		c.opts = append(c.opts, d.opt(v))
 	}
+	c.oobPeriod = DefaultOOBReportPeriod
+	if c.OOBReportPeriod != "" {
+		d, err := time.ParseDuration(c.OOBReportPeriod)
+		if err != nil || d <= 0 || d > time.Hour {
+			return fmt.Errorf("oobReportPeriod %q is not a duration in (0, 1h]", c.OOBReportPeriod)
+		}
+		c.oobPeriod = d
+	}
+	if c.OOBLoadReport && c.Blackout == "" {
+		c.opts = append(c.opts, balance.WithBlackout(0))
+	}
+	return nil
+}
+
+// failureOptions reads how errors weigh, and when a backend is ejected
+// or counted as stalled.
+func (c *Config) failureOptions() error {
 	if c.ErrorPenalty != nil {
 		c.opts = append(c.opts, balance.WithErrorPenalty(*c.ErrorPenalty))
 	}
@@ -251,52 +282,45 @@ func ParseConfig(js []byte) (*Config, error) {
 	if c.EjectAfter != nil || c.Ejection != "" {
 		n, d, err := countAndDuration("ejectAfter", c.EjectAfter, balance.DefaultEjectAfter, "ejection", c.Ejection, balance.DefaultEjection)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.opts = append(c.opts, balance.WithEjection(n, d))
 	}
 	if c.StallPicks != nil || c.StallAfter != "" {
 		n, d, err := countAndDuration("stallPicks", c.StallPicks, balance.DefaultStallPicks, "stallAfter", c.StallAfter, balance.DefaultStallAfter)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.opts = append(c.opts, balance.WithStall(n, d))
 	}
+	return nil
+}
+
+// subsetOptions reads the subset's size, algorithm, client id and
+// replacement delay.
+func (c *Config) subsetOptions() error {
 	if c.SubsetSize < -1 {
-		return nil, fmt.Errorf("triage balancer: subsetSize %d (want -1 for every backend, or a positive size)", c.SubsetSize)
-	}
-	c.oobPeriod = DefaultOOBReportPeriod
-	if c.OOBReportPeriod != "" {
-		d, err := time.ParseDuration(c.OOBReportPeriod)
-		if err != nil || d <= 0 || d > time.Hour {
-			return nil, fmt.Errorf("triage balancer: oobReportPeriod %q is not a duration in (0, 1h]", c.OOBReportPeriod)
-		}
-		c.oobPeriod = d
-	}
-	if c.OOBLoadReport && c.Blackout == "" {
-		c.opts = append(c.opts, balance.WithBlackout(0))
+		return fmt.Errorf("subsetSize %d (want -1 for every backend, or a positive size)", c.SubsetSize)
 	}
 	c.replaceAfter = subset.DefaultReplaceAfter
 	if c.ReplaceAfter != "" {
 		d, err := time.ParseDuration(c.ReplaceAfter)
 		if err != nil || d <= 0 || d > time.Minute {
-			return nil, fmt.Errorf("triage balancer: replaceAfter %q is not a duration in (0, 1m]", c.ReplaceAfter)
+			return fmt.Errorf("replaceAfter %q is not a duration in (0, 1m]", c.ReplaceAfter)
 		}
 		c.replaceAfter = d
 	}
 	if c.SubsetAlgorithm == "" {
 		c.SubsetAlgorithm = "deterministic"
 	}
+	var err error
 	if c.alg, err = subset.ByName(c.SubsetAlgorithm, 0); err != nil {
-		return nil, fmt.Errorf("triage balancer: %w", err)
+		return err
 	}
 	if c.ClientID != nil && *c.ClientID < 0 {
-		return nil, fmt.Errorf("triage balancer: clientId %d (want >= 0)", *c.ClientID)
+		return fmt.Errorf("clientId %d (want >= 0)", *c.ClientID)
 	}
-	if _, err := balance.New(c.opts...); err != nil { // validates the values
-		return nil, fmt.Errorf("triage balancer: %w", err)
-	}
-	return &c, nil
+	return nil
 }
 
 func (bb balancerBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {

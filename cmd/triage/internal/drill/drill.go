@@ -170,26 +170,61 @@ var tiers = []tierSpec{
 // Run performs the drill and returns its result; the result and the
 // report are also written to Options.Out.
 func Run(ctx context.Context, o Options) (*Result, error) {
+	scenarios, err := o.defaults()
+	if err != nil {
+		return nil, err
+	}
+	v := newView(o.Stdout, o.Quiet)
+	if o.Serve != "" {
+		stop, err := v.serve(o.Serve)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+		v.printf("live view on http://%s/\n", o.Serve)
+	}
+	res := &Result{ProvisionedRate: ProvisionedRate, Dir: o.Out}
+	unbalanced, err := runAll(ctx, &o, scenarios, v, res)
+	if err != nil {
+		return res, err
+	}
+	if len(o.Faults) > 0 {
+		res.Faults = faultRows(res.Runs)
+		if o.Rounds > 1 {
+			res.FaultMedians = faultMedians(res.Faults)
+		}
+	} else if o.Rounds > 1 {
+		res.Medians = medians(res.Runs)
+	}
+	if err := res.write(o.Out); err != nil {
+		return res, err
+	}
+	v.printf("\n%s\nresult: %s\nreport: %s\n", res.Summary(), filepath.Join(o.Out, "result.json"), filepath.Join(o.Out, "report.html"))
+	return res, errors.Join(unbalanced...)
+}
+
+// defaults checks o, fills in its defaults and its output directory, and
+// returns the scenarios it names.
+func (o *Options) defaults() ([]*scenario, error) {
 	if o.Duration == 0 {
 		o.Duration = 2 * time.Minute
 	}
-	if o.Duration < 20*time.Second || o.Duration > time.Hour {
-		return nil, errors.New("drill: duration must be between 20s and 1h")
+	if o.Rounds == 0 {
+		o.Rounds = 1
 	}
-	if o.Command == nil {
+	switch {
+	case o.Duration < 20*time.Second || o.Duration > time.Hour:
+		return nil, errors.New("drill: duration must be between 20s and 1h")
+	case o.Command == nil:
 		return nil, errors.New("drill: Options.Command is required")
+	case o.Rounds < 1 || o.Rounds > MaxRounds:
+		return nil, fmt.Errorf("drill: rounds must be between 1 and %d", MaxRounds)
 	}
 	if o.Stdout == nil {
 		o.Stdout = io.Discard
 	}
 	if o.Runs == nil {
 		o.Runs = []bool{true, false}
-	}
-	if o.Rounds == 0 {
-		o.Rounds = 1
-	}
-	if o.Rounds < 1 || o.Rounds > MaxRounds {
-		return nil, fmt.Errorf("drill: rounds must be between 1 and %d", MaxRounds)
 	}
 	scenarios := []*scenario{drillScenario}
 	if len(o.Faults) > 0 {
@@ -207,22 +242,19 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	} else if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, err
 	}
-	v := newView(o.Stdout, o.Quiet)
-	if o.Serve != "" {
-		stop, err := v.serve(o.Serve)
-		if err != nil {
-			return nil, err
-		}
-		defer stop()
-		v.printf("live view on http://%s/\n", o.Serve)
-	}
-	res := &Result{ProvisionedRate: ProvisionedRate, Dir: o.Out}
+	return scenarios, nil
+}
+
+// runAll runs every round of every scenario, with and without triage as
+// o.Runs says, into res. A run whose checks fail is kept and its error
+// returned in unbalanced: the runs go on, and are written, before the
+// drill fails; any other error stops the drill.
+func runAll(ctx context.Context, o *Options, scenarios []*scenario, v *view, res *Result) (unbalanced []error, err error) {
 	perRun := o.Duration / time.Duration(len(o.Runs))
-	var unbalanced []error // the runs go on, and are written, before the drill fails
 	for round := 1; round <= o.Rounds; round++ {
 		for _, sc := range scenarios {
 			for _, protect := range o.Runs {
-				r, err := runOnce(ctx, o, sc, protect, perRun, v)
+				r, err := runOnce(ctx, *o, sc, protect, perRun, v)
 				if r == nil && errors.Is(err, errSkipped) {
 					v.printf("  %v\n", err)
 					res.Skipped = appendOnce(res.Skipped, err.Error())
@@ -239,24 +271,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 					v.printf("  %v\n", err)
 					unbalanced = append(unbalanced, err)
 				} else if err != nil {
-					return res, err
+					return unbalanced, err
 				}
 			}
 		}
 	}
-	if len(o.Faults) > 0 {
-		res.Faults = faultRows(res.Runs)
-		if o.Rounds > 1 {
-			res.FaultMedians = faultMedians(res.Faults)
-		}
-	} else if o.Rounds > 1 {
-		res.Medians = medians(res.Runs)
-	}
-	if err := res.write(o.Out); err != nil {
-		return res, err
-	}
-	v.printf("\n%s\nresult: %s\nreport: %s\n", res.Summary(), filepath.Join(o.Out, "result.json"), filepath.Join(o.Out, "report.html"))
-	return res, errors.Join(unbalanced...)
+	return unbalanced, nil
 }
 
 // proc is one process of the stack.
