@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/triagehq/triage/connload"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagegrpc"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 )
 
 // A handler that forwards its incoming metadata, or copies triage keys

@@ -10,8 +10,8 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
-	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
 )
 

@@ -17,7 +17,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagegrpc"
 )

@@ -12,7 +12,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )

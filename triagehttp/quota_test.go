@@ -11,7 +11,7 @@ import (
 
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"

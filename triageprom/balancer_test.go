@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/balance"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc/lb"
 	"github.com/triagehq/triage/triageprom"
 )

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagehttp"

@@ -18,8 +18,8 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )

@@ -15,11 +15,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/triagehq/triage/internal/etcdtest"
-	"github.com/triagehq/triage/internal/grantlog"
-	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/internal/testcert"
+	"github.com/triagehq/triage/internal/testkit/etcdtest"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/testcert"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/grantlog"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 )
 

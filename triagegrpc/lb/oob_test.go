@@ -17,8 +17,8 @@ import (
 
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/clock"
-	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
 )

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
-	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/subset"
 	"github.com/triagehq/triage/triagegrpc"

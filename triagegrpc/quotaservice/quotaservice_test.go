@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/triagehq/triage/internal/testcert"
+	"github.com/triagehq/triage/internal/testkit/testcert"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -20,7 +20,7 @@ import (
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"

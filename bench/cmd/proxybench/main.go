@@ -28,7 +28,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/triagehq/triage/internal/etcdtest"
+	"github.com/triagehq/triage/internal/testkit/etcdtest"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
 	"github.com/triagehq/triage/triageyaml"

@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/internal/etcdtest"
-	"github.com/triagehq/triage/internal/grantlog"
+	"github.com/triagehq/triage/internal/testkit/etcdtest"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/grantlog"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"

@@ -35,7 +35,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
-	"github.com/triagehq/triage/internal/testcert"
+	"github.com/triagehq/triage/internal/testkit/testcert"
 )
 
 // writePair writes a leaf for uri into dir as name.crt and name.key.

@@ -22,7 +22,7 @@ import (
 
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"

@@ -21,7 +21,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"

@@ -23,9 +23,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/etcdtest"
-	"github.com/triagehq/triage/internal/grantlog"
-	"github.com/triagehq/triage/internal/loopback"
+	"github.com/triagehq/triage/internal/testkit/etcdtest"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/quota/grantlog"
 )
 
 const replicaTTL = 2 // seconds: the replicas' etcd session TTL
@@ -50,7 +50,7 @@ func TestQuotaReplicasFailover(t *testing.T) {
 		t.Skip("runs processes for 70 s")
 	}
 	if os.Getenv("TRIAGE_MEASURE") == "" || raceEnabled {
-		t.Skip("a measurement on real processes and real time (70 s, needs the machine to itself): TRIAGE_MEASURE=1 go test -count=1 -run TestQuotaReplicasFailover -v ./internal/e2e")
+		t.Skip("a measurement on real processes and real time (70 s, needs the machine to itself): TRIAGE_MEASURE=1 go test -count=1 -run TestQuotaReplicasFailover -v ./test/e2e")
 	}
 	e := etcdtest.Start(t)
 	bin := buildTriage(t)

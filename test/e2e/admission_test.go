@@ -20,8 +20,8 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
 )

@@ -33,9 +33,9 @@ import (
 
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/internal/loopback"
 	"github.com/triagehq/triage/internal/proc"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
@@ -366,7 +366,7 @@ func TestQuotasOverLoopback(t *testing.T) {
 		// no race detector (which multiplies every request's CPU,
 		// unevenly). On a busy machine the per-request estimates swing
 		// and so do the results.
-		t.Skip("a measurement on real CPU (60 s, needs the machine to itself, no -race): TRIAGE_MEASURE=1 go test -count=1 -run TestQuotasOverLoopback -v ./internal/e2e")
+		t.Skip("a measurement on real CPU (60 s, needs the machine to itself, no -race): TRIAGE_MEASURE=1 go test -count=1 -run TestQuotasOverLoopback -v ./test/e2e")
 	}
 	bin := buildTriage(t)
 	dir := t.TempDir()

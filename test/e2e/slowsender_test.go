@@ -28,7 +28,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"

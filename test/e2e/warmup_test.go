@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"

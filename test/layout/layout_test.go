@@ -17,20 +17,17 @@ const module = "github.com/triagehq/triage"
 
 // notCore names the packages that are not transport-agnostic core, by
 // kind: adapters (every package whose path starts with "triage"), the
-// CLI (under cmd/), and test and demo helpers. Every other package of
-// the module is core, found by walking the tree, so a new package is
-// checked unless it says what else it is here.
+// CLI (under cmd/), the tests (under test/) and the test and demo
+// helpers (under internal/testkit/). Every other package of the module
+// is core, found by walking the tree, so a new package is checked unless
+// it says what else it is here.
 func notCore(rel string) bool {
-	if strings.HasPrefix(rel, "triage") || rel == "cmd" || strings.HasPrefix(rel, "cmd/") {
-		return true
+	for _, floor := range []string{"cmd", "test", "internal/testkit"} {
+		if rel == floor || strings.HasPrefix(rel, floor+"/") {
+			return true
+		}
 	}
-	switch rel {
-	case "deploy", // operator files; its tests run promtool
-		"internal/e2e", "internal/layout", // tests
-		"internal/loopback", "internal/relay", "internal/testcert", "internal/etcdtest": // test and demo helpers
-		return true
-	}
-	return false
+	return strings.HasPrefix(rel, "triage") || rel == "deploy" // deploy: operator files; its tests run promtool
 }
 
 // corePackages walks the module (not bench/, its own module) and returns
@@ -175,6 +172,49 @@ func TestFunctionsFitOnAScreen(t *testing.T) {
 			}
 			if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > maxFuncLines {
 				t.Errorf("%s: %s is %d lines, more than %d", rel, fn.Name.Name, n, maxFuncLines)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// internal/ holds one kind of thing: the runtime helpers the core stands
+// on, which import only the standard library, so that no import runs back
+// up through it. Test and demo helpers live in internal/testkit/, and
+// only tests, examples and cmd/ import them.
+func TestInternalIsTheFloor(t *testing.T) {
+	root := filepath.Join("..", "..")
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() && path != root && (d.Name() == "testdata" || d.Name() == "bench" || strings.HasPrefix(d.Name(), ".")) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		test := strings.HasSuffix(path, "_test.go")
+		dir := filepath.ToSlash(filepath.Dir(rel))
+		runtime := strings.HasPrefix(dir, "internal/") && !strings.HasPrefix(dir, "internal/testkit")
+		tooling := strings.HasPrefix(dir, "cmd/") || dir == "cmd" || strings.HasPrefix(dir, "test/") || strings.HasPrefix(dir, "internal/testkit/")
+		af, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range af.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			first, _, _ := strings.Cut(p, "/")
+			switch {
+			case runtime && !test && strings.Contains(first, "."):
+				t.Errorf("%s imports %s: internal/ holds runtime helpers, which import only the standard library", rel, p)
+			case !test && !tooling && strings.HasPrefix(p, module+"/internal/testkit/"):
+				t.Errorf("%s imports %s: test and demo helpers are for tests, examples and cmd/ only", rel, p)
 			}
 		}
 		return nil

@@ -28,7 +28,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/balance"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"

@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/balance"
-	"github.com/triagehq/triage/internal/loopback"
-	"github.com/triagehq/triage/internal/relay"
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
 )
@@ -193,10 +193,10 @@ type spreadRow struct {
 // the backends' ORCA reports, gives the fast ones twice as much. The
 // spreads and tail latencies compared are measured over wall-clock
 // seconds, so this is a measurement, not part of go test ./...:
-// TRIAGE_MEASURE=1 go test -count=1 -run TestBalancingSpread -v ./internal/e2e
+// TRIAGE_MEASURE=1 go test -count=1 -run TestBalancingSpread -v ./test/e2e
 func TestBalancingSpread(t *testing.T) {
 	if os.Getenv("TRIAGE_MEASURE") != "1" || testing.Short() {
-		t.Skip("a measurement of about a minute of real load: TRIAGE_MEASURE=1 go test -count=1 -run TestBalancingSpread -v ./internal/e2e")
+		t.Skip("a measurement of about a minute of real load: TRIAGE_MEASURE=1 go test -count=1 -run TestBalancingSpread -v ./test/e2e")
 	}
 	const service = 20 * time.Millisecond
 	backends := []*slotBackend{
