@@ -50,9 +50,7 @@ type Server struct {
 	retryLater      sync.Map
 	retryLaterCount atomic.Int32
 	group           func(context.Context, metadata.MD) string
-	connShare       int32         // 0: no share by connection
-	slowPenalty     time.Duration // 0: no slow-sender penalty
-	slowPace        time.Duration // 0: a slow sender's refusals unpaced
+	connShare       int32 // 0: no share by connection
 	maxConnStalls   int
 	penaliseTrusted bool
 	stats           *streamStats
@@ -71,8 +69,6 @@ type serverConfig struct {
 	clock           clock.Clock
 	group           func(context.Context, metadata.MD) string
 	connShare       int32
-	slowPenalty     time.Duration
-	slowPace        time.Duration
 	maxConnStalls   int
 	penaliseTrusted bool
 }
@@ -152,7 +148,7 @@ func WithServerClock(c clock.Clock) ServerOption {
 // NewServer returns a Server, or an error for an inconsistent
 // configuration.
 func NewServer(opts ...ServerOption) (*Server, error) {
-	c := serverConfig{connShare: DefaultConnShare, slowPenalty: DefaultSlowSenderPenalty, slowPace: DefaultSlowSenderPace, maxConnStalls: intake.DefaultMaxConnStalls}
+	c := serverConfig{connShare: DefaultConnShare, maxConnStalls: intake.DefaultMaxConnStalls}
 	for _, o := range opts {
 		o.applyServer(&c)
 	}
@@ -161,7 +157,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("triagegrpc: %w", err)
 	}
 	clk := clock.OrReal(c.clock)
-	s := &Server{in: in, group: c.group, connShare: c.connShare, slowPenalty: c.slowPenalty, slowPace: c.slowPace, maxConnStalls: c.maxConnStalls, penaliseTrusted: c.penaliseTrusted,
+	s := &Server{in: in, group: c.group, connShare: c.connShare, maxConnStalls: c.maxConnStalls, penaliseTrusted: c.penaliseTrusted,
 		clock: clk, since: clock.SinceFunc(clk, clk.Now()),
 		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
@@ -261,14 +257,14 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 // With it, a connection one of whose streams the interceptors refused as
 // late (its message came past admission's message timeout) has its next
 // streams, health checks aside, refused in the tap for
-// WithSlowSenderPenalty (1 s, doubling to MaxSlowSenderPenalty while it
+// DefaultSlowSenderPenalty (1 s, doubling to MaxSlowSenderPenalty while it
 // offends again): a slow sender's burst of late messages costs a
 // goroutine and a refusal per stream, which the tap's refusal does not.
 // After its penalty the connection is on probation for
 // MaxSlowSenderPenalty: it may hold at most WithConnShare streams whose
 // message has not come, and its next is refused in the tap too, so that
 // its next burst of late messages is a few streams. The tap refuses such
-// a connection's streams at most one per WithSlowSenderPace (1 ms),
+// a connection's streams at most one per SlowSenderPace (1 ms),
 // holding its reader in between: the connection is not read while it
 // waits, so a slow sender's burst of new streams is spread out rather
 // than served ahead of other connections' requests, and however fast it
@@ -290,7 +286,7 @@ func WithMaxConnStalls(n int) ServerOption {
 
 // DefaultSlowSenderPenalty is how long a connection whose stream sent its
 // message past the message timeout has its next streams refused at
-// arrival (WithSlowSenderPenalty); it doubles while the connection
+// arrival; it doubles while the connection
 // offends again within MaxSlowSenderPenalty of its last penalty's end.
 const DefaultSlowSenderPenalty = time.Second
 
@@ -298,35 +294,13 @@ const DefaultSlowSenderPenalty = time.Second
 // penalty.
 const MaxSlowSenderPenalty = time.Minute
 
-// WithSlowSenderPenalty sets how long a connection is refused new streams
-// at arrival after one of its streams sent its message past the message
-// timeout (admission.WithMessageTimeout: refused as late), doubling, up to
-// MaxSlowSenderPenalty, while it offends again within MaxSlowSenderPenalty
-// of its last penalty's end; 0 turns the penalty off. Health checks are
-// still answered. Default DefaultSlowSenderPenalty.
-func WithSlowSenderPenalty(d time.Duration) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.slowPenalty = min(max(d, 0), MaxSlowSenderPenalty) })
-}
-
-// DefaultSlowSenderPace is how often the tap refuses a stream of a
-// connection refused as a slow sender (WithSlowSenderPace).
-const DefaultSlowSenderPace = time.Millisecond
-
-// MaxSlowSenderPace bounds WithSlowSenderPace: grpc-go calls the tap
-// under the connection's transport lock, which the wait holds.
-const MaxSlowSenderPace = 100 * time.Millisecond
-
-// WithSlowSenderPace sets how often, at most, the tap refuses a stream of
-// a connection serving a slow-sender penalty or over its share on
-// probation (WithSlowSenderPenalty). Between two refusals the
-// connection's reader waits: nothing more is read from that connection,
-// its health checks included, until the next refusal is due, and its
-// streams already admitted wait that long to be cleaned up. 0 refuses
-// them as fast as they come. Default DefaultSlowSenderPace; at most
-// MaxSlowSenderPace.
-func WithSlowSenderPace(d time.Duration) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.slowPace = min(max(d, 0), MaxSlowSenderPace) })
-}
+// SlowSenderPace is how often, at most, the tap refuses a stream of a
+// connection serving a slow-sender penalty or over its share on
+// probation. Between two refusals the connection's reader waits: nothing
+// more is read from that connection, its health checks included, until
+// the next refusal is due. grpc-go calls the tap under the connection's
+// transport lock, which the wait holds, so it is short.
+const SlowSenderPace = time.Millisecond
 
 // DefaultConnShare is how many of a connection's streams may wait for
 // their goroutines before its next stream is over the connection's share
@@ -405,15 +379,12 @@ func (s *Server) slow(c *connState) (penalty, probation bool) {
 // connection's next refusal as a slow sender is due, and books the one
 // after it a pace later.
 func (s *Server) pace(c *connState) {
-	if s.slowPace <= 0 {
-		return
-	}
 	now := int64(s.since())
 	var due int64
 	for {
 		next := c.paceNext.Load()
 		due = max(next, now)
-		if c.paceNext.CompareAndSwap(next, due+int64(s.slowPace)) {
+		if c.paceNext.CompareAndSwap(next, due+int64(SlowSenderPace)) {
 			break
 		}
 	}
@@ -451,7 +422,7 @@ type probeMark struct {
 // WithTrustedSlowSenderPenalty. One penalty per burst of late messages: a
 // refusal during the penalty adds nothing.
 func (s *Server) noteLate(ctx context.Context, h *intake.Handle, err error) {
-	if s.slowPenalty <= 0 || !h.SenderLate() {
+	if !h.SenderLate() {
 		return
 	}
 	if r, _, ok := admission.RejectionOf(err); !ok || r != admission.Late {
@@ -471,7 +442,7 @@ func (s *Server) noteLate(ctx context.Context, h *intake.Handle, err error) {
 	if now < until {
 		return
 	}
-	p := s.slowPenalty
+	p := DefaultSlowSenderPenalty
 	if until != 0 && now < until+int64(MaxSlowSenderPenalty) {
 		p = min(2*c.penalty, MaxSlowSenderPenalty)
 	}
@@ -550,7 +521,7 @@ func (s *Server) TapHandle() tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		cs := connOf(ctx)
 		var probation bool
-		if cs != nil && s.slowPenalty > 0 && !isHealthCheck(info.FullMethodName) {
+		if cs != nil && !isHealthCheck(info.FullMethodName) {
 			var penalty bool
 			penalty, probation = s.slow(cs)
 			probation = probation && s.connShare > 0

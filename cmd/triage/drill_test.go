@@ -33,8 +33,8 @@ func TestMain(m *testing.M) {
 // runs it so), not inside go test ./..., where other packages' tests
 // share the CPU with its processes.
 func TestDrillShortened(t *testing.T) {
-	if testing.Short() || raceEnabled {
-		t.Skip("a 60 s drill on real processes; .ci/run runs it without the race detector")
+	if testing.Short() || raceEnabled || os.Getenv("TRIAGE_MEASURE") != "1" {
+		t.Skip("a 60 s drill on real processes, with its numbers asserted: TRIAGE_MEASURE=1 go test -run TestDrillShortened ./cmd/triage (.ci/run runs it so, alone on the machine, without the race detector)")
 	}
 	t.Setenv(asCLI, "1")
 	dir := t.TempDir()
@@ -160,8 +160,8 @@ func TestDrillShortened(t *testing.T) {
 // numbers the promise is about are asserted with TRIAGE_MEASURE=1, on a
 // machine the harness has to itself (.ci/run runs every fault so).
 func TestFaultHarness(t *testing.T) {
-	if testing.Short() || raceEnabled {
-		t.Skip("minutes of drills on real processes; .ci/run runs them without the race detector")
+	if testing.Short() || raceEnabled || os.Getenv("TRIAGE_MEASURE") != "1" {
+		t.Skip("minutes of drills on real processes, with their numbers asserted: TRIAGE_MEASURE=1 TRIAGE_FAULTS=all go test -run TestFaultHarness ./cmd/triage (.ci/run runs it so, alone on the machine, without the race detector)")
 	}
 	faults := os.Getenv("TRIAGE_FAULTS")
 	if faults == "" {

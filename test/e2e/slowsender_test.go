@@ -101,7 +101,7 @@ func (s *slowServer) paced(recv func() error) (error, int) {
 			return err, paces
 		default:
 		}
-		s.f.Advance(triagegrpc.DefaultSlowSenderPace)
+		s.f.Advance(triagegrpc.SlowSenderPace)
 		paces++
 	}
 	return err, paces
@@ -272,14 +272,14 @@ func (tagCounter) HandleConn(context.Context, stats.ConnStats)                  
 
 // Streams to a method the server does not have are admitted at the tap
 // and never reach a handler (issue 21, item 2). With the Server's options
-// each leaves nothing behind: after 100,000 of them every count is at its
+// each leaves nothing behind: after 20,000 of them every count is at its
 // baseline. Installed without the stats handler (tap only), every count
 // is back at its baseline four target delays later.
 func TestUnknownMethodsLeaveNoCounts(t *testing.T) {
 	for _, withStats := range []bool{true, false} {
 		s := startSlowServer(t, withStats)
 		ctx := criticality.NewContext(context.Background(), criticality.Sheddable)
-		const calls = 100000
+		const calls = 20000
 		var wg sync.WaitGroup
 		var next atomic.Int64
 		for w := 0; w < 16; w++ {
@@ -399,7 +399,7 @@ func TestConnectionOnProbationHoldsFewStreamsWithoutTheirMessage(t *testing.T) {
 }
 
 // The tap refuses a slow sender's streams at most one per
-// WithSlowSenderPace, holding its connection's reader in between: on a
+// SlowSenderPace, holding its connection's reader in between: on a
 // connection serving its penalty, streams opened one after another at the
 // same moment are refused, the first at once and each next one when the
 // clock has moved on by a pace, none of them with a goroutine, while
@@ -434,7 +434,7 @@ func TestSlowSenderRefusalsArePaced(t *testing.T) {
 			t.Fatalf("stream %d on the slow connection was refused after %d paces of the clock, want %d", i+1, p, want)
 		}
 	}
-	if d, want := s.f.Now().Sub(start), (n-1)*triagegrpc.DefaultSlowSenderPace; d != want {
+	if d, want := s.f.Now().Sub(start), (n-1)*triagegrpc.SlowSenderPace; d != want {
 		t.Fatalf("%d refusals took %v of the clock, want %v", n, d, want)
 	}
 	// While the slow connection's reader waits on the clock, others are
