@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 )
 
@@ -411,6 +412,10 @@ func (c *Controller) Unstall(ctx context.Context, t *Ticket) error {
 	c.stalled.Add(-1)
 	return nil
 }
+
+// Clock returns the Controller's clock (WithClock): a server built on
+// the Controller (package intake) reads time from it.
+func (c *Controller) Clock() clock.Clock { return c.clock }
 
 // TargetDelay is the mean wait before Start the Controller aims at
 // (WithTargetDelay); a send blocked this long is stalled (Stall).

@@ -415,7 +415,7 @@ func TestSetEndpointsKeepsState(t *testing.T) {
 func TestMeter(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	util := 0.5
-	m, err := NewMeter(WithMeterClock(clk), WithUtilization(func() float64 { return util }))
+	m, err := NewMeter(WithClock(clk), WithUtilization(func() float64 { return util }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,11 +23,11 @@ type Meter struct {
 }
 
 // MeterOption configures a Meter.
-type MeterOption interface{ apply(*meterConfig) }
+type MeterOption interface{ applyMeter(*meterConfig) }
 
 type meterOptionFunc func(*meterConfig)
 
-func (f meterOptionFunc) apply(c *meterConfig) { f(c) }
+func (f meterOptionFunc) applyMeter(c *meterConfig) { f(c) }
 
 type meterConfig struct {
 	window      time.Duration
@@ -41,11 +41,6 @@ func WithMeterWindow(d time.Duration) MeterOption {
 	return meterOptionFunc(func(c *meterConfig) { c.window = d })
 }
 
-// WithMeterClock sets the clock. Default clock.Real().
-func WithMeterClock(c clock.Clock) MeterOption {
-	return meterOptionFunc(func(cfg *meterConfig) { cfg.clock = c })
-}
-
 // WithUtilization sets where utilization comes from: a function returning
 // the task's utilization, 0 to 1 (for example an admission.CPU signal's
 // Utilization). Required.
@@ -57,7 +52,7 @@ func WithUtilization(f func() float64) MeterOption {
 func NewMeter(opts ...MeterOption) (*Meter, error) {
 	c := meterConfig{window: 10 * time.Second}
 	for _, o := range opts {
-		o.apply(&c)
+		o.applyMeter(&c)
 	}
 	if c.window < 40*time.Millisecond {
 		return nil, errors.New("balance: meter window under 40ms")

@@ -114,7 +114,8 @@ func WithIsolation(t *isolate.Table, sacrificial *retry.Policy) Option {
 }
 
 // WithClock sets the clock that reads the time left before a call's
-// criticality decays (criticality.WithDecay). Default clock.Real().
+// criticality decays (criticality.WithDecay), and that of the default
+// policies (WithPolicy, WithIsolation). Default clock.Real().
 func WithClock(clk clock.Clock) Option {
 	return optionFunc(func(c *config) { c.clock = clk })
 }
@@ -135,14 +136,14 @@ func New(opts ...Option) (*Caller, error) {
 	}
 	c := &Caller{policy: cfg.policy, hosts: h, clock: clock.OrReal(cfg.clock)}
 	if c.policy == nil && !cfg.noPolicy {
-		if c.policy, err = retry.New(); err != nil {
+		if c.policy, err = retry.New(retry.WithClock(c.clock)); err != nil {
 			return nil, fmt.Errorf("egress: default policy: %w", err)
 		}
 	}
 	if cfg.iso != nil && c.policy != nil {
 		c.iso, c.sacPol = cfg.iso, cfg.sacPol
 		if c.sacPol == nil {
-			if c.sacPol, err = retry.New(); err != nil {
+			if c.sacPol, err = retry.New(retry.WithClock(c.clock)); err != nil {
 				return nil, fmt.Errorf("egress: default sacrificial policy: %w", err)
 			}
 		}

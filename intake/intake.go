@@ -102,8 +102,10 @@ func WithCustomerFromIdentity() Option {
 	return optionFunc(func(in *Intake) { in.customerID = true })
 }
 
-// WithClock sets the clock that starts decays and reads them. Default
-// clock.Real(); give the admission controller the same one.
+// WithClock sets the clock that starts decays and reads them. Default:
+// the admission controller's (admission.Controller.Clock), or
+// clock.Real() without one; a clock other than the controller's is an
+// error. Time is set once, on the controller, for a server with one.
 func WithClock(c clock.Clock) Option { return optionFunc(func(in *Intake) { in.clock = c }) }
 
 // New returns an Intake, or an error for an inconsistent configuration.
@@ -121,6 +123,14 @@ func New(opts ...Option) (*Intake, error) {
 	}
 	if (in.quota == nil) != (in.meter == nil) {
 		return nil, errors.New("intake: WithQuota needs both an Enforcer and a cost Meter")
+	}
+	if in.admission != nil {
+		switch ctl := in.admission.Clock(); {
+		case in.clock == nil:
+			in.clock = ctl
+		case in.clock != ctl:
+			return nil, errors.New("intake: WithClock is not the admission controller's clock: give the controller the clock, once")
+		}
 	}
 	in.clock = clock.OrReal(in.clock)
 	return in, nil

@@ -11,6 +11,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/trust"
@@ -67,8 +68,8 @@ func TestStartFailureGivesBackTheQuotaReservation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, _ := quota.NewUsage(quota.WithUsageClock(clk))
-	e, err := quota.NewEnforcer(p, u, quota.WithEnforcerClock(clk), quota.WithMode(quota.ModePessimistic), quota.WithHeadroom(0))
+	u, _ := quota.NewUsage(quota.WithClock(clk))
+	e, err := quota.NewEnforcer(p, u, quota.WithClock(clk), quota.WithMode(quota.ModePessimistic), quota.WithHeadroom(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,4 +309,32 @@ func started(t *testing.T, in *intake.Intake, r *intake.Request) *intake.Handle 
 		t.Fatal(err)
 	}
 	return h
+}
+
+// Time is set once, on the admission controller: an Intake without a
+// clock of its own starts decays on the controller's, and a clock other
+// than the controller's is refused.
+func TestIntakeTakesTheControllersClock(t *testing.T) {
+	f := clock.NewFake(time.Unix(1000, 0))
+	ctl, err := admission.New(admission.WithClock(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(clock.NewFake(time.Unix(0, 0)))); err == nil {
+		t.Fatal("an Intake took a clock other than its controller's")
+	}
+	cl := edge.MustNew(edge.Config{Rules: []edge.RuleConfig{{PathPrefix: "/", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "2s", To: "SHEDDABLE"}}}})
+	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClassifier(cl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := in.Accept(context.Background(), &intake.Request{Path: "/x", Header: map[string][]string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Abandon()
+	d, ok := criticality.DecayOf(h)
+	if !ok || !d.At.Equal(f.Now().Add(2*time.Second)) {
+		t.Fatalf("decay %+v %v, want at the controller's clock + 2s (%v)", d, ok, f.Now().Add(2*time.Second))
+	}
 }

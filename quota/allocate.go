@@ -157,11 +157,11 @@ type taskState struct {
 var ErrTooManyTasks = errors.New("quota: too many tasks")
 
 // AllocatorOption configures an Allocator.
-type AllocatorOption interface{ apply(*allocatorConfig) }
+type AllocatorOption interface{ applyAllocator(*allocatorConfig) }
 
 type allocatorOptionFunc func(*allocatorConfig)
 
-func (f allocatorOptionFunc) apply(c *allocatorConfig) { f(c) }
+func (f allocatorOptionFunc) applyAllocator(c *allocatorConfig) { f(c) }
 
 type allocatorConfig struct {
 	lease, refresh time.Duration
@@ -223,16 +223,11 @@ func WithFreshStart() AllocatorOption {
 	return allocatorOptionFunc(func(c *allocatorConfig) { c.fresh = true })
 }
 
-// WithAllocatorClock sets the clock. Default clock.Real().
-func WithAllocatorClock(c clock.Clock) AllocatorOption {
-	return allocatorOptionFunc(func(cfg *allocatorConfig) { cfg.clock = c })
-}
-
 // NewAllocator returns an Allocator for policy p.
 func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
 	c := allocatorConfig{lease: 30 * time.Second, refresh: 5 * time.Second, maxTasks: 10000, maxEntries: DefaultMaxEntries}
 	for _, o := range opts {
-		o.apply(&c)
+		o.applyAllocator(&c)
 	}
 	if p == nil {
 		return nil, errors.New("quota: an Allocator needs a Policy")

@@ -39,7 +39,7 @@ func BenchmarkAllocatorRefresh(b *testing.B) {
 		b.Fatal(err)
 	}
 	clk := clock.NewFake(time.Unix(0, 0))
-	a, err := NewAllocator(p, WithAllocatorClock(clk), WithLease(15*time.Second))
+	a, err := NewAllocator(p, WithClock(clk), WithLease(15*time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}

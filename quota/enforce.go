@@ -88,11 +88,11 @@ type Enforcer struct {
 type limitsBox struct{ Limits }
 
 // EnforcerOption configures an Enforcer.
-type EnforcerOption interface{ apply(*enforcerConfig) }
+type EnforcerOption interface{ applyEnforcer(*enforcerConfig) }
 
 type enforcerOptionFunc func(*enforcerConfig)
 
-func (f enforcerOptionFunc) apply(c *enforcerConfig) { f(c) }
+func (f enforcerOptionFunc) applyEnforcer(c *enforcerConfig) { f(c) }
 
 type enforcerConfig struct {
 	interval time.Duration
@@ -108,11 +108,6 @@ type enforcerConfig struct {
 // 250 ms.
 func WithAdjustInterval(d time.Duration) EnforcerOption {
 	return enforcerOptionFunc(func(c *enforcerConfig) { c.interval = d })
-}
-
-// WithEnforcerClock sets the clock. Default clock.Real().
-func WithEnforcerClock(c clock.Clock) EnforcerOption {
-	return enforcerOptionFunc(func(cfg *enforcerConfig) { cfg.clock = c })
 }
 
 // WithCapacity sets the CPU-seconds per second the task is provisioned
@@ -144,7 +139,7 @@ func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, er
 	}
 	c := enforcerConfig{interval: 250 * time.Millisecond, headroom: DefaultHeadroom}
 	for _, o := range opts {
-		o.apply(&c)
+		o.applyEnforcer(&c)
 	}
 	if c.interval <= 0 {
 		return nil, errors.New("quota: adjust interval must be positive")
@@ -160,6 +155,9 @@ func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, er
 	}
 	if c.random == nil {
 		c.random = rand.Float64
+	}
+	if c.clock == nil && u != nil {
+		c.clock = u.clock // time is set once: on the Usage
 	}
 	clk := clock.OrReal(c.clock)
 	e := &Enforcer{

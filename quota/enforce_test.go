@@ -61,12 +61,12 @@ func newRun(t *testing.T, c Config, capacity float64) run {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := NewUsage(WithUsageClock(clk))
+	u, err := NewUsage(WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	e, err := NewEnforcer(p, u, WithEnforcerClock(clk), WithCapacity(capacity), WithEnforcerRandom(rng.Float64))
+	e, err := NewEnforcer(p, u, WithClock(clk), WithCapacity(capacity), WithEnforcerRandom(rng.Float64))
 	if err != nil {
 		t.Fatal(err)
 	}

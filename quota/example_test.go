@@ -22,8 +22,8 @@ func ExampleEnforcer() {
 	if err != nil {
 		panic(err)
 	}
-	usage, _ := quota.NewUsage(quota.WithUsageClock(clk))
-	enf, _ := quota.NewEnforcer(policy, usage, quota.WithCapacity(1), quota.WithEnforcerClock(clk))
+	usage, _ := quota.NewUsage(quota.WithClock(clk))
+	enf, _ := quota.NewEnforcer(policy, usage, quota.WithCapacity(1), quota.WithClock(clk))
 
 	refused := map[string]int{}
 	for ms := range 20000 { // 20 s; each request costs 1 ms of CPU
@@ -55,8 +55,8 @@ func ExampleEnforcer() {
 func ExampleWithMode() {
 	clk := clock.NewFake(time.Unix(0, 0))
 	policy, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"batch": {CPU: 0.5, Hard: true}}})
-	usage, _ := quota.NewUsage(quota.WithUsageClock(clk))
-	enf, _ := quota.NewEnforcer(policy, usage, quota.WithEnforcerClock(clk), quota.WithMode(quota.ModePessimistic))
+	usage, _ := quota.NewUsage(quota.WithClock(clk))
+	enf, _ := quota.NewEnforcer(policy, usage, quota.WithClock(clk), quota.WithMode(quota.ModePessimistic))
 
 	worst := 0.0
 	for range 5 { // 5 s of 5 CPU-seconds per second offered, in 1 ms requests

@@ -116,7 +116,7 @@ func shareOf(ls Lease, customer string) float64 {
 func TestAllocatorSplitsByDemand(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := New(Config{Customers: map[string]Limit{"ads": {CPU: 4}, "idle": {CPU: 1}}, Tasks: 3})
-	a, err := NewAllocator(p, WithAllocatorClock(clk), WithLease(10*time.Second), WithRefresh(2*time.Second))
+	a, err := NewAllocator(p, WithClock(clk), WithLease(10*time.Second), WithRefresh(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

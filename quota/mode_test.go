@@ -54,8 +54,8 @@ func TestPessimisticHoldsTheLimitAheadOfUsage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		u, _ := NewUsage(WithUsageClock(clk))
-		e, err := NewEnforcer(p, u, WithEnforcerClock(clk), WithMode(mode))
+		u, _ := NewUsage(WithClock(clk))
+		e, err := NewEnforcer(p, u, WithClock(clk), WithMode(mode))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,8 +105,8 @@ func TestPessimisticHoldsTheLimitAheadOfUsage(t *testing.T) {
 func TestPessimisticSettlesAndCancels(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := New(Config{Customers: map[string]Limit{"a": {CPU: 1, Hard: true}}})
-	u, _ := NewUsage(WithUsageClock(clk))
-	e, err := NewEnforcer(p, u, WithEnforcerClock(clk), WithMode(ModePessimistic), WithHeadroom(0))
+	u, _ := NewUsage(WithClock(clk))
+	e, err := NewEnforcer(p, u, WithClock(clk), WithMode(ModePessimistic), WithHeadroom(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,8 +165,8 @@ func TestPessimisticSettlesAndCancels(t *testing.T) {
 func TestPessimisticBudgetsBounded(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := New(Config{Default: Limit{CPU: 1, Hard: true}})
-	u, _ := NewUsage(WithUsageClock(clk), WithMaxTracked(10))
-	e, _ := NewEnforcer(p, u, WithEnforcerClock(clk), WithMode(ModePessimistic))
+	u, _ := NewUsage(WithClock(clk), WithMaxTracked(10))
+	e, _ := NewEnforcer(p, u, WithClock(clk), WithMode(ModePessimistic))
 	clk.Advance(time.Second)
 	for i := range 1000 {
 		name := "c" + string(rune('a'+i%26)) + string(rune('a'+i/26%26))
@@ -186,7 +186,7 @@ func TestAllocatorPessimisticSharesNeverExceedOne(t *testing.T) {
 	for _, mode := range []Mode{ModeOptimistic, ModePessimistic} {
 		clk := clock.NewFake(time.Unix(0, 0))
 		p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 3, Hard: true}}})
-		a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
+		a, err := NewAllocator(p, WithClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +254,7 @@ func TestAllocatorBoundsClaimedShares(t *testing.T) {
 	}
 	// Pessimistic, past learning: x and y split a by demand, then x lies.
 	clk := clock.NewFake(time.Unix(0, 0))
-	a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(ModePessimistic), WithLease(5*time.Second), WithRefresh(time.Second))
+	a, err := NewAllocator(p, WithClock(clk), WithAllocatorMode(ModePessimistic), WithLease(5*time.Second), WithRefresh(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestAllocatorBoundsClaimedShares(t *testing.T) {
 	// demand in ModePessimistic (which has no safe-share floor while
 	// learning), by the floor in ModeOptimistic.
 	for _, mode := range []Mode{ModeOptimistic, ModePessimistic} {
-		a, err := NewAllocator(p, WithAllocatorClock(clock.NewFake(time.Unix(0, 0))), WithAllocatorMode(mode))
+		a, err := NewAllocator(p, WithClock(clock.NewFake(time.Unix(0, 0))), WithAllocatorMode(mode))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -298,7 +298,7 @@ func TestAllocatorBoundsClaimedShares(t *testing.T) {
 func TestAllocatorBoundsEntries(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := New(Config{Tasks: 2})
-	a, err := NewAllocator(p, WithAllocatorClock(clk), WithMaxEntries(MaxReportCustomers+5), WithLease(5*time.Second), WithRefresh(time.Second))
+	a, err := NewAllocator(p, WithClock(clk), WithMaxEntries(MaxReportCustomers+5), WithLease(5*time.Second), WithRefresh(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestRestartedTaskInheritsItsDemand(t *testing.T) {
 	for _, mode := range []Mode{ModeOptimistic, ModePessimistic} {
 		clk := clock.NewFake(time.Unix(0, 0))
 		p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 3}}})
-		a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
+		a, err := NewAllocator(p, WithClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -396,7 +396,7 @@ func TestRestartedTaskInheritsItsDemand(t *testing.T) {
 func TestUnderLimitRoomIsSplitEvenly(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 5}}})
-	a, err := NewAllocator(p, WithAllocatorClock(clk), WithLease(5*time.Second), WithRefresh(time.Second))
+	a, err := NewAllocator(p, WithClock(clk), WithLease(5*time.Second), WithRefresh(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +437,7 @@ func TestPessimisticFailoverNeverOverGrants(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	const lease = 5 * time.Second
 	newAlloc := func() *Allocator {
-		a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(ModePessimistic), WithLease(lease), WithRefresh(time.Second))
+		a, err := NewAllocator(p, WithClock(clk), WithAllocatorMode(ModePessimistic), WithLease(lease), WithRefresh(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -517,7 +517,7 @@ func TestRefreshWorkFollowsItsReport(t *testing.T) {
 	const tasks, perTask = 50, 40
 	p, _ := New(Config{Tasks: tasks})
 	clk := clock.NewFake(time.Unix(0, 0))
-	a, err := NewAllocator(p, WithAllocatorClock(clk), WithMaxTasks(tasks), WithLease(5*time.Second), WithRefresh(time.Second))
+	a, err := NewAllocator(p, WithClock(clk), WithMaxTasks(tasks), WithLease(5*time.Second), WithRefresh(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -576,7 +576,7 @@ func TestRefreshWorkFollowsItsReport(t *testing.T) {
 func TestFreshStartGivesTheSafeShare(t *testing.T) {
 	p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 3, Hard: true}}})
 	for _, fresh := range []bool{false, true} {
-		opts := []AllocatorOption{WithAllocatorClock(clock.NewFake(time.Unix(0, 0))), WithAllocatorMode(ModePessimistic)}
+		opts := []AllocatorOption{WithClock(clock.NewFake(time.Unix(0, 0))), WithAllocatorMode(ModePessimistic)}
 		if fresh {
 			opts = append(opts, WithFreshStart())
 		}
@@ -619,7 +619,7 @@ func TestIdleAllocatorLearnsAgain(t *testing.T) {
 	p, _ := New(Config{Tasks: 3, Customers: map[string]Limit{"a": {CPU: 3}, "idle": {CPU: 3}}})
 	for _, mode := range []Mode{ModeOptimistic, ModePessimistic} {
 		clk := clock.NewFake(time.Unix(0, 0))
-		a, err := NewAllocator(p, WithAllocatorClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
+		a, err := NewAllocator(p, WithClock(clk), WithAllocatorMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -50,6 +50,7 @@ func accounted(customer string) string {
 // names costs O(1) per request.
 type Usage struct {
 	since  func() time.Duration
+	clock  clock.Clock // since's: an Enforcer of this Usage defaults to it
 	width  int64
 	n      int
 	tau    float64 // ns, the time constant of the recent usage
@@ -80,11 +81,11 @@ type usageOf struct {
 }
 
 // UsageOption configures a Usage.
-type UsageOption interface{ apply(*usageConfig) }
+type UsageOption interface{ applyUsage(*usageConfig) }
 
 type usageOptionFunc func(*usageConfig)
 
-func (f usageOptionFunc) apply(c *usageConfig) { f(c) }
+func (f usageOptionFunc) applyUsage(c *usageConfig) { f(c) }
 
 type usageConfig struct {
 	window time.Duration
@@ -97,19 +98,26 @@ func WithUsageWindow(d time.Duration) UsageOption {
 	return usageOptionFunc(func(c *usageConfig) { c.window = d })
 }
 
+// ClockOption sets the clock of a Usage, an Enforcer or an Allocator:
+// pass the same one to each (WithClock).
+type ClockOption struct{ c clock.Clock }
+
+// WithClock sets the clock of a Usage, an Enforcer or an Allocator.
+// Default clock.Real(); an Enforcer's default is its Usage's clock.
+func WithClock(c clock.Clock) ClockOption { return ClockOption{c} }
+
+func (o ClockOption) applyUsage(cfg *usageConfig)         { cfg.clock = o.c }
+func (o ClockOption) applyEnforcer(cfg *enforcerConfig)   { cfg.clock = o.c }
+func (o ClockOption) applyAllocator(cfg *allocatorConfig) { cfg.clock = o.c }
+
 // WithMaxTracked bounds the customers tracked by name. Default 10,000.
 func WithMaxTracked(n int) UsageOption { return usageOptionFunc(func(c *usageConfig) { c.max = n }) }
-
-// WithUsageClock sets the clock. Default clock.Real().
-func WithUsageClock(c clock.Clock) UsageOption {
-	return usageOptionFunc(func(cfg *usageConfig) { cfg.clock = c })
-}
 
 // NewUsage returns a Usage.
 func NewUsage(opts ...UsageOption) (*Usage, error) {
 	c := usageConfig{window: 4 * time.Second, max: 10000}
 	for _, o := range opts {
-		o.apply(&c)
+		o.applyUsage(&c)
 	}
 	if c.window < 20*time.Millisecond || c.max < 1 || c.max > MaxCustomers {
 		return nil, errors.New("quota: usage window under 20ms or tracked customers out of range")
@@ -117,7 +125,7 @@ func NewUsage(opts ...UsageOption) (*Usage, error) {
 	clk := clock.OrReal(c.clock)
 	width := int64(c.window / 20)
 	return &Usage{
-		since: clock.SinceFunc(clk, clk.Now()), width: width, n: 20, max: c.max, tau: float64(c.window / 2),
+		clock: clk, since: clock.SinceFunc(clk, clk.Now()), width: width, n: 20, max: c.max, tau: float64(c.window / 2),
 		all: window.New(width, 20, 1), byName: map[string]*usageOf{},
 	}, nil
 }

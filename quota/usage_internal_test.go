@@ -16,7 +16,7 @@ import (
 // room at the next sweep.
 func TestUsageFloodOfNewCustomersIsO1(t *testing.T) {
 	f := clock.NewFake(time.Unix(0, 0))
-	u, err := NewUsage(WithMaxTracked(1000), WithUsageClock(f))
+	u, err := NewUsage(WithMaxTracked(1000), WithClock(f))
 	if err != nil {
 		t.Fatal(err)
 	}

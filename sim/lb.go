@@ -310,7 +310,7 @@ func runLB(cfg LBConfig, policy balance.Policy) (LBRow, error) {
 		if !cfg.UniformMachines && i%2 == 1 {
 			b.speed = 2
 		}
-		m, err := balance.NewMeter(balance.WithMeterClock(vc), balance.WithMeterWindow(lbReportRing*time.Duration(lbReportEvery)),
+		m, err := balance.NewMeter(balance.WithClock(vc), balance.WithMeterWindow(lbReportRing*time.Duration(lbReportEvery)),
 			balance.WithUtilization(func() float64 { return b.utilization(vc.now) }))
 		if err != nil {
 			return LBRow{}, err

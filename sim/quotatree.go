@@ -170,7 +170,7 @@ func runQuotaTree(cfg QuotaTreeConfig, scale int, tree bool) (quotaTreeRun, erro
 		demand[c] = limits[c] * map[bool]float64{true: 1.5, false: 0.5}[c%2 == 0]
 		global[name(c)] = quota.Limit{CPU: limits[c], Hard: true}
 	}
-	allocOpts := []quota.AllocatorOption{quota.WithAllocatorClock(clk), quota.WithLease(lease), quota.WithRefresh(cfg.Refresh),
+	allocOpts := []quota.AllocatorOption{quota.WithClock(clk), quota.WithLease(lease), quota.WithRefresh(cfg.Refresh),
 		quota.WithMaxTasks(max(nTasks, 16)), quota.WithAllocatorMode(cfg.Mode)}
 	newAlloc := func(lim map[string]quota.Limit, tasks int) (*quota.Allocator, error) {
 		p, err := quota.New(quota.Config{Tasks: tasks, Fallback: quota.Safe, Customers: lim})
@@ -209,7 +209,7 @@ func runQuotaTree(cfg QuotaTreeConfig, scale int, tree bool) (quotaTreeRun, erro
 	tasks := make([]*treeTask, nTasks)
 	servedBy := make([][]int, nCust) // the tasks of each customer
 	for i := range tasks {
-		u, err := quota.NewUsage(quota.WithUsageClock(clk))
+		u, err := quota.NewUsage(quota.WithClock(clk))
 		if err != nil {
 			return quotaTreeRun{}, err
 		}

@@ -170,7 +170,7 @@ func runThrottling(cfg ThrottlingConfig, mode quota.Mode) (*throttlingRun, error
 	if err != nil {
 		return nil, err
 	}
-	alloc, err := quota.NewAllocator(pol, quota.WithAllocatorClock(clk), quota.WithAllocatorMode(mode),
+	alloc, err := quota.NewAllocator(pol, quota.WithClock(clk), quota.WithAllocatorMode(mode),
 		quota.WithRefresh(cfg.Refresh), quota.WithLease(10*cfg.Refresh))
 	if err != nil {
 		return nil, err
@@ -178,12 +178,12 @@ func runThrottling(cfg ThrottlingConfig, mode quota.Mode) (*throttlingRun, error
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x7407))
 	tasks := make([]*throttlingTask, cfg.Tasks)
 	for i := range tasks {
-		u, err := quota.NewUsage(quota.WithUsageClock(clk))
+		u, err := quota.NewUsage(quota.WithClock(clk))
 		if err != nil {
 			return nil, err
 		}
 		leased := quota.NewLeased(clk, pol)
-		enf, err := quota.NewEnforcer(leased, u, quota.WithEnforcerClock(clk), quota.WithMode(mode),
+		enf, err := quota.NewEnforcer(leased, u, quota.WithClock(clk), quota.WithMode(mode),
 			quota.WithEnforcerRandom(rng.Float64))
 		if err != nil {
 			return nil, err

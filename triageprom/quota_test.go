@@ -19,10 +19,10 @@ import (
 func TestQuotaMetrics(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 0.001, Hard: true}}})
-	u, _ := quota.NewUsage(quota.WithUsageClock(clk))
+	u, _ := quota.NewUsage(quota.WithClock(clk))
 	l := quota.NewLeased(clk, p)
-	a, _ := quota.NewAllocator(p, quota.WithAllocatorClock(clk))
-	e, _ := quota.NewEnforcer(p, u, quota.WithEnforcerClock(clk))
+	a, _ := quota.NewAllocator(p, quota.WithClock(clk))
+	e, _ := quota.NewEnforcer(p, u, quota.WithClock(clk))
 	for range 10 {
 		if e.Admit("ads", criticality.Sheddable) == nil {
 			u.Add("ads", criticality.Sheddable, 10*time.Millisecond)
@@ -66,7 +66,7 @@ triage_quota_tasks 1
 func TestQuotaServiceRefreshAges(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := quota.New(quota.Config{Tasks: 3})
-	a, _ := quota.NewAllocator(p, quota.WithAllocatorClock(clk), quota.WithLease(30*time.Second))
+	a, _ := quota.NewAllocator(p, quota.WithClock(clk), quota.WithLease(30*time.Second))
 	for _, task := range []string{"t1", "t2", "t3"} {
 		if _, err := a.Refresh(quota.Report{Task: task}); err != nil {
 			t.Fatal(err)

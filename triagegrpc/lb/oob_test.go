@@ -30,7 +30,7 @@ import (
 func meteredBackend(t *testing.T, util float64, served *atomic.Int64, oob bool) string {
 	t.Helper()
 	clk := clock.NewFake(time.Unix(0, 0))
-	m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return util }), balance.WithMeterClock(clk))
+	m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return util }), balance.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}

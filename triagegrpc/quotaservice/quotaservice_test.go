@@ -47,7 +47,7 @@ func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (a
 func TestQuotaServiceOverLoopback(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}}, Tasks: 2},
-		quota.WithLease(10*time.Second), quota.WithRefresh(time.Second), quota.WithAllocatorClock(clk))
+		quota.WithLease(10*time.Second), quota.WithRefresh(time.Second), quota.WithClock(clk))
 	clk.Advance(10 * time.Second) // past learning mode
 	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
 	type task struct {
