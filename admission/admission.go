@@ -87,6 +87,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/window"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/signals"
 )
 
 // ErrConfig is wrapped by every error New returns.
@@ -177,7 +178,7 @@ type Controller struct {
 	sched *schedDelay
 	// saturation says how busy the CPU is (work conservation); nil:
 	// saturated always.
-	saturation Signal
+	saturation signals.Signal
 	busy       float64 // its last reading; guarded by adjust
 
 	targetDelay    int64
@@ -313,7 +314,7 @@ func New(opts ...Option) (*Controller, error) {
 	}
 	ctl.messageTimeout = int64(c.messageTimeout)
 	if !c.saturationSet && c.clock == nil {
-		if sig, err := (CPU{Interval: c.interval / 2}).Signal(); err == nil {
+		if sig, err := (signals.CPU{Interval: c.interval / 2}).Signal(); err == nil {
 			c.saturation = sig
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/signals"
 )
 
 // Defaults.
@@ -101,7 +102,7 @@ type config struct {
 	gates          []gate
 	delay          DelayMeasure
 	messageTimeout time.Duration
-	saturation     Signal
+	saturation     signals.Signal
 	saturationSet  bool
 	retryAfterMin  time.Duration
 	retryAfterMax  time.Duration
@@ -109,7 +110,7 @@ type config struct {
 }
 
 type gate struct {
-	sig Signal
+	sig signals.Signal
 	th  Thresholds
 }
 
@@ -128,7 +129,7 @@ func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs
 // thresholds. A request is rejected by the first signal whose draw says so.
 // Default: none; the execution limit alone protects latency. Add CPU,
 // Memory, ExecutorLoad or your own.
-func WithSignal(s Signal, t Thresholds) Option {
+func WithSignal(s signals.Signal, t Thresholds) Option {
 	return optionFunc(func(c *config) { c.gates = append(c.gates, gate{s, t}) })
 }
 
@@ -181,9 +182,9 @@ func WithMessageTimeout(d time.Duration) Option {
 // doubling: 90% busy, +40%);
 // execution slots, their queue and the deadline still apply. nil turns
 // the rule off (the cap follows the delay alone). Default: the process's
-// CPU against its reservation, sampled every half interval (CPU{Interval:
+// CPU against its reservation, sampled every half interval (signals.CPU{Interval:
 // WithInterval / 2}), on the real clock; none under WithClock.
-func WithSaturation(s Signal) Option {
+func WithSaturation(s signals.Signal) Option {
 	return optionFunc(func(c *config) { c.saturation, c.saturationSet = s, true })
 }
 
@@ -200,7 +201,7 @@ func WithDontRetryRatio(r float64) Option {
 
 // WithMaxStalled bounds the requests stalled at once (Stall): a request
 // that would stall past it keeps its execution slot while it waits on its
-// client. Default DefaultMaxStalled; at most 2^20.
+// client; 0 stalls none. Default DefaultMaxStalled; at most 2^20.
 func WithMaxStalled(n int) Option { return optionFunc(func(c *config) { c.maxStalled = n }) }
 
 // validate refuses a configuration the Controller cannot run with.
@@ -218,6 +219,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: target delay must be positive, got %v", ErrConfig, c.targetDelay)
 	case c.queueFactor < 0 || c.queueFactor > 64:
 		return fmt.Errorf("%w: queue factor must be in [0, 64], got %d", ErrConfig, c.queueFactor)
+	case c.maxStalled < 0 || c.maxStalled > 1<<20:
+		return fmt.Errorf("%w: max stalled must be in [0, 2^20], got %d", ErrConfig, c.maxStalled)
 	case c.messageTimeout <= 0:
 		return fmt.Errorf("%w: message timeout must be positive, got %v", ErrConfig, c.messageTimeout)
 	case c.delay > ArrivalDelay:

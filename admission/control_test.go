@@ -317,81 +317,6 @@ func TestPendingCapBoundsTheInvisibleQueue(t *testing.T) {
 	}
 }
 
-// The executor load average swallows a short fan-out burst and trips on
-// sustained load (virtual time).
-func TestExecutorLoadSmoothsBursts(t *testing.T) {
-	f := clock.NewFake(epoch)
-	active := 0.5
-	sig := admission.ExecutorLoad{Procs: 2, Clock: f, Read: func() float64 { return active }}.Signal()
-	th := admission.DefaultThresholds()
-	tick := func(d time.Duration) float64 {
-		var u float64
-		for end := f.Now().Add(d); f.Now().Before(end); f.Advance(time.Millisecond) {
-			u = sig.Utilization()
-		}
-		return u
-	}
-	tick(5 * time.Second)
-	active = 200 // one request fans out into 200 goroutines for 2 ms
-	peak := tick(2 * time.Millisecond)
-	active = 0.5
-	after := tick(10 * time.Millisecond)
-	if peak > th.Start[criticality.Sheddable] || after > th.Start[criticality.Sheddable] {
-		t.Fatalf("a 2 ms burst of 200 goroutines on 2 procs: utilization %.2f (after %.2f), sheds from %.2f", peak, after, th.Start[criticality.Sheddable])
-	}
-	active = 3 // sustained: 1.5x the processors
-	u := tick(3 * time.Second)
-	if u < th.End[criticality.Critical] {
-		t.Fatalf("sustained load of 3 on 2 procs: utilization %.2f after 3 s, want past CRITICAL's %.2f", u, th.End[criticality.Critical])
-	}
-}
-
-func TestCPUAndMemorySignals(t *testing.T) {
-	f := clock.NewFake(epoch)
-	used := time.Duration(0)
-	cpu, err := admission.CPU{CPUs: 2, Clock: f, Read: func() (time.Duration, error) { return used, nil }}.Signal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cpu.Utilization()
-	f.Advance(100 * time.Millisecond)
-	used += 150 * time.Millisecond // 1.5 CPUs for 100 ms
-	if u := cpu.Utilization(); math.Abs(u-0.75) > 1e-9 {
-		t.Fatalf("cpu utilization %v, want 0.75", u)
-	}
-	if _, err := (admission.CPU{Read: func() (time.Duration, error) { return 0, errors.New("no") }}).Signal(); err == nil {
-		t.Fatal("a failing reader was accepted")
-	}
-	mem := admission.Memory{Limit: 1000, Clock: f, Read: func() uint64 { return 900 }}.Signal()
-	if u := mem.Utilization(); u != 0.9 {
-		t.Fatalf("memory utilization %v", u)
-	}
-	real, err := admission.CPU{}.Signal()
-	if err != nil {
-		t.Fatalf("process CPU on this platform: %v", err)
-	}
-	if u := real.Utilization(); u < 0 || math.IsNaN(u) {
-		t.Fatalf("real cpu %v", u)
-	}
-	if admission.ReservedCPUs() <= 0 {
-		t.Fatal("no CPUs reserved")
-	}
-}
-
-func TestCombinedSignals(t *testing.T) {
-	a, b := &fixed{0.5}, &fixed{0.9}
-	if u := admission.Max("m", a, b).Utilization(); u != 0.9 {
-		t.Fatalf("max %v", u)
-	}
-	w, err := admission.Weighted("w", []admission.Signal{a, b}, []float64{0.5, 0.5})
-	if err != nil || math.Abs(w.Utilization()-0.7) > 1e-9 {
-		t.Fatalf("weighted %v, %v", w, err)
-	}
-	if _, err := admission.Weighted("w", []admission.Signal{a}, nil); !errors.Is(err, admission.ErrConfig) {
-		t.Fatalf("err %v", err)
-	}
-}
-
 func TestNewErrors(t *testing.T) {
 	bad := admission.DefaultThresholds()
 	bad.End[criticality.Critical] = bad.Start[criticality.Critical]
@@ -399,6 +324,7 @@ func TestNewErrors(t *testing.T) {
 		{admission.WithInterval(time.Microsecond)}, {admission.WithTolerance(1)},
 		{admission.WithLimits(0, 1, 1)}, {admission.WithLimits(2, 1, 3)}, {admission.WithLimits(1, 1, 1<<21)},
 		{admission.WithMaxWait(0)}, {admission.WithQueueFactor(-1)}, {admission.WithDontRetryRatio(0)},
+		{admission.WithMaxStalled(-1)}, {admission.WithMaxStalled(1<<20 + 1)},
 		{admission.WithSignal(nil, admission.DefaultThresholds())}, {admission.WithSignal(&fixed{}, bad)},
 		{admission.WithRetryAfter(0, time.Second)}, {admission.WithRetryAfter(2*time.Second, time.Second)},
 		{admission.WithRetryAfter(time.Second, 48*time.Hour)}, {admission.WithRetryAfter(time.Nanosecond, time.Hour)},

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -281,21 +282,17 @@ func (c *Controller) Done(t *Ticket) {
 		}
 		c.release()
 		c.hot.started[t.level].Add(-1)
-	case ticketAway:
+	case ticketAway, ticketStalled:
+		w := c.elsewhere(t.state)
 		if t.sampled {
 			now := c.now()
 			t.awayFor += now - t.awayAt
 			c.addService(t, now)
 		}
-		c.away.Add(-1)
-		c.hot.started[t.level].Add(-1)
-	case ticketStalled:
-		if t.sampled {
-			now := c.now()
-			t.awayFor += now - t.awayAt
-			c.addService(t, now)
+		w.count.Add(-1)
+		if w.keepsRoom {
+			c.hot.started[t.level].Add(-1)
 		}
-		c.stalled.Add(-1)
 	case ticketInside:
 		c.hot.started[t.level].Add(-1)
 	case ticketPending:
@@ -327,29 +324,15 @@ func (c *Controller) addService(t *Ticket, now int64) {
 // Done; Away does nothing unless the request holds a slot, Back unless
 // it is away. Back takes a slot back at once, even past the limit: the
 // request was admitted and has work to finish.
-func (c *Controller) Away(t *Ticket) {
-	if t.state != ticketRunning {
-		return
-	}
-	t.state = ticketAway
-	if t.sampled {
-		t.awayAt = c.now()
-	}
-	c.away.Add(1)
-	c.release()
-}
+func (c *Controller) Away(t *Ticket) { c.depart(t, ticketAway) }
 
 // Back ends a wait begun with Away.
 func (c *Controller) Back(t *Ticket) {
 	if t.state != ticketAway {
 		return
 	}
-	t.state = ticketRunning
-	if t.sampled {
-		t.awayFor += c.now() - t.awayAt
-	}
 	c.hot.executing.Add(1)
-	c.away.Add(-1)
+	c.rejoin(t)
 }
 
 // Stall tells the Controller that a running request now waits on its
@@ -367,27 +350,7 @@ func (c *Controller) Back(t *Ticket) {
 // Stall and Unstall alternate, on one goroutine at a time, with Away and
 // Back between Start and Done; Stall does nothing unless the request
 // holds a slot, Unstall unless it is stalled.
-func (c *Controller) Stall(t *Ticket) bool {
-	if t.state != ticketRunning {
-		return false
-	}
-	for {
-		n := c.stalled.Load()
-		if n >= c.maxStalled {
-			return false
-		}
-		if c.stalled.CompareAndSwap(n, n+1) {
-			break
-		}
-	}
-	t.state = ticketStalled
-	if t.sampled {
-		t.awayAt = c.now()
-	}
-	c.hot.started[t.level].Add(-1)
-	c.release()
-	return true
-}
+func (c *Controller) Stall(t *Ticket) bool { return c.depart(t, ticketStalled) }
 
 // Unstall ends a wait begun with Stall: the request takes its room back
 // and waits for an execution slot, never past the limit, ahead of every
@@ -404,13 +367,66 @@ func (c *Controller) Unstall(ctx context.Context, t *Ticket) error {
 			return err
 		}
 	}
+	c.rejoin(t)
+	return nil
+}
+
+// A running request may wait elsewhere than in the task, its slot given
+// to the next waiter and its time there not service time: away, on a call
+// to another service (Away, Back), or stalled, on its own client (Stall,
+// Unstall). The two differ only in what they keep and what bounds them.
+type elsewhere struct {
+	count     *atomic.Int64
+	max       int64 // at most this many at once
+	keepsRoom bool  // counted in the pending cap and its level's occupancy
+}
+
+func (c *Controller) elsewhere(s uint8) elsewhere {
+	if s == ticketAway {
+		return elsewhere{count: &c.away, max: math.MaxInt64, keepsRoom: true} // bounded by the slots and the room
+	}
+	return elsewhere{count: &c.stalled, max: c.maxStalled}
+}
+
+// depart moves a running request elsewhere (state s), within that
+// place's bound; it reports whether it moved.
+func (c *Controller) depart(t *Ticket, s uint8) bool {
+	if t.state != ticketRunning {
+		return false
+	}
+	w := c.elsewhere(s)
+	for {
+		n := w.count.Load()
+		if n >= w.max {
+			return false
+		}
+		if w.count.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	t.state = s
+	if t.sampled {
+		t.awayAt = c.now()
+	}
+	if !w.keepsRoom {
+		c.hot.started[t.level].Add(-1)
+	}
+	c.release()
+	return true
+}
+
+// rejoin ends a request's wait elsewhere; its slot was taken back (Back,
+// Unstall).
+func (c *Controller) rejoin(t *Ticket) {
+	w := c.elsewhere(t.state)
 	t.state = ticketRunning
 	if t.sampled {
 		t.awayFor += c.now() - t.awayAt
 	}
-	c.hot.started[t.level].Add(1)
-	c.stalled.Add(-1)
-	return nil
+	if !w.keepsRoom {
+		c.hot.started[t.level].Add(1)
+	}
+	w.count.Add(-1)
 }
 
 // Clock returns the Controller's clock (WithClock): a server built on

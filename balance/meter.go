@@ -42,7 +42,7 @@ func WithMeterWindow(d time.Duration) MeterOption {
 }
 
 // WithUtilization sets where utilization comes from: a function returning
-// the task's utilization, 0 to 1 (for example an admission.CPU signal's
+// the task's utilization, 0 to 1 (for example an signals.CPU signal's
 // Utilization). Required.
 func WithUtilization(f func() float64) MeterOption {
 	return meterOptionFunc(func(c *meterConfig) { c.utilization = f })

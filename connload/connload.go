@@ -6,7 +6,7 @@
 //
 // A Listener wraps a task's net.Listener. It counts the open connections
 // (busy or idle), the recent rate of new ones and of health checks, offers the open count as a utilization
-// signal (it satisfies admission.Signal), and bounds both: new connections
+// signal (it satisfies signals.Signal), and bounds both: new connections
 // are accepted at most at a rate (a token bucket) and never beyond a
 // maximum open. A connection it does not accept yet waits in the kernel's
 // accept queue, as it would behind a busy task, instead of being set up at
@@ -364,10 +364,10 @@ func (l *Listener) Stats() Stats {
 		Rate: float64(n) / span, HealthChecks: l.health.Load(), HealthCheckRate: float64(h) / span}
 }
 
-// Name implements admission.Signal.
+// Name implements signals.Signal.
 func (l *Listener) Name() string { return "connections" }
 
-// Utilization implements admission.Signal: open connections over the
+// Utilization implements signals.Signal: open connections over the
 // maximum (0 when there is none).
 func (l *Listener) Utilization() float64 {
 	if l.cfg.maxOpen == 0 {

@@ -133,7 +133,7 @@ func TestMaxOpen(t *testing.T) {
 	var _ interface {
 		Name() string
 		Utilization() float64
-	} = l // an admission.Signal
+	} = l // an signals.Signal
 }
 
 // Closing the Listener ends an Accept that waits for the bounds.

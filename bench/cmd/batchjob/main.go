@@ -55,6 +55,7 @@ import (
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/signals"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -88,7 +89,7 @@ func main() {
 	fs.IntVar(&c.rate, "rate", 300, "interactive CRITICAL requests per second (open loop)")
 	fs.DurationVar(&c.cost, "cost", time.Millisecond, "CPU per interactive request")
 	fs.DurationVar(&c.batchCost, "batch-cost", time.Millisecond, "CPU per batch call")
-	fs.Float64Var(&c.batchCPU, "batch-cpu", 0, "if > 0, the backend sheds SHEDDABLE_PLUS and SHEDDABLE from this CPU utilization to 0.1 above it (admission.CPU signal; CRITICAL at the default 0.9-1.0)")
+	fs.Float64Var(&c.batchCPU, "batch-cpu", 0, "if > 0, the backend sheds SHEDDABLE_PLUS and SHEDDABLE from this CPU utilization to 0.1 above it (signals.CPU signal; CRITICAL at the default 0.9-1.0)")
 	fs.DurationVar(&c.before, "before", 5*time.Second, "interactive traffic before the job (the baseline)")
 	fs.DurationVar(&c.deadline, "deadline", 60*time.Second, "the batch job's deadline")
 	fs.IntVar(&c.repeats, "repeats", 2, "runs of each variant, interleaved")
@@ -444,7 +445,7 @@ func serverMain(args []string) error {
 	var rejected atomic.Int64
 	opts := []admission.Option{admission.WithObserver(rejectCounter{&rejected})}
 	if batchCPU > 0 {
-		cpu, err := admission.CPU{}.Signal()
+		cpu, err := signals.CPU{}.Signal()
 		if err != nil {
 			return err
 		}

@@ -269,7 +269,7 @@ func (m *machine) utilization() float64 {
 	return area / span / float64(m.n)
 }
 
-// Name and Utilization make the machine an admission.Signal: its busy
+// Name and Utilization make the machine an signals.Signal: its busy
 // share now.
 func (m *machine) Name() string         { return "machine" }
 func (m *machine) Utilization() float64 { return m.current() }

@@ -1,6 +1,17 @@
-package admission
+// Package signals holds the utilization signals local to a task (SRE book
+// ch. 21, "Utilization Signals"), which admission control sheds by: the
+// process's CPU against its reservation (CPU), its memory against its
+// limit (Memory), the executor load average (ExecutorLoad), and
+// combinations of them (Max, Weighted, Sampled).
+//
+// A Signal reads as a fraction of its target: 1 means at target. The
+// values here are safe for concurrent use, and each reading is sampled at
+// most once per interval on the request path; they hold no memory that
+// grows. Give one to admission.WithSignal with its thresholds.
+package signals
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -8,8 +19,10 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
-	"github.com/triagehq/triage/criticality"
 )
+
+// ErrConfig is wrapped by every configuration error of the package.
+var ErrConfig = errors.New("signals: invalid configuration")
 
 // Signal is a utilization signal local to the task (SRE book ch. 21,
 // "Utilization Signals"). Utilization returns the current value as a
@@ -22,54 +35,6 @@ type Signal interface {
 	Name() string
 	// Utilization is the value as a fraction of the target.
 	Utilization() float64
-}
-
-// Thresholds say, per criticality, where shedding by a signal starts and
-// where it is complete: a request of level l is rejected with probability
-// rising linearly from 0 at Start[l] to 1 at End[l] (utilization as a
-// fraction of the target). Higher criticalities have higher thresholds, so
-// as utilization rises SHEDDABLE is shed first, CRITICAL_PLUS last, and no
-// class flips on and off.
-type Thresholds struct {
-	Start, End [criticality.NumLevels]float64
-}
-
-// DefaultThresholds shed SHEDDABLE from 80% to 90% of a signal's target,
-// SHEDDABLE_PLUS from 85% to 95%, CRITICAL from 90% to 100% and
-// CRITICAL_PLUS from 95% to 105%: the book's "higher thresholds for higher
-// criticalities", with each class's ramp overlapping the next so that the
-// task sheds progressively while the classes above still run.
-func DefaultThresholds() Thresholds {
-	var t Thresholds
-	for l, s := range [criticality.NumLevels]float64{0.80, 0.85, 0.90, 0.95} {
-		t.Start[l], t.End[l] = s, s+0.10
-	}
-	return t
-}
-
-func (t Thresholds) validate() error {
-	for l := range t.Start {
-		if !(t.Start[l] >= 0 && t.End[l] > t.Start[l] && !math.IsInf(t.End[l], 0)) {
-			return fmt.Errorf("%w: thresholds for %v: need 0 <= start < end, got %v and %v",
-				ErrConfig, criticality.Level(l), t.Start[l], t.End[l])
-		}
-		if l > 0 && (t.Start[l] < t.Start[l-1] || t.End[l] < t.End[l-1]) {
-			return fmt.Errorf("%w: thresholds must not decrease with criticality (%v)", ErrConfig, criticality.Level(l))
-		}
-	}
-	return nil
-}
-
-// rejectP returns the probability of rejecting level l at utilization u.
-func (t *Thresholds) rejectP(l criticality.Level, u float64) float64 {
-	s, e := t.Start[l], t.End[l]
-	switch {
-	case u <= s:
-		return 0
-	case u >= e:
-		return 1
-	}
-	return (u - s) / (e - s)
 }
 
 // Max combines signals: its utilization is the highest of theirs, so the
