@@ -276,7 +276,6 @@ func listenAndServe(t *testing.T, s *grpc.Server) string { return loopback.Serve
 // counting active requests only (triage with errorWeight 0, and grpc-go's
 // least_request) sends it far more, because it always looks idle.
 func TestLeastLoadedSinkhole(t *testing.T) {
-	t.Parallel() // real time or virtual, no shared state: beside the other long scenarios
 	if testing.Short() {
 		t.Skip("runs real load")
 	}

@@ -47,7 +47,6 @@ type isoBackend struct {
 // again with criticality keyed on the rogue's hostname (SHEDDABLE_PLUS):
 // then admission control protects the others during the surge too.
 func TestIsolationOverLoopback(t *testing.T) {
-	t.Parallel() // real time or virtual, no shared state: beside the other long scenarios
 	if testing.Short() {
 		t.Skip("real-time load over loopback")
 	}

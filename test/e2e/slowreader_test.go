@@ -11,7 +11,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"runtime"
 	"sync/atomic"
@@ -298,7 +297,9 @@ func TestStalledStreamsComeBackWithinTheLimit(t *testing.T) {
 			}
 		}()
 	}
-	r.collect(t, "a stream read after its stall", errs, calls)
+	// 60 MiB through the stalls and back, under the race detector on a
+	// busy machine: a minute, not loopback.WaitFor's ten seconds.
+	r.collectWithin(t, "a stream read after its stall", errs, calls, time.Minute)
 	close(stop)
 	if got := <-peak; got > limit {
 		t.Fatalf("%d stalled streams read at once: %d executing at the peak, want at most the limit %d", calls, got, limit)
@@ -377,21 +378,29 @@ func TestReaderGoroutineDoesNotFreeAWorkingSlot(t *testing.T) {
 // by the target delay meanwhile, as time would pass for the stall timers.
 func (r *readerServer) collect(t *testing.T, what string, errs <-chan error, n int) {
 	t.Helper()
+	r.collectWithin(t, what, errs, n, 10*time.Second)
+}
+
+// collectWithin is collect for at most d; its failure says what the
+// controller holds.
+func (r *readerServer) collectWithin(t *testing.T, what string, errs <-chan error, n int, d time.Duration) {
+	t.Helper()
 	done := 0
-	waitFor(t, fmt.Sprintf("%d results of %s", n, what), func() bool {
-		for {
-			select {
-			case err := <-errs:
-				if err != nil {
-					t.Fatalf("%s: %v", what, err)
-				}
-				done++
-				continue
-			default:
+	deadline := time.Now().Add(d)
+	for done < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d results of %s after %v; the controller: %+v", done, n, what, d, r.ctl.Stats())
+		}
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
 			}
-			break
+			done++
+			continue
+		default:
 		}
 		r.f.Advance(r.ctl.TargetDelay())
-		return done == n
-	})
+		time.Sleep(time.Millisecond) // polling a real server over sockets
+	}
 }
