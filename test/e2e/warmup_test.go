@@ -50,7 +50,22 @@ func TestWarmedUpTaskGetsTraffic(t *testing.T) {
 		defer cancel()
 		return relay.Invoke(ctx, cc, "x")
 	}
-	for range 40 { // B's trailers announce its lame duck
+	// B's trailers announce its lame duck: from B's first answer on, B
+	// gets no call. Its connection may come up after A's (a loaded
+	// machine), so the calls go on until B has answered one.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		got, err := call()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[:1] == "B" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B, warming up in lame duck, never answered a call to announce it")
+		}
+	}
+	for range 20 { // the balancer takes the announcement in
 		if _, err := call(); err != nil {
 			t.Fatal(err)
 		}
