@@ -184,25 +184,32 @@ func TestQuotaServerReplicas(t *testing.T) {
 		t.Errorf("grant log: %+v; want three grants of ads to task-0 from %s", recs, leader)
 	}
 	// Its counts are metrics: three records written among the replicas,
-	// none dropped or lost.
-	written := 0
-	for i, r := range rs {
-		m := scrape(r.metrics)
+	// none dropped or lost. A record is counted once its write has
+	// returned, a moment after the file holds it.
+	var written int
+	var m []string
+	loopback.WaitFor(t, "triage_quota_grant_log_records_total to count the logs' records", func() bool {
+		written, m = 0, m[:0]
+		for _, r := range rs {
+			text := scrape(r.metrics)
+			m = append(m, text)
+			var n int
+			if at := strings.Index(text, "\ntriage_quota_grant_log_records_total "); at >= 0 {
+				fmt.Sscanf(text[at+1:], "triage_quota_grant_log_records_total %d", &n)
+			}
+			written += n
+		}
+		return written >= len(recs)
+	})
+	for i, text := range m {
 		for _, series := range []string{"triage_quota_grant_log_dropped_total 0\n", "triage_quota_grant_log_errors_total 0\n"} {
-			if !strings.Contains(m, series) {
+			if !strings.Contains(text, series) {
 				t.Errorf("replica %d's metrics lack %q", i, strings.TrimSpace(series))
 			}
 		}
-		var n int
-		at := strings.Index(m, "\ntriage_quota_grant_log_records_total ")
-		if at < 0 {
+		if !strings.Contains(text, "\ntriage_quota_grant_log_records_total ") {
 			t.Errorf("replica %d's metrics lack triage_quota_grant_log_records_total", i)
-			continue
 		}
-		if _, err := fmt.Sscanf(m[at+1:], "triage_quota_grant_log_records_total %d", &n); err != nil {
-			t.Errorf("replica %d: triage_quota_grant_log_records_total: %v", i, err)
-		}
-		written += n
 	}
 	if written != len(recs) {
 		t.Errorf("triage_quota_grant_log_records_total sums to %d over the replicas, the logs hold %d", written, len(recs))

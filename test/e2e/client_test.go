@@ -104,7 +104,6 @@ func offer(t *testing.T, f *clock.Fake, ccs []*grpc.ClientConn, rate int, d time
 }
 
 func TestLoopbackThrottlingEquilibrium(t *testing.T) {
-	t.Parallel() // real time or virtual, no shared state: beside the other long scenarios
 	const capacity = 50
 	for _, tc := range []struct {
 		k        float64

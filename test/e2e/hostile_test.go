@@ -72,7 +72,6 @@ const floodBound = 48 << 20
 // they count under Other), and the servers' live heap grows by less than
 // floodBound.
 func TestFloodsOfDistinctCustomersStayBounded(t *testing.T) {
-	t.Parallel() // real time or virtual, no shared state: beside the other long scenarios
 	const n = 30000
 	for _, transport := range []string{"gRPC", "HTTP"} {
 		t.Run(transport, func(t *testing.T) {

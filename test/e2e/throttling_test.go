@@ -146,7 +146,6 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 // Pessimistic: no 1 s window of global usage over the limit, ever;
 // optimistic: over it while the measurement catches up, then at it.
 func TestThrottlingModesOverLoopback(t *testing.T) {
-	t.Parallel() // real time or virtual, no shared state: beside the other long scenarios
 	if testing.Short() {
 		t.Skip("real-time load over loopback")
 	}
