@@ -163,9 +163,6 @@ func (c *Caller) Internal(host string) bool { return c.hosts.match(host) }
 // Close stops following the isolation table; calls begun later are not
 // cancelled when a route changes. It is safe to call more than once.
 func (c *Caller) Close() {
-	if c.unsub == nil {
-		return
-	}
 	c.gensMu.Lock()
 	defer c.gensMu.Unlock()
 	if c.unsub != nil {

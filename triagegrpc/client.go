@@ -105,7 +105,7 @@ func (c *Client) Caller() *egress.Caller { return c.eg }
 func (c *Client) DialOptions() []grpc.DialOption {
 	opts := []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(c.unary(false)),
-		grpc.WithChainStreamInterceptor(c.stream(false)),
+		grpc.WithChainStreamInterceptor(c.stream()),
 		grpc.WithIdleTimeout(c.idle),
 	}
 	if c.eg.Policy() != nil {
@@ -127,7 +127,7 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor { return c.unary
 // StreamInterceptor returns a standalone streaming client interceptor that
 // does for streams what UnaryInterceptor does for unary calls, without
 // retries.
-func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.stream(true) }
+func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.stream() }
 
 func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -142,7 +142,7 @@ func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
 	}
 }
 
-func (c *Client) stream(bool) grpc.StreamClientInterceptor {
+func (c *Client) stream() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		call := c.eg.Begin(dropForwarded(ctx, opts), targetHost(cc))
 		single, err := call.Start()
