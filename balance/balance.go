@@ -859,6 +859,14 @@ func (e *Endpoint) SetState(s State) {
 	e.setState(s, Refusing)
 }
 
+// Connected tells the endpoint that its connection is up: it is Healthy
+// unless it is in lame duck, which only the announcement's expiry ends.
+// Unlike reading State and then calling SetState, it cannot undo an
+// announcement that an answer brings meanwhile.
+func (e *Endpoint) Connected() {
+	e.setStateIf(Healthy, func(cur State) bool { return cur != LameDuck })
+}
+
 // expire makes an endpoint in state from Healthy, unless its state
 // changed meanwhile.
 func (e *Endpoint) expire(from State) { e.setState(Healthy, from) }
@@ -866,8 +874,13 @@ func (e *Endpoint) expire(from State) { e.setState(Healthy, from) }
 // setState sets the state; from, unless Refusing, is the state it must be
 // in.
 func (e *Endpoint) setState(s State, from State) {
+	e.setStateIf(s, func(cur State) bool { return from == Refusing || cur == from })
+}
+
+// setStateIf sets the state if ok says so of the current one.
+func (e *Endpoint) setStateIf(s State, ok func(State) bool) {
 	e.b.update.Lock() // orders state changes with their bit
-	if from != Refusing && State(e.state.Load()) != from {
+	if !ok(State(e.state.Load())) {
 		e.b.update.Unlock()
 		return
 	}

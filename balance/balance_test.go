@@ -896,3 +896,22 @@ func eject(e *Endpoint) {
 		e.DoneUnanswered()
 	}
 }
+
+// Connected (the adapter: the connection is up) makes a Refusing
+// endpoint Healthy and leaves a lame duck one in lame duck (under the
+// lock that orders state changes, so an announcement an answer brings
+// meanwhile is never undone).
+func TestConnectedKeepsLameDuck(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	_, eps := newBalancer(t, clk, 2)
+	eps[0].SetState(Refusing)
+	eps[0].Connected()
+	if s := eps[0].State(); s != Healthy {
+		t.Fatalf("Refusing, then connected: %v, want healthy", s)
+	}
+	eps[1].SetState(LameDuck)
+	eps[1].Connected()
+	if s := eps[1].State(); s != LameDuck {
+		t.Fatalf("lame duck, then connected: %v, want lame duck", s)
+	}
+}

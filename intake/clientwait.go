@@ -2,7 +2,6 @@ package intake
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/clock"
@@ -28,7 +27,7 @@ type clientWaits struct {
 	since   time.Time          // when every goroutine seen began to wait; zero: one works
 	timer   clock.Timer
 	stalled bool
-	counted bool // the stall counts against the connection's (ConnStalls)
+	counted bool // the stall counts against the connection's (Conn)
 }
 
 // bit returns the waiting bit of goroutine g, learning it if new; ok is
@@ -72,7 +71,7 @@ func (c *clientWaits) idle() bool {
 // another computes does not free the slot of a request that computes.
 // A request whose client is used from more than eight goroutines is
 // never stalled, and neither is one past its connection's bound
-// (Request.ConnStalls) or the controller's (admission.WithMaxStalled):
+// (Conn) or the controller's (admission.WithMaxStalled):
 // those keep their slot. Waits shorter than the target delay change
 // nothing. It does nothing without admission control; the first call
 // makes the request's timer (clock.AfterFunc), and later calls do not
@@ -127,7 +126,7 @@ func (h *Handle) ClientResume(g uint64) {
 		x.cost.Unstall()
 		if c.counted {
 			c.counted = false
-			x.conn.n.Add(-1)
+			x.conn.unstall()
 		}
 	}
 	c.mu.Unlock()
@@ -143,13 +142,10 @@ func (x *admitted) clientStalled() {
 	if c.stalled || c.since.IsZero() || !c.idle() || x.clk.Now().Sub(c.since) < x.ctl.TargetDelay() {
 		return
 	}
-	if x.conn != nil {
-		if x.conn.n.Add(1) > x.conn.max {
-			x.conn.n.Add(-1)
-			return
-		}
-		c.counted = true
+	if !x.conn.stall() {
+		return
 	}
+	c.counted = true
 	c.stalled = true
 	x.cost.Stall()
 }
@@ -165,32 +161,8 @@ func (x *admitted) endClientWaits() {
 	c.mu.Lock()
 	if c.counted {
 		c.counted = false
-		x.conn.n.Add(-1)
+		x.conn.unstall()
 	}
 	c.since = time.Time{}
 	c.mu.Unlock()
 }
-
-// DefaultMaxConnStalls is how many requests of one connection may be
-// stalled at once (NewConnStalls).
-const DefaultMaxConnStalls = 64
-
-// ConnStalls bounds the stalled requests of one connection (ClientWait):
-// past its bound, a request waiting on its client keeps its execution
-// slot, so that one connection's streams cannot take the whole of the
-// controller's bound on stalls (admission.WithMaxStalled). A transport
-// that knows its connections keeps one per connection and passes it in
-// Request.ConnStalls. The zero value lets none stall; create one with
-// NewConnStalls. It is safe for concurrent use.
-type ConnStalls struct {
-	n   atomic.Int32
-	max int32
-}
-
-// NewConnStalls returns a bound of n stalled requests (0: none stalls).
-func NewConnStalls(n int) *ConnStalls {
-	return &ConnStalls{max: int32(min(max(n, 0), 1<<30))}
-}
-
-// Stalled returns how many of the connection's requests are stalled.
-func (c *ConnStalls) Stalled() int { return int(c.n.Load()) }

@@ -46,7 +46,7 @@ type admitted struct {
 	cost     cost.Tracker // outgoing calls mark waits on it
 	clk      clock.Clock
 	h        *Handle     // the request: its context bounds a wait for a slot
-	conn     *ConnStalls // the request's connection's stalls; nil: unbounded
+	conn     connMark    // the request's connection's counts
 	client   clientWaits // its goroutines' waits on its own client
 	// readyAt is when the request's goroutine began to run (Scheduled);
 	// message says whether its first message then came late (messageLate)
@@ -94,6 +94,7 @@ func HandleOf(ctx context.Context) *Handle {
 // it first thing on it; it is optional.
 func (h *Handle) Scheduled() {
 	if x := h.x; x != nil && x.ctl != nil {
+		x.conn.leaveWaiting()
 		x.ctl.Scheduled(&x.ticket)
 		x.readyAt = x.clk.Now()
 	}
@@ -105,7 +106,11 @@ func (h *Handle) Scheduled() {
 // says whether the sender sent it late.
 func (h *Handle) MessageArrived() {
 	x := h.x
-	if x == nil || x.ctl == nil || x.readyAt.IsZero() || x.message.Load() != 0 {
+	if x == nil || x.ctl == nil {
+		return
+	}
+	x.conn.leaveProbation()
+	if x.readyAt.IsZero() || x.message.Load() != 0 {
 		return
 	}
 	state := int32(messageOnTime)
@@ -125,6 +130,19 @@ func (h *Handle) SenderLate() bool {
 	return h.x != nil && h.x.message.Load() == messageLate
 }
 
+// MessageTimedOut ends a request whose transport waited for its message
+// itself, from Scheduled, and gave up after the message timeout
+// (admission.Controller.MessageTimeout; triagehttp's read-ahead of a
+// body): the request is abandoned (Abandon), SenderLate reports true, and
+// its connection gets a slow-sender penalty (Conn).
+func (h *Handle) MessageTimedOut() {
+	x := h.x
+	if x != nil && x.ctl != nil && !x.readyAt.IsZero() && x.message.CompareAndSwap(0, messageLate) && x.conn.in != nil {
+		x.conn.in.penalise(x.conn.c)
+	}
+	h.Abandon()
+}
+
 // Abandon ends a request that will not run because it ended before Start
 // (its client went away, or did not send its message in time, or the
 // transport dropped it): its admission ticket and quota reservation are
@@ -134,6 +152,7 @@ func (h *Handle) SenderLate() bool {
 // stream's end). Start after it refuses the request.
 func (h *Handle) Abandon() {
 	if x := h.x; x != nil {
+		x.conn.leave()
 		if !x.begun.CompareAndSwap(false, true) {
 			return // started, or abandoned already
 		}
@@ -149,12 +168,13 @@ func (h *Handle) Abandon() {
 
 // Holds reports whether the request holds something beyond its admission
 // ticket that only Start and Finish, or Abandon, give back: a quota
-// reservation (quota.ModePessimistic) or a decay's timer. A transport that
+// reservation (quota.ModePessimistic), a decay's timer, or a place in its
+// connection's probation count until its message comes. A transport that
 // may drop a request without either calls Abandon where it learns the
 // request is over.
 func (h *Handle) Holds() bool {
 	x := h.x
-	return x != nil && (x.cancel != nil || x.quota != nil && x.reserved.Held())
+	return x != nil && (x.cancel != nil || x.quota != nil && x.reserved.Held() || x.conn.probation.Load())
 }
 
 // Start takes an execution slot (admission.Controller.Start, which may
@@ -170,8 +190,13 @@ func (h *Handle) Start() error {
 	if !x.begun.CompareAndSwap(false, true) {
 		return context.Canceled // abandoned: the transport dropped the request
 	}
+	x.conn.leaveWaiting()
 	if x.ctl != nil {
 		if err := x.ctl.Start(h, &x.ticket); err != nil {
+			x.conn.leave()
+			if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.SenderLate() {
+				x.conn.in.penalise(x.conn.c)
+			}
 			x.ctl.Done(&x.ticket)
 			if x.quota != nil {
 				x.quota.Cancel(h.customer, x.reserved)
@@ -214,6 +239,7 @@ func (h *Handle) UnderAdmission() bool { return h.x != nil && h.x.ctl != nil }
 // and its CPU is charged to its customer.
 func (h *Handle) Finish() {
 	if x := h.x; x != nil {
+		x.conn.leave()
 		x.endClientWaits()
 		used := x.cost.Stop() // first: no outgoing call touches the ticket after it
 		if x.ctl != nil {

@@ -21,6 +21,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
@@ -50,6 +52,12 @@ type Intake struct {
 	iso        *isolate.Table
 	customerID bool
 	clock      clock.Clock
+	start      time.Time // the clock's reading at New: Conn's times count from it
+	// the connection policy (Conn)
+	connShare       int32
+	maxConnStalls   int32
+	penaliseTrusted bool
+	slowRefused     atomic.Uint64
 }
 
 // Option configures an Intake.
@@ -110,7 +118,7 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(in *Intake) { in.c
 
 // New returns an Intake, or an error for an inconsistent configuration.
 func New(opts ...Option) (*Intake, error) {
-	in := &Intake{}
+	in := &Intake{connShare: DefaultConnShare, maxConnStalls: DefaultMaxConnStalls}
 	for _, o := range opts {
 		o.apply(in)
 	}
@@ -133,6 +141,7 @@ func New(opts ...Option) (*Intake, error) {
 		}
 	}
 	in.clock = clock.OrReal(in.clock)
+	in.start = in.clock.Now()
 	return in, nil
 }
 
@@ -172,21 +181,16 @@ type Request struct {
 	// Group is the user group for group rules; fill it only when
 	// NeedsGroup.
 	Group string
-	// OverShare says the request's connection already holds its share of
-	// the requests admitted and not yet running (the transport tracks its
-	// connections): admission control admits it only into the first half
-	// of the task's room (admission.Controller.ArriveOverShare), so that
-	// one connection's burst cannot lock the others out.
-	OverShare bool
+	// Conn is the request's connection, if the transport follows its
+	// connections (one Conn per connection): the connection policy
+	// (share, stalls, slow-sender penalty) applies to it under admission
+	// control. nil: none does.
+	Conn *Conn
 	// HealthCheck marks a health check (the transport knows its methods):
 	// it is classified but answered whatever the load, outside isolation,
 	// quotas and admission, because it is how clients learn that a task is
 	// in lame duck, and a watch lasts as long as its connection.
 	HealthCheck bool
-	// ConnStalls, if not nil, bounds the stalled requests of the
-	// request's connection (ClientWait); the transport keeps one per
-	// connection. nil: only the controller's bound applies.
-	ConnStalls *ConnStalls
 }
 
 // the triage keys Accept reads, in both spellings.
@@ -213,11 +217,14 @@ func (r *Request) single(k keySpelling) string {
 	return v[0]
 }
 
-// facts is what a trusted peer's keys say.
+// facts is what Accept learned of the request: what a trusted peer's keys
+// say, whether the peer is trusted, and whether its connection is on
+// probation.
 type facts struct {
-	attempt  int
-	customer string
-	decay    string
+	attempt            int
+	customer           string
+	decay              string
+	trusted, probation bool
 }
 
 func (r *Request) trustedFacts(er *edge.Request, f *facts) {
@@ -261,13 +268,20 @@ func dropFolded(h map[string][]string, obs edge.Observer) {
 // decay, customer, client type, quota reservation and admission. It
 // returns the accepted request's Handle, whose context is ctx plus what
 // was decided, or the outcome to answer with: ErrBlackHoled, the quota's
-// out-of-quota error, or an admission rejection (admission.RejectionOf).
+// out-of-quota error, or an admission rejection (admission.RejectionOf),
+// ErrSlowSender among them.
 // A refused request needs nothing more.
 func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
-	trusted := in.trust.Trusted(r.Peer)
-	er := edge.Request{Trusted: trusted, Host: r.Host, Path: r.Path, Group: r.Group}
 	var f facts
-	if trusted {
+	if r.Conn != nil && in.admission != nil && !r.HealthCheck {
+		var err error
+		if f.probation, err = in.refuseSlow(ctx, r.Conn); err != nil {
+			return nil, err
+		}
+	}
+	f.trusted = in.trust.Trusted(r.Peer)
+	er := edge.Request{Trusted: f.trusted, Host: r.Host, Path: r.Path, Group: r.Group}
+	if f.trusted {
 		dropFolded(r.Header, in.classifier.Observer())
 		r.trustedFacts(&er, &f)
 	} else {
@@ -330,8 +344,8 @@ func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) 
 
 // admit reserves quota and asks admission control; a refusal allocates
 // nothing (the ticket lives on the stack until the request is admitted).
-// r is the request (its OverShare and ConnStalls); cancels says the Handle will hold a decay's
-// cancel func.
+// r is the request (its connection); cancels says the Handle will hold a
+// decay's cancel func.
 func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Request, cancels bool) (*Handle, error) {
 	var res quota.Reservation
 	if in.quota != nil {
@@ -344,7 +358,7 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 	if in.admission != nil {
 		deadline, _ := ctx.Deadline()
 		var err error
-		if r.OverShare {
+		if c := r.Conn; c != nil && in.connShare > 0 && c.waiting.Load() >= in.connShare {
 			err = in.admission.ArriveOverShare(&t, l, f.attempt, deadline)
 		} else {
 			err = in.admission.Arrive(&t, l, f.attempt, deadline)
@@ -361,7 +375,25 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 	}
 	h := newAdmittedHandle(ctx, l, f)
 	x := h.x
-	x.ctl, x.ticket, x.clk, x.conn = in.admission, t, in.clock, r.ConnStalls
+	x.ctl, x.ticket, x.clk = in.admission, t, in.clock
 	x.quota, x.meter, x.reserved = in.quota, in.meter, res
+	if c := r.Conn; c != nil && in.admission != nil {
+		in.mark(&x.conn, c, f)
+	}
 	return h, nil
+}
+
+// mark counts an admitted request in its connection's waiting count, and
+// in its probation count if the connection is on probation.
+func (in *Intake) mark(m *connMark, c *Conn, f facts) {
+	m.c, m.maxStalls = c, in.maxConnStalls
+	if in.penaliseTrusted || !f.trusted {
+		m.in = in
+	}
+	m.waiting.Store(true)
+	c.waiting.Add(1)
+	if f.probation {
+		m.probation.Store(true)
+		c.probation.Add(1)
+	}
 }

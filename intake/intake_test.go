@@ -259,14 +259,14 @@ func TestClientWaitStallsOnlyWhenEveryGoroutineWaits(t *testing.T) {
 	}
 }
 
-// A connection's stalled requests are bounded (Request.ConnStalls): past
+// A connection's stalled requests are bounded (WithMaxConnStalls): past
 // the bound, a request waiting on its client keeps its slot.
 func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {
-	in, ctl, f := admittedIntake(t, 4)
-	conn := intake.NewConnStalls(2)
+	in, ctl, f := admittedIntake(t, 4, intake.WithMaxConnStalls(2))
+	conn := intake.NewConn()
 	var hs []*intake.Handle
 	for range 3 {
-		h := started(t, in, &intake.Request{Path: "/svc/M", ConnStalls: conn})
+		h := started(t, in, &intake.Request{Path: "/svc/M", Conn: conn})
 		h.ClientWait(intake.Own)
 		hs = append(hs, h)
 	}
@@ -284,14 +284,14 @@ func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {
 
 // admittedIntake returns an Intake with admission control at a limit of
 // limit on a fake clock.
-func admittedIntake(t *testing.T, limit int) (*intake.Intake, *admission.Controller, *clock.Fake) {
+func admittedIntake(t *testing.T, limit int, opts ...intake.Option) (*intake.Intake, *admission.Controller, *clock.Fake) {
 	t.Helper()
 	f := clock.NewFake(time.Unix(0, 0))
 	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(limit, limit, limit), admission.WithInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f))
+	in, err := intake.New(append([]intake.Option{intake.WithAdmission(ctl), intake.WithClock(f)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

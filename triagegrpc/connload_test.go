@@ -43,7 +43,7 @@ func connLoadListener(t *testing.T) (*connload.Listener, connEvents) {
 func TestWithConnLoad(t *testing.T) {
 	l, ev := connLoadListener(t)
 	bare := make(chan bool, 8)
-	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
+	srv := connLoadServer(t, l)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(bareSpy{l, bare})
 	defer srv.Stop()
@@ -88,7 +88,7 @@ func (b bareSpy) Accept() (net.Conn, error) {
 // sees it end), and its next call opens a new one without failing.
 func TestClientIdleTimeout(t *testing.T) {
 	l, ev := connLoadListener(t)
-	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
+	srv := connLoadServer(t, l)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(l)
 	defer srv.Stop()
@@ -125,7 +125,7 @@ func TestClientIdleTimeout(t *testing.T) {
 func TestWithConnLoadCallsAndHealthChecks(t *testing.T) {
 	l, ev := connLoadListener(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	srv := grpc.NewServer(triagegrpc.WithConnLoad(l))
+	srv := connLoadServer(t, l)
 	srv.RegisterService(&grpc.ServiceDesc{
 		ServiceName: "triage.test.Block",
 		HandlerType: (*any)(nil),
@@ -190,4 +190,14 @@ func TestWithConnLoadCallsAndHealthChecks(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
+}
+
+// connLoadServer is a gRPC server whose triage Server reports to l.
+func connLoadServer(t *testing.T, l *connload.Listener) *grpc.Server {
+	t.Helper()
+	ts, err := triagegrpc.NewServer(triagegrpc.WithConnLoad(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return grpc.NewServer(ts.ServerOptions()...)
 }

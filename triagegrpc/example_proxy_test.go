@@ -39,10 +39,10 @@ func ExampleNewProxy() {
 	defer toBackend.Close()
 	px, _ := triagegrpc.NewProxy(toBackend)
 	ctl, _ := admission.New()
-	ps, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithAdmission(ctl))
 	raw, _ := net.Listen("tcp", "127.0.0.1:0")
 	lis, _ := connload.NewListener(raw) // at most 200 new connections a second
-	proxy := grpc.NewServer(append(append(ps.ServerOptions(), px.ServerOptions()...), triagegrpc.WithConnLoad(lis))...)
+	ps, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithAdmission(ctl), triagegrpc.WithConnLoad(lis))
+	proxy := grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...)
 	go proxy.Serve(lis)
 	defer proxy.Stop()
 

@@ -19,6 +19,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/intake"
@@ -50,27 +51,21 @@ type Server struct {
 	retryLater      sync.Map
 	retryLaterCount atomic.Int32
 	group           func(context.Context, metadata.MD) string
-	connShare       int32 // 0: no share by connection
-	maxConnStalls   int
-	penaliseTrusted bool
 	stats           *streamStats
 	clock           clock.Clock
 	since           func() time.Duration
-	slowRefused     atomic.Uint64 // streams the tap refused as a slow sender's
 }
 
 // ServerOption configures a Server.
 type ServerOption interface{ applyServer(*serverConfig) }
 
 type serverConfig struct {
-	intake          []intake.Option
-	meter           *balance.Meter
-	lifecycle       *lifecycle.Lifecycle
-	clock           clock.Clock
-	group           func(context.Context, metadata.MD) string
-	connShare       int32
-	maxConnStalls   int
-	penaliseTrusted bool
+	intake    []intake.Option
+	meter     *balance.Meter
+	lifecycle *lifecycle.Lifecycle
+	clock     clock.Clock
+	group     func(context.Context, metadata.MD) string
+	connLoad  *connload.Listener
 }
 
 type serverOptionFunc func(*serverConfig)
@@ -148,7 +143,7 @@ func WithServerClock(c clock.Clock) ServerOption {
 // NewServer returns a Server, or an error for an inconsistent
 // configuration.
 func NewServer(opts ...ServerOption) (*Server, error) {
-	c := serverConfig{connShare: DefaultConnShare, maxConnStalls: intake.DefaultMaxConnStalls}
+	var c serverConfig
 	for _, o := range opts {
 		o.applyServer(&c)
 	}
@@ -157,11 +152,13 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 		return nil, fmt.Errorf("triagegrpc: %w", err)
 	}
 	clk := clock.OrReal(c.clock)
-	s := &Server{in: in, group: c.group, connShare: c.connShare, maxConnStalls: c.maxConnStalls, penaliseTrusted: c.penaliseTrusted,
-		clock: clk, since: clock.SinceFunc(clk, clk.Now()),
+	s := &Server{in: in, group: c.group, clock: clk, since: clock.SinceFunc(clk, clk.Now()),
 		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
-	s.stats = &streamStats{maxStalls: c.maxConnStalls}
+	s.stats = &streamStats{}
+	if c.connLoad != nil {
+		s.stats.load, s.stats.tracker = c.connLoad, c.connLoad.Track()
+	}
 	if t := (&trailers{meter: c.meter, lifecycle: c.lifecycle, since: s.since}); t.enabled() {
 		s.trailers = t
 	}
@@ -238,9 +235,10 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 	}
 }
 
-// StatsHandler returns the stats handler that follows each connection's
-// streams from the tap handle to their goroutines, which admission control
-// needs for two things:
+// StatsHandler returns the stats handler that follows each connection
+// (one intake.Conn each, in the connection's context) and its streams
+// from the tap handle to their goroutines, for the connection policy
+// under admission control (intake.Conn):
 //
 //   - When a stream gets its goroutine (TagRPC, which grpc-go calls first
 //     thing on it), it leaves the pending count (intake.Handle.Scheduled):
@@ -248,109 +246,80 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 //     client and takes no room from the requests that can run. Without
 //     the handler, such a stream holds room until its message comes or
 //     it has been pending four target delays (admission.WithTargetDelay).
-//   - A stream that arrives while WithConnShare (8) others of its connection
-//     wait for their goroutines is over the connection's share
-//     (intake.Request.OverShare), and gets only the first half of the
-//     task's room, so that one connection's burst does not lock the
-//     others out.
+//   - A stream that arrives while WithConnShare (8) others of its
+//     connection wait for their goroutines is over the connection's share
+//     and gets only the first half of the task's room.
+//   - A connection one of whose streams was refused as late (its message
+//     came past admission's message timeout) has its next streams, health
+//     checks aside, refused in the tap for its slow-sender penalty, then
+//     is on probation. The tap is the connection's reader: while it waits
+//     out intake.SlowSenderPace between two such refusals, nothing more
+//     is read from that connection, its health checks included (grpc-go
+//     calls the tap under the connection's transport lock, so the wait is
+//     short).
+//   - It bounds the requests of one connection that may be stalled at
+//     once, waiting on their client without a slot (WithMaxConnStalls).
 //
-// With it, a connection one of whose streams the interceptors refused as
-// late (its message came past admission's message timeout) has its next
-// streams, health checks aside, refused in the tap for
-// DefaultSlowSenderPenalty (1 s, doubling to MaxSlowSenderPenalty while it
-// offends again): a slow sender's burst of late messages costs a
-// goroutine and a refusal per stream, which the tap's refusal does not.
-// After its penalty the connection is on probation for
-// MaxSlowSenderPenalty: it may hold at most WithConnShare streams whose
-// message has not come, and its next is refused in the tap too, so that
-// its next burst of late messages is a few streams. The tap refuses such
-// a connection's streams at most one per SlowSenderPace (1 ms),
-// holding its reader in between: the connection is not read while it
-// waits, so a slow sender's burst of new streams is spread out rather
-// than served ahead of other connections' requests, and however fast it
-// opens them it costs the task at most one refusal per pace.
-//
-// It keeps a few words per connection, in the connection's context: a
-// connection's state lives and dies with it.
-//
-// It also bounds the requests of one connection that may be stalled at
-// once, waiting on their client without a slot (WithMaxConnStalls).
+// With WithConnLoad, it also reports the connections, their calls and
+// the health checks to a connload.Listener.
 func (s *Server) StatsHandler() stats.Handler { return s.stats }
 
 // WithMaxConnStalls bounds the requests of one connection that may be
-// stalled at once (intake.ConnStalls): a handler waiting on its client
-// past that keeps its execution slot. Default intake.DefaultMaxConnStalls.
-func WithMaxConnStalls(n int) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.maxConnStalls = min(max(n, 0), 1<<30) })
-}
-
-// DefaultSlowSenderPenalty is how long a connection whose stream sent its
-// message past the message timeout has its next streams refused at
-// arrival; it doubles while the connection
-// offends again within MaxSlowSenderPenalty of its last penalty's end.
-const DefaultSlowSenderPenalty = time.Second
-
-// MaxSlowSenderPenalty bounds the doubling of a connection's slow-sender
-// penalty.
-const MaxSlowSenderPenalty = time.Minute
-
-// SlowSenderPace is how often, at most, the tap refuses a stream of a
-// connection serving a slow-sender penalty or over its share on
-// probation. Between two refusals the connection's reader waits: nothing
-// more is read from that connection, its health checks included, until
-// the next refusal is due. grpc-go calls the tap under the connection's
-// transport lock, which the wait holds, so it is short.
-const SlowSenderPace = time.Millisecond
-
-// DefaultConnShare is how many of a connection's streams may wait for
-// their goroutines before its next stream is over the connection's share
-// of the task (StatsHandler, WithConnShare).
-const DefaultConnShare = 8
+// stalled at once (intake.WithMaxConnStalls): a handler waiting on its
+// client past that keeps its execution slot. Default
+// intake.DefaultMaxConnStalls.
+func WithMaxConnStalls(n int) ServerOption { return withIntake(intake.WithMaxConnStalls(n)) }
 
 // WithTrustedSlowSenderPenalty penalises slow senders among trusted
-// peers too (WithTrust). By default a trusted peer's connection is never
-// penalised: it is typically a proxy multiplexing many callers, and one
-// slow caller would penalise them all; the late message itself is still
-// refused.
+// peers too (intake.WithTrustedSlowSenderPenalty). By default a trusted
+// peer's connection, typically a proxy multiplexing many callers, is
+// never penalised; the late message itself is still refused.
 func WithTrustedSlowSenderPenalty() ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.penaliseTrusted = true })
+	return withIntake(intake.WithTrustedSlowSenderPenalty())
 }
 
 // WithConnShare sets how many of a connection's streams may wait for their
-// goroutines before its next stream is over the connection's share of the
-// task and gets only half of its room (StatsHandler), and how many streams
-// without their message a slow sender's connection may hold on probation;
-// 0 turns both off. Default DefaultConnShare.
-func WithConnShare(n int) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.connShare = int32(min(max(n, 0), 1<<30)) })
+// goroutines before its next is over the connection's share, and how many
+// streams without their message a slow sender's connection may hold on
+// probation (intake.WithConnShare); 0 turns both off. Default
+// intake.DefaultConnShare.
+func WithConnShare(n int) ServerOption { return withIntake(intake.WithConnShare(n)) }
+
+// WithConnLoad makes the stats handler report the server's connections to
+// l (connload.Listener.Track): serve l itself, and pass the option, so
+// that gRPC-Go gets bare connections, which it reads without pinning a
+// buffer per idle connection, while l still counts them and bounds them.
+// It also reports each connection's calls (which tell busy connections
+// from idle ones) and each health check answered (a
+// grpc.health.v1.Health Check, or a Watch opened; a Watch stream is not a
+// call). Default: none.
+//
+//	cl, _ := connload.NewListener(lis)
+//	ts, _ := triagegrpc.NewServer(triagegrpc.WithConnLoad(cl))
+//	srv := grpc.NewServer(ts.ServerOptions()...)
+//	srv.Serve(cl)
+func WithConnLoad(l *connload.Listener) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.connLoad = l })
 }
 
 // streamStats is StatsHandler's handler. Each connection's context holds
 // its connState.
 type streamStats struct {
-	maxStalls int
+	load    *connload.Listener // nil without WithConnLoad
+	tracker *connload.Tracker
 }
 
-// connState is what a Server keeps of one connection: the count of its
-// streams the tap handle accepted whose goroutine has not run yet, and its
-// slow-sender penalty.
+// connState is what a Server keeps of one connection: the intake's, and
+// connection load's if it reports to a connload.Listener.
 type connState struct {
-	waiting atomic.Int32
-	// probation counts the streams admitted while the connection was on
-	// probation whose message has not come and which have not ended.
-	probation atomic.Int32
-	// slowUntil is when the penalty ends, on the Server's clock (since its
-	// start, ns); 0: never penalised.
-	slowUntil atomic.Int64
-	// paceNext is when the tap may refuse the connection's next stream as
-	// a slow sender's, on the Server's clock (since its start, ns).
-	paceNext atomic.Int64
-	mu       sync.Mutex    // orders penalties
-	penalty  time.Duration // the last one given
-	stalls   *intake.ConnStalls
+	in   *intake.Conn
+	load *connload.Conn // set at ConnBegin
 }
 
-type connStateKey struct{}
+type (
+	connStateKey struct{}
+	watchKey     struct{}
+)
 
 // connOf returns the state of ctx's connection, or nil without the stats
 // handler.
@@ -360,157 +329,95 @@ func connOf(ctx context.Context) *connState {
 }
 
 func (h *streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, connStateKey{}, &connState{stalls: intake.NewConnStalls(h.maxStalls)})
+	return context.WithValue(ctx, connStateKey{}, &connState{in: intake.NewConn()})
 }
 
-// slow reports whether the connection is serving a slow-sender penalty,
-// and whether it is on probation after one (until MaxSlowSenderPenalty
-// past its end).
-func (s *Server) slow(c *connState) (penalty, probation bool) {
-	u := c.slowUntil.Load()
-	if u == 0 {
-		return false, false
+func (h *streamStats) HandleConn(ctx context.Context, s stats.ConnStats) {
+	c := connOf(ctx)
+	if h.tracker == nil || c == nil {
+		return
 	}
-	now := int64(s.since())
-	return now < u, now < u+int64(MaxSlowSenderPenalty)
-}
-
-// pace waits, on the tap's goroutine (the connection's reader), until the
-// connection's next refusal as a slow sender is due, and books the one
-// after it a pace later.
-func (s *Server) pace(c *connState) {
-	now := int64(s.since())
-	var due int64
-	for {
-		next := c.paceNext.Load()
-		due = max(next, now)
-		if c.paceNext.CompareAndSwap(next, due+int64(SlowSenderPace)) {
-			break
+	switch s.(type) {
+	case *stats.ConnBegin:
+		c.load = h.tracker.Open()
+	case *stats.ConnEnd:
+		if c.load != nil {
+			c.load.Close()
 		}
-	}
-	if due > now {
-		t := s.clock.NewTimer(time.Duration(due - now))
-		<-t.C()
 	}
 }
 
 // SlowSenderRefusals returns how many streams the tap has refused as a
-// slow sender's (StatsHandler: in a connection's penalty, or over its
-// share on probation). They are refused before they are classified, so
-// admission control's observer does not see them; export this
-// (triageprom.SlowSenders) to see an attack.
-func (s *Server) SlowSenderRefusals() uint64 { return s.slowRefused.Load() }
-
-// probeKey keys a stream admitted on probation in its context.
-type probeKey struct{}
-
-// probeMark is a stream admitted on probation: it leaves its connection's
-// count once, at its first message or its end.
-type probeMark struct {
-	c    *connState
-	left atomic.Bool
-}
-
-// noteLate penalises the connection of a request refused as late whose
-// client sent the message past the message timeout: the message came
-// that long after the request's goroutine was ready for it
-// (intake.Handle.SenderLate), so the delay is the sender's, not the
-// server's (its scheduler, GC, interceptors before triage's). A stream's
-// handler starts before it reads any message, so a stream is never the
-// sender's fault. A trusted peer (a proxy the operator trusts, whose
-// connection carries many callers) is not penalised unless
-// WithTrustedSlowSenderPenalty. One penalty per burst of late messages: a
-// refusal during the penalty adds nothing.
-func (s *Server) noteLate(ctx context.Context, h *intake.Handle, err error) {
-	if !h.SenderLate() {
-		return
-	}
-	if r, _, ok := admission.RejectionOf(err); !ok || r != admission.Late {
-		return
-	}
-	if !s.penaliseTrusted && s.in.Trusted(PeerOf(ctx)) {
-		return
-	}
-	c := connOf(ctx)
-	if c == nil {
-		return
-	}
-	now := int64(s.since())
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	until := c.slowUntil.Load()
-	if now < until {
-		return
-	}
-	p := DefaultSlowSenderPenalty
-	if until != 0 && now < until+int64(MaxSlowSenderPenalty) {
-		p = min(2*c.penalty, MaxSlowSenderPenalty)
-	}
-	c.penalty = p
-	c.slowUntil.Store(now + int64(p))
-}
+// slow sender's (intake.Intake.SlowSenderRefusals). They are refused
+// before they are classified, so admission control's observer does not
+// see them; export this (triageprom.SlowSenders) to see an attack.
+func (s *Server) SlowSenderRefusals() uint64 { return s.in.SlowSenderRefusals() }
 
 // TagRPC runs on the stream's goroutine. A Handle in ctx means the tap
-// handle accepted the stream, and counted it if the count was there:
-// grpc-go calls TagRPC for every stream the tap accepted that it does not
-// drop first, and the tap refuses the ones it would drop (a malformed
-// method name, a context already done). A stream to a method the server
-// does not have gets no End event (unless the server has an
-// unknown-service handler), and nothing says so here; the context of
-// every stream ends, so a stream holding more than its admission ticket
-// (a pessimistic quota reservation, a decay's timer: intake.Handle.Holds)
-// or admitted on probation is settled then too (context.AfterFunc: its
-// cost, about half a microsecond, is paid only by those).
-func (*streamStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
-	if h := intake.HandleOf(ctx); h != nil {
-		h.Scheduled()
-		if c := connOf(ctx); c != nil {
-			c.waiting.Add(-1)
+// handle accepted the stream: grpc-go calls TagRPC for every stream the
+// tap accepted that it does not drop first, and the tap refuses the ones
+// it would drop (a malformed method name, a context already done). A
+// stream to a method the server does not have gets no End event (unless
+// the server has an unknown-service handler), and nothing says so here;
+// the context of every stream ends, so a stream holding more than its
+// admission ticket (intake.Handle.Holds: a pessimistic quota reservation,
+// a decay's timer, a place on its connection's probation) is abandoned
+// then too (context.AfterFunc: its cost, about half a microsecond, is
+// paid only by those). With WithConnLoad, health checks are counted, and
+// a health watch is marked so that it does not count as a call.
+func (h *streamStats) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if hd := intake.HandleOf(ctx); hd != nil {
+		hd.Scheduled()
+		if hd.Holds() {
+			context.AfterFunc(ctx, hd.Abandon)
 		}
-		if h.Holds() || ctx.Value(probeKey{}) != nil {
-			context.AfterFunc(ctx, func() { settle(ctx, h) })
+	}
+	if h.load != nil && isHealthCheck(info.FullMethodName) {
+		h.load.HealthCheck()
+		if info.FullMethodName == healthWatch {
+			return context.WithValue(ctx, watchKey{}, true)
 		}
 	}
 	return ctx
 }
 
-// settle ends a stream's request for good, at its End event or its
-// context's end: the request is abandoned unless its handler started
-// (intake.Handle.Abandon), and a stream admitted on probation leaves its
-// connection's count. It may run twice.
-func settle(ctx context.Context, h *intake.Handle) {
-	h.Abandon()
-	leaveProbation(ctx)
-}
-
-// leaveProbation takes a stream admitted on probation out of its
-// connection's count, once.
-func leaveProbation(ctx context.Context) {
-	if m, _ := ctx.Value(probeKey{}).(*probeMark); m != nil && m.left.CompareAndSwap(false, true) {
-		m.c.probation.Add(-1)
-	}
-}
-
 // HandleRPC tells the request's Handle when its first message arrives
-// (intake.Handle.MessageArrived: was its sender late?), takes a stream
-// admitted on probation out of its connection's count at its first
-// message, and settles the request at its end (a handler that never
-// started: a message grpc-go could not decode, a compressor it lacks).
-func (*streamStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
+// (intake.Handle.MessageArrived: was its sender late?) and abandons the
+// request at its end (a handler that never started: a message grpc-go
+// could not decode, a compressor it lacks). With WithConnLoad, it counts
+// a call from its Begin to its End, which grpc-go sends in pairs; a
+// stream to an unknown method gets neither, so it never counts as a call
+// in flight.
+func (h *streamStats) HandleRPC(ctx context.Context, st stats.RPCStats) {
 	switch st.(type) {
 	case *stats.InPayload:
-		if h := intake.HandleOf(ctx); h != nil {
-			h.MessageArrived()
+		if hd := intake.HandleOf(ctx); hd != nil {
+			hd.MessageArrived()
 		}
-		leaveProbation(ctx)
+	case *stats.Begin:
+		h.call(ctx, 1)
 	case *stats.End:
-		if h := intake.HandleOf(ctx); h != nil {
-			settle(ctx, h)
+		if hd := intake.HandleOf(ctx); hd != nil {
+			hd.Abandon()
 		}
+		h.call(ctx, -1)
 	}
 }
 
-func (*streamStats) HandleConn(context.Context, stats.ConnStats) {}
+// call counts a call beginning (1) or ending (-1) on its connection for
+// connection load.
+func (h *streamStats) call(ctx context.Context, d int) {
+	if h.tracker == nil || ctx.Value(watchKey{}) != nil {
+		return
+	}
+	if c := connOf(ctx); c != nil && c.load != nil {
+		if d > 0 {
+			c.load.CallBegin()
+		} else {
+			c.load.CallEnd()
+		}
+	}
+}
 
 // TapHandle returns the handle that runs each request through the intake
 // as it arrives, before grpc creates a goroutine for it, reading the raw
@@ -519,34 +426,15 @@ func (*streamStats) HandleConn(context.Context, stats.ConnStats) {}
 // goroutine, no message read.
 func (s *Server) TapHandle() tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		cs := connOf(ctx)
-		var probation bool
-		if cs != nil && !isHealthCheck(info.FullMethodName) {
-			var penalty bool
-			penalty, probation = s.slow(cs)
-			probation = probation && s.connShare > 0
-			if penalty || probation && cs.probation.Load() >= s.connShare {
-				s.pace(cs)
-				s.slowRefused.Add(1)
-				return nil, s.rejections[admission.Late][0]
-			}
-		}
 		if !wellFormed(info.FullMethodName) {
 			return nil, errMalformedMethod // grpc-go would drop it after the tap
 		}
-		c, err := s.accept(ctx, info.Header, info.FullMethodName, cs != nil && s.connShare > 0 && cs.waiting.Load() >= s.connShare)
+		c, err := s.accept(ctx, info.Header, info.FullMethodName)
 		if err == nil && c.Err() != nil {
 			// Its deadline has passed already (grpc-timeout 0): grpc-go
 			// drops it after the tap, so it is not counted.
 			intake.HandleOf(c).Abandon()
 			return nil, errExpired
-		}
-		if err == nil && cs != nil {
-			cs.waiting.Add(1)
-			if probation {
-				cs.probation.Add(1)
-				c = context.WithValue(c, probeKey{}, &probeMark{c: cs})
-			}
 		}
 		return c, err
 	}
@@ -578,7 +466,6 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			return nil, err
 		}
 		if err := h.Start(); err != nil {
-			s.noteLate(ctx, h, err)
 			return nil, s.rejection(err)
 		}
 		ran := false
@@ -608,7 +495,6 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 			return err
 		}
 		if err := h.Start(); err != nil {
-			s.noteLate(c, h, err)
 			return s.rejection(err)
 		}
 		if c != ctx || h.UnderAdmission() {
@@ -689,7 +575,7 @@ func (s *Server) ensure(ctx context.Context, fullMethod string) (context.Context
 		return ctx, h, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx) // a copy: the cleaned copy is installed
-	c, err := s.accept(ctx, md, fullMethod, false)
+	c, err := s.accept(ctx, md, fullMethod)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -717,9 +603,8 @@ func isHealthCheck(fullMethod string) bool {
 
 // accept translates the request for the intake and its refusal for the
 // wire.
-func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string, overShare bool) (context.Context, error) {
+func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string) (context.Context, error) {
 	r := intake.Request{
-		OverShare:   overShare,
 		Peer:        PeerOf(ctx),
 		Host:        single(md, ":authority"),
 		Path:        fullMethod,
@@ -728,7 +613,7 @@ func (s *Server) accept(ctx context.Context, md metadata.MD, fullMethod string, 
 		HealthCheck: isHealthCheck(fullMethod),
 	}
 	if c := connOf(ctx); c != nil {
-		r.ConnStalls = c.stalls
+		r.Conn = c.in
 	}
 	if s.group != nil && s.in.NeedsGroup() {
 		r.Group = s.group(ctx, md)

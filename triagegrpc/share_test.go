@@ -11,6 +11,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -65,7 +66,7 @@ func (s shareServer) burst(t *testing.T, conn context.Context) []context.Context
 func TestConnectionShareOfAFullTask(t *testing.T) {
 	alone := newShareServer(t, triagegrpc.WithConnShare(0))
 	room := len(alone.burst(t, alone.conn()))
-	if room < 2*triagegrpc.DefaultConnShare {
+	if room < 2*intake.DefaultConnShare {
 		t.Fatalf("room %d: too small for the test", room)
 	}
 
@@ -76,7 +77,7 @@ func TestConnectionShareOfAFullTask(t *testing.T) {
 	}
 	b := s.conn()
 	streams := s.burst(t, b)
-	if want := min(triagegrpc.DefaultConnShare, room-len(a)); len(streams) != want {
+	if want := min(intake.DefaultConnShare, room-len(a)); len(streams) != want {
 		t.Fatalf("room %d, %d taken by a burst: another connection got %d, want %d", room, len(a), len(streams), want)
 	}
 	for _, c := range streams {
@@ -107,7 +108,7 @@ func TestStreamsDroppedAfterTheTapLeaveNoCount(t *testing.T) {
 	a := s.conn()
 	expired, cancel := context.WithCancel(a) // grpc-timeout 0: done before the tap
 	cancel()
-	for range 4 * triagegrpc.DefaultConnShare {
+	for range 4 * intake.DefaultConnShare {
 		if _, err := s.in(expired, &tap.Info{FullMethodName: "/pkg.Svc/Method", Header: metadata.MD{}}); err == nil {
 			t.Fatal("a stream whose deadline has passed was accepted")
 		}
@@ -121,7 +122,7 @@ func TestStreamsDroppedAfterTheTapLeaveNoCount(t *testing.T) {
 	if want := (room + 1) / 2; len(b) != want {
 		t.Fatalf("room %d: another connection's burst took %d, want %d", room, len(b), want)
 	}
-	if got, want := len(s.burst(t, a)), min(triagegrpc.DefaultConnShare, room-len(b)); got != want {
+	if got, want := len(s.burst(t, a)), min(intake.DefaultConnShare, room-len(b)); got != want {
 		t.Fatalf("after streams dropped after the tap: the connection got %d streams into a half-full task, want its share %d", got, want)
 	}
 }

@@ -154,6 +154,49 @@ func WithQuota(e *quota.Enforcer, m *cost.Meter) Option { return withIntake(inta
 // (intake.Request.HealthCheck). Default: none.
 func WithHealthCheck(path string) Option { return optionFunc(func(c *config) { c.health = path }) }
 
+// WithConnShare sets how many of a connection's requests may be accepted
+// and not yet started before its next is over the connection's share, and
+// how many requests without their body a slow sender's connection may
+// hold on probation (intake.WithConnShare; ConnContext); 0 turns both
+// off. Default intake.DefaultConnShare.
+func WithConnShare(n int) Option { return withIntake(intake.WithConnShare(n)) }
+
+// WithMaxConnStalls bounds the requests of one connection that may be
+// stalled at once (intake.WithMaxConnStalls; ConnContext). Default
+// intake.DefaultMaxConnStalls.
+func WithMaxConnStalls(n int) Option { return withIntake(intake.WithMaxConnStalls(n)) }
+
+// WithTrustedSlowSenderPenalty penalises slow senders among trusted peers
+// too (intake.WithTrustedSlowSenderPenalty; ConnContext).
+func WithTrustedSlowSenderPenalty() Option {
+	return withIntake(intake.WithTrustedSlowSenderPenalty())
+}
+
+// ConnContext is the http.Server's ConnContext that gives each connection
+// the state of triage's connection policy under admission control
+// (intake.Conn): its share of the requests not yet started, a bound on its
+// stalled requests, and its slow-sender penalty. A request whose body did
+// not come within the message timeout is answered 408 and penalises its
+// connection: its next requests, health checks aside, are answered 503
+// (Triage-Outcome: task-overloaded; late) at arrival for the penalty,
+// paced, then it is on probation. The penalty matters over HTTP/2, where
+// one connection carries many requests; over HTTP/1.1 the connection is
+// closed after its 408. A server with a ConnContext of its own calls this
+// one from it:
+//
+//	srv := &http.Server{Handler: mw(h), ConnContext: triagehttp.ConnContext}
+func ConnContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, intake.NewConn())
+}
+
+type connKey struct{}
+
+// connOf returns the connection's state ConnContext put in ctx, or nil.
+func connOf(ctx context.Context) *intake.Conn {
+	c, _ := ctx.Value(connKey{}).(*intake.Conn)
+	return c
+}
+
 // WithLifecycle makes every response carry Triage-Lame-Duck: 1 while l is
 // in lame duck. Default: none.
 func WithLifecycle(l *lifecycle.Lifecycle) Option {
@@ -194,7 +237,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 			if c.lifecycle != nil && c.lifecycle.InLameDuck() {
 				w.Header()[lameDuckHeader] = lameDuckValue
 			}
-			ir := intake.Request{Peer: PeerOf(r), Host: r.Host, Path: r.URL.Path,
+			ir := intake.Request{Peer: PeerOf(r), Host: r.Host, Path: r.URL.Path, Conn: connOf(r.Context()),
 				Header: r.Header, Case: intake.Canonical, HealthCheck: c.health != "" && r.URL.Path == c.health}
 			if c.group != nil && in.NeedsGroup() {
 				ir.Group = c.group(r)
@@ -205,7 +248,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				h.Scheduled()
 				var err error
 				if whole, err = readBody(w, r, c.bodyBuffer, c.admission.MessageTimeout()); err != nil {
-					h.Abandon()
+					h.MessageTimedOut()
 					slowBody(w, r)
 					return
 				}

@@ -28,6 +28,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -101,7 +102,7 @@ func (s *slowServer) paced(recv func() error) (error, int) {
 			return err, paces
 		default:
 		}
-		s.f.Advance(triagegrpc.SlowSenderPace)
+		s.f.Advance(intake.SlowSenderPace)
 		paces++
 	}
 	return err, paces
@@ -235,13 +236,13 @@ func TestSlowConnectionIsRefusedAtArrival(t *testing.T) {
 	s.lateMessages(t, s.openSlow(t, ctx, 3))
 	refusedAtArrival("after its late messages")
 	served(other, "another connection beside the slow one")
-	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty)
+	s.f.Advance(intake.DefaultSlowSenderPenalty)
 	served(s.cc, "once the penalty is over")
 	// Again, soon after: twice the penalty.
 	s.lateMessages(t, s.openSlow(t, ctx, 3))
-	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty + triagegrpc.DefaultSlowSenderPenalty/2)
+	s.f.Advance(intake.DefaultSlowSenderPenalty + intake.DefaultSlowSenderPenalty/2)
 	refusedAtArrival("a second offence, 1.5 penalties later")
-	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty / 2)
+	s.f.Advance(intake.DefaultSlowSenderPenalty / 2)
 	served(s.cc, "after twice the penalty")
 }
 
@@ -352,8 +353,8 @@ func TestConnectionOnProbationHoldsFewStreamsWithoutTheirMessage(t *testing.T) {
 		}
 	}
 	s.lateMessages(t, s.openSlow(t, ctx, 3))
-	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty) // the penalty is over: probation
-	share := triagegrpc.DefaultConnShare
+	s.f.Advance(intake.DefaultSlowSenderPenalty) // the penalty is over: probation
+	share := intake.DefaultConnShare
 
 	before := s.tagged.Load()
 	slowCtx, cancelSlow := context.WithCancel(ctx)
@@ -389,7 +390,7 @@ func TestConnectionOnProbationHoldsFewStreamsWithoutTheirMessage(t *testing.T) {
 	tagged(before+int64(share), "a full share again once the others ended")
 
 	// Probation over: no bound.
-	s.f.Advance(triagegrpc.MaxSlowSenderPenalty)
+	s.f.Advance(intake.MaxSlowSenderPenalty)
 	if n := len(s.openSlow(t, ctx, 3*share)); n != 3*share {
 		t.Fatalf("after probation: %d streams without messages, then refused; want %d", n, 3*share)
 	}
@@ -434,7 +435,7 @@ func TestSlowSenderRefusalsArePaced(t *testing.T) {
 			t.Fatalf("stream %d on the slow connection was refused after %d paces of the clock, want %d", i+1, p, want)
 		}
 	}
-	if d, want := s.f.Now().Sub(start), (n-1)*triagegrpc.SlowSenderPace; d != want {
+	if d, want := s.f.Now().Sub(start), (n-1)*intake.SlowSenderPace; d != want {
 		t.Fatalf("%d refusals took %v of the clock, want %v", n, d, want)
 	}
 	// While the slow connection's reader waits on the clock, others are
@@ -460,7 +461,7 @@ func TestSlowSenderRefusalsArePaced(t *testing.T) {
 	}
 	// Past the penalty the connection is on probation, and under its
 	// share: served.
-	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty)
+	s.f.Advance(intake.DefaultSlowSenderPenalty)
 	if _, err := relay.Invoke(ctx, s.cc, "fresh"); err != nil {
 		t.Fatalf("a call once the penalty is over: %v", err)
 	}
@@ -500,8 +501,8 @@ func TestUnknownMethodsOnProbationLeaveNoCount(t *testing.T) {
 	ctx, cancel := context.WithTimeout(criticality.NewContext(context.Background(), criticality.Critical), 20*time.Second)
 	defer cancel()
 	s.lateMessages(t, s.openSlow(t, ctx, 3))
-	s.f.Advance(triagegrpc.DefaultSlowSenderPenalty) // the penalty is over: probation
-	for i := range 3 * triagegrpc.DefaultConnShare {
+	s.f.Advance(intake.DefaultSlowSenderPenalty) // the penalty is over: probation
+	for i := range 3 * intake.DefaultConnShare {
 		err, _ := s.paced(func() error {
 			return s.cc.Invoke(ctx, "/nope.Service/Nope", wrapperspb.String("x"), new(wrapperspb.StringValue))
 		})
@@ -510,6 +511,6 @@ func TestUnknownMethodsOnProbationLeaveNoCount(t *testing.T) {
 		}
 	}
 	if err, _ := s.paced(func() error { _, err := relay.Invoke(ctx, s.cc, "fresh"); return err }); err != nil {
-		t.Fatalf("a call on probation after %d calls to an unknown method: %v, want served", 3*triagegrpc.DefaultConnShare, err)
+		t.Fatalf("a call on probation after %d calls to an unknown method: %v, want served", 3*intake.DefaultConnShare, err)
 	}
 }

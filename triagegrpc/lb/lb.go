@@ -686,9 +686,7 @@ func (b *triageBalancer) apply() (ready int, ok bool) {
 			switch c.State.ConnectivityState {
 			case connectivity.Ready:
 				ready++
-				if e.State() != balance.LameDuck {
-					e.SetState(balance.Healthy)
-				}
+				e.Connected()
 			default:
 				e.SetState(balance.Refusing) // a new connection starts afresh
 			}

@@ -459,10 +459,6 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	ts, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
-	if err != nil {
-		return err
-	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -471,7 +467,12 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	s := grpc.NewServer(append(ts.ServerOptions(), triagegrpc.WithConnLoad(cl))...)
+	ts, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})),
+		triagegrpc.WithAdmission(ctl), triagegrpc.WithConnLoad(cl))
+	if err != nil {
+		return err
+	}
+	s := grpc.NewServer(ts.ServerOptions()...)
 	burn.RegisterFunc(s, func(body string) int {
 		if body == "b" {
 			return batchRounds

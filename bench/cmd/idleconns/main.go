@@ -327,8 +327,12 @@ func serverMain() error {
 	if err != nil {
 		return err
 	}
-	s := grpc.NewServer(triagegrpc.WithConnLoad(cl),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	ts, err := triagegrpc.NewServer(triagegrpc.WithConnLoad(cl))
+	if err != nil {
+		return err
+	}
+	s := grpc.NewServer(append(ts.ServerOptions(),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))...)
 	unary := func(name string, h func(*wrapperspb.StringValue) (*wrapperspb.StringValue, error)) grpc.MethodDesc {
 		return grpc.MethodDesc{MethodName: name, Handler: func(_ any, _ context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
 			in := new(wrapperspb.StringValue)

@@ -350,24 +350,23 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	ts, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	opts := ts.ServerOptions()
-	var lis net.Listener
-	lis, err = net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
+	sopts := []triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl)}
 	if args[0] == "bounded" {
 		cl, err := connload.NewListener(lis, connload.WithAcceptRate(rate, connload.DefaultAcceptBurst))
 		if err != nil {
 			return err
 		}
-		lis, opts = cl, append(opts, triagegrpc.WithConnLoad(cl))
+		lis, sopts = cl, append(sopts, triagegrpc.WithConnLoad(cl))
 	}
-	s := grpc.NewServer(opts...)
+	ts, err := triagegrpc.NewServer(sopts...)
+	if err != nil {
+		return err
+	}
+	s := grpc.NewServer(ts.ServerOptions()...)
 	burn.Register(s, rounds)
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	fmt.Printf("LISTEN %s\n", lis.Addr())

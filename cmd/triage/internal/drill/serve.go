@@ -702,7 +702,7 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		}
 		ln = cl
 	}
-	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
+	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ConnContext: triagehttp.ConnContext}
 	lc, err := lifecycle.New(lifecycle.WithDrain(time.Second))
 	if err != nil {
 		return nil, err
