@@ -9,12 +9,16 @@
 // request with an overload outcome to answer with, or returns a Handle: the
 // request's context, carrying its criticality, attempt and customer. The
 // adapter calls Start before the handler runs (it takes an execution slot,
-// and may wait for one) and Finish after it.
+// and may wait for one) and Finish after it. A transport that follows its
+// connections gives each a Conn and names it in every Request, for the
+// connection policy under admission control (share, stalls, slow-sender
+// penalty).
 //
 // The zero value is not usable; call New. An Intake is safe for
 // concurrent use and keeps no per-request state: each Handle is one
 // allocation, and a refusal allocates nothing in the intake. Its bounds are
-// those of the mechanisms it is given (admission, quota, isolation).
+// those of the mechanisms it is given (admission, quota, isolation), and a
+// Conn is a few words per connection, held by the transport.
 package intake
 
 import (
