@@ -12,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/admission"
@@ -24,6 +27,7 @@ import (
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
 )
 
 // gate is a handler that blocks until released.
@@ -196,4 +200,41 @@ func TestHandlersWaitingDownstreamHoldNoSlot(t *testing.T) {
 		s := ctl.Stats()
 		return s.Executing == 0 && s.Away == 0 && s.Pending == 0
 	})
+}
+
+// Health checks bypass admission control: with an execution limit of one,
+// many clients' health Watch streams stay open and ordinary calls are
+// still admitted (a Watch counted as executing would hold the only slot
+// for as long as its connection lives).
+func TestHealthChecksBypassAdmission(t *testing.T) {
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := health.NewServer()
+	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(srv.ServerOptions()...)
+	healthpb.RegisterHealthServer(s, hs)
+	relay.Register(s, &relay.Tier{Name: "B", Observe: func(relay.Arrival) {}})
+	addr := loopback.ServeGRPC(t, s)
+	cc := plainConn(t, addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 5 {
+		w, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health Watch: %v, %v", r, err)
+		}
+	}
+	for i := range 5 {
+		if _, err := relay.Invoke(context.Background(), cc, "x"); err != nil {
+			t.Fatalf("call %d with 5 health watches open: %v", i, err)
+		}
+	}
 }

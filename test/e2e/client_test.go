@@ -73,7 +73,7 @@ func serveB(t *testing.T, fail func(context.Context, string) error, extra ...tri
 	}
 	s := grpc.NewServer(srv.ServerOptions()...)
 	relay.Register(s, &relay.Tier{Name: "B", Fail: fail, Observe: func(relay.Arrival) {}})
-	return listenAndServe(t, s)
+	return loopback.ServeGRPC(t, s)
 }
 
 func dialWith(t *testing.T, addr string, p *retry.Policy) *grpc.ClientConn {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 )
@@ -126,19 +127,19 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 			}
 		})
 	}
-	url, client := relayFrontend(t, timed, cc, 0, func(*http.Request) string { return "x" })
+	url, client := loopback.RelayFrontend(t, timed, cc, 0, func(*http.Request) string { return "x" })
 
 	// Open loop: /home at 250/s for 2 s then 60/s for 8 s; /feed at 40/s
 	// for 10 s (durations scaled). Capacity is 100/s: the spike leaves a
 	// backlog, and after it the offered load is exactly the capacity.
-	var load schedule
-	load.add("/home", 250, 0, sc(2*time.Second))
-	load.add("/home", 60, sc(2*time.Second), sc(10*time.Second))
-	load.add("/feed", 40, 0, sc(10*time.Second))
-	load.run(func(_ time.Duration, s shot) func() {
+	var load loopback.Schedule
+	load.Add("/home", 250, 0, sc(2*time.Second))
+	load.Add("/home", 60, sc(2*time.Second), sc(10*time.Second))
+	load.Add("/feed", 40, 0, sc(10*time.Second))
+	load.Run(func(_ time.Duration, s loopback.Shot) func() {
 		return func() {
 			sent := time.Now()
-			resp, err := client.Get(url + s.key)
+			resp, err := client.Get(url + s.Key)
 			took := time.Since(sent)
 			ok := err == nil && resp.StatusCode == http.StatusOK
 			if resp != nil {
@@ -147,7 +148,7 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
-			case s.key == "/home":
+			case s.Key == "/home":
 				run.homeSent++
 				if ok {
 					run.homeServed++

@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -151,7 +150,7 @@ func TestQuotaBackendProcess(t *testing.T) {
 		work(rounds)
 		return nil
 	}})
-	lis, err := listenRetry(listen)
+	lis, err := loopback.ListenRetry(listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +373,7 @@ func TestQuotasOverLoopback(t *testing.T) {
 	if err := os.WriteFile(policy, []byte(quotaPolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	qaddr, maddr := freeAddr(t), freeAddr(t)
+	qaddr, maddr := loopback.FreeAddr(t), loopback.FreeAddr(t)
 	startQuota := func() *proc2 {
 		return startChild(t, "quota-server", exec.Command(bin, "quota-server", "-config", policy, "-listen", qaddr, "-metrics", maddr,
 			"-lease", quotaLease.String(), "-refresh", quotaRefresh.String()), "quota service listening")
@@ -385,7 +384,7 @@ func TestQuotasOverLoopback(t *testing.T) {
 	var ccs []grpc.ClientConnInterface
 	client := loopback.Client(t, egress.WithoutPolicy())
 	for i := range 3 {
-		addr := freeAddr(t)
+		addr := loopback.FreeAddr(t)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestQuotaBackendProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%s,task-%d", quotaBackendEnv, addr, qaddr, i))
 		backends = append(backends, startChild(t, fmt.Sprintf("backend %d", i), cmd, "ready"))
@@ -642,20 +641,6 @@ func fmtFloats(v []float64) string {
 		s = append(s, strconv.FormatFloat(f, 'f', 0, 64))
 	}
 	return strings.Join(s, " ")
-}
-
-// listenRetry listens on addr, retrying for up to 2 s while a previous
-// process still holds the port.
-func listenRetry(addr string) (net.Listener, error) {
-	var err error
-	for i := 0; i < 200; i++ {
-		var lis net.Listener
-		if lis, err = net.Listen("tcp", addr); err == nil {
-			return lis, nil
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return nil, err
 }
 
 // checkServed holds the abuser's served CPU to its quota: within 10% as

@@ -78,7 +78,7 @@ func replicaFailover(t *testing.T, e *etcdtest.Server, bin, mode string) {
 	var rs []*replicaChild
 	var addrs []string
 	for i := range 3 {
-		r := &replicaChild{addr: freeAddr(t), metrics: freeAddr(t), log: filepath.Join(dir, fmt.Sprintf("grants-%d.jsonl", i))}
+		r := &replicaChild{addr: loopback.FreeAddr(t), metrics: loopback.FreeAddr(t), log: filepath.Join(dir, fmt.Sprintf("grants-%d.jsonl", i))}
 		r.p = startChild(t, fmt.Sprintf("replica %d", i), exec.Command(bin, "quota-server", "-config", policy, "-listen", r.addr, "-metrics", r.metrics,
 			"-etcd", e.Endpoint, "-advertise", r.addr, "-election-prefix", prefix, "-session-ttl", fmt.Sprint(replicaTTL),
 			"-lease", quotaLease.String(), "-refresh", quotaRefresh.String(), "-mode", mode, "-grant-log", r.log), "quota service listening")
@@ -114,7 +114,7 @@ func replicaFailover(t *testing.T, e *etcdtest.Server, bin, mode string) {
 	var ccs []grpc.ClientConnInterface
 	client := loopback.Client(t, egress.WithoutPolicy())
 	for i := range 3 {
-		addr := freeAddr(t)
+		addr := loopback.FreeAddr(t)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestQuotaBackendProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%s,task-%d", quotaBackendEnv, addr, strings.Join(addrs, ";"), i))
 		backends = append(backends, startChild(t, fmt.Sprintf("backend %d", i), cmd, "ready"))

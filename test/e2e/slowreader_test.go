@@ -26,6 +26,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -109,7 +110,7 @@ func startReaderServerWith(t *testing.T, limit int, svc testgrpc.TestServiceServ
 	// Fixed flow-control windows: grpc's default grows them by its
 	// bandwidth estimate, up to 16 MiB a stream, which would take the
 	// whole response unread.
-	cc, err := grpc.NewClient("passthrough:///"+listenAndServe(t, gs), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient("passthrough:///"+loopback.ServeGRPC(t, gs), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -82,7 +83,7 @@ func startSlowServerWith(t *testing.T, withStats bool, trusted string, opts ...t
 	gopts = append(gopts, grpc.StatsHandler(tagCounter{&s.tagged, &s.ended}))
 	gs := grpc.NewServer(gopts...)
 	relay.Register(gs, &relay.Tier{Name: "B", Fail: func(context.Context, string) error { s.served.Add(1); return nil }, Observe: func(relay.Arrival) {}})
-	s.addr = listenAndServe(t, gs)
+	s.addr = loopback.ServeGRPC(t, gs)
 	s.cc = plainConn(t, s.addr)
 	s.timers = s.f.Pending()
 	return s

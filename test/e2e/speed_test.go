@@ -73,7 +73,7 @@ func TestSpeedBackendProcess(t *testing.T) {
 		work(rounds)
 		return nil
 	}})
-	lis, err := listenRetry(parts[0])
+	lis, err := loopback.ListenRetry(parts[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestNormalisedQuotaOnTwoMachineSpeeds(t *testing.T) {
 	}
 	client := loopback.Client(t, egress.WithoutPolicy())
 	run := func(speed, mult float64) float64 {
-		addr := freeAddr(t)
+		addr := loopback.FreeAddr(t)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestSpeedBackendProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%g,%g", speedBackendEnv, addr, speed, mult))
 		p := startChild(t, "task", cmd, "ready")

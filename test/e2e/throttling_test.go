@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
@@ -50,7 +51,7 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 	}
 	qs := grpc.NewServer()
 	quotapb.RegisterQuotaServer(qs, quotaservice.NewService(alloc))
-	qaddr := listenAndServe(t, qs)
+	qaddr := loopback.ServeGRPC(t, qs)
 	qcc, err := grpc.NewClient("passthrough:///"+qaddr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
 		quotaservice.DialOptions(500*time.Millisecond)...)...)
 	if err != nil {
@@ -97,7 +98,7 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 			}
 			return "ok", nil
 		})
-		conns = append(conns, plainConn(t, listenAndServe(t, s)))
+		conns = append(conns, plainConn(t, loopback.ServeGRPC(t, s)))
 	}
 
 	// Demand: 1 CPU-s/s spread over the three tasks (0.9 in whole
@@ -119,19 +120,19 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 		}
 		return 0
 	}
-	var load schedule
+	var load loopback.Schedule
 	const step = 100 * time.Millisecond
 	for at := time.Duration(0); at < end; at += step {
 		for i := range 3 {
 			n := perTask(at, i) * step.Seconds() / modeCost.Seconds()
 			for k := range int(n + 0.5) {
-				load = append(load, shot{key: fmt.Sprint(i), at: at + time.Duration(k)*step/time.Duration(max(1, int(n+0.5)))})
+				load = append(load, loopback.Shot{Key: fmt.Sprint(i), At: at + time.Duration(k)*step/time.Duration(max(1, int(n+0.5)))})
 				run.demand[int(at/time.Second)] += modeCost.Seconds()
 			}
 		}
 	}
-	load.run(func(_ time.Duration, s shot) func() {
-		cc := conns[s.key[0]-'0']
+	load.Run(func(_ time.Duration, s loopback.Shot) func() {
+		cc := conns[s.Key[0]-'0']
 		return func() {
 			rctx, cancel := context.WithTimeout(ctx, time.Second)
 			defer cancel()

@@ -1,4 +1,4 @@
-package e2e
+package balancing
 
 // Issue 5 over loopback sockets: triage's balancer (subsetting, flow
 // control, round robin, least-loaded, weighted round robin from ORCA load
@@ -109,7 +109,7 @@ func startSlotBackend(t *testing.T, slots int, service time.Duration) *slotBacke
 		b.served.Add(1)
 		return nil
 	}})
-	b.addr = listenAndServe(t, b.srv)
+	b.addr = loopback.ServeGRPC(t, b.srv)
 	return b
 }
 
@@ -266,9 +266,6 @@ func TestBalancingSpread(t *testing.T) {
 		}
 	}
 }
-
-// listenAndServe serves s on a loopback port until the test ends.
-func listenAndServe(t *testing.T, s *grpc.Server) string { return loopback.ServeGRPC(t, s) }
 
 // TestLeastLoadedSinkhole: four equal backends, one of which answers every
 // request at once with an error. Least-loaded round robin that counts

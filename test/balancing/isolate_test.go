@@ -1,4 +1,4 @@
-package e2e
+package balancing
 
 // Issue 10, part 2: per-client hostnames and isolation, over loopback
 // sockets. An HTTP frontend names the client type from the Host each type
@@ -9,7 +9,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	neturl "net/url"
 	"sync"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
@@ -26,7 +24,6 @@ import (
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/isolate"
-	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -95,7 +92,7 @@ func runIsolation(t *testing.T, rogueLevel string) {
 			b.mu.Unlock()
 			return nil
 		}})
-		b.addr = listenAndServe(t, s)
+		b.addr = loopback.ServeGRPC(t, s)
 		backends[i], addrs = b, append(addrs, b.addr)
 	}
 	sacrificial := addrs[3]
@@ -122,7 +119,7 @@ func runIsolation(t *testing.T, rogueLevel string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	url, hc := relayFrontend(t, mw, cc, time.Second, func(r *http.Request) string {
+	url, hc := loopback.RelayFrontend(t, mw, cc, time.Second, func(r *http.Request) string {
 		return r.URL.Query().Get("phase") + "/" + isolate.ClientOf(r.Context())
 	})
 
@@ -130,18 +127,18 @@ func runIsolation(t *testing.T, rogueLevel string) {
 	// 1000 (20x) from the surge on. The operator moves it to the
 	// sacrificial backend 2 s into the surge and black-holes it 4 s later.
 	surge, toSac, toHole, end := sc(4*time.Second), sc(6*time.Second), sc(10*time.Second), sc(12*time.Second)
-	var load schedule
-	load.add("maps", 50, 0, end)
-	load.add("mail", 50, 0, end)
-	load.add("rogue", 50, 0, surge)
-	load.add("rogue", 1000, surge, end)
+	var load loopback.Schedule
+	load.Add("maps", 50, 0, end)
+	load.Add("mail", 50, 0, end)
+	load.Add("rogue", 50, 0, surge)
+	load.Add("rogue", 1000, surge, end)
 
 	type tally struct{ sent, ok int }
 	var (
 		mu    sync.Mutex
 		count = map[string]*tally{} // phase/client
 	)
-	load.run(func(el time.Duration, s shot) func() {
+	load.Run(func(el time.Duration, s loopback.Shot) func() {
 		switch {
 		case el >= toHole && phase.Load() < 3:
 			e2eIsolation.Set(withRoute(e2eIsolation.Config(), "rogue", "black-hole"))
@@ -154,9 +151,9 @@ func runIsolation(t *testing.T, rogueLevel string) {
 		}
 		ph := phases[phase.Load()]
 		return func() {
-			key := ph + "/" + s.key
+			key := ph + "/" + s.Key
 			req, _ := http.NewRequest("GET", url+"/?phase="+neturl.QueryEscape(ph), nil)
-			req.Host = s.key + ".example.test"
+			req.Host = s.Key + ".example.test"
 			resp, err := hc.Do(req)
 			ok := err == nil && resp.StatusCode == http.StatusOK
 			if resp != nil {
@@ -244,48 +241,4 @@ func withRoute(c isolate.Config, client, route string) isolate.Config {
 		}
 	}
 	return out
-}
-
-// A gRPC service reached through per-client hostnames: the tap names the
-// client type from :authority and refuses a black-holed one before a
-// handler runs; the handler's calls carry the client type for the balancer.
-func TestServerIsolationByAuthority(t *testing.T) {
-	tb, err := isolate.New(isolate.Config{Clients: []isolate.Client{
-		{Name: "maps", Hosts: []string{"maps.example.test"}},
-		{Name: "spam", Hosts: []string{"spam.example.test"}, Route: "black-hole"},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var seen sync.Map
-	addr := serveB(t, func(ctx context.Context, body string) error {
-		seen.Store(body, isolate.ClientOf(ctx))
-		return nil
-	}, triagegrpc.WithServerIsolation(tb))
-	call := func(authority string) error {
-		cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithAuthority(authority)}, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		_, err = relay.Invoke(context.Background(), cc, authority)
-		return err
-	}
-	if err := call("maps.example.test:443"); err != nil {
-		t.Fatal(err)
-	}
-	if ct, _ := seen.Load("maps.example.test:443"); ct != "maps" {
-		t.Errorf("the handler saw client type %q, want maps", ct)
-	}
-	err = call("spam.example.test")
-	if !errors.Is(err, outcome.ErrDontRetry) {
-		t.Errorf("black-holed client type: %v, want overloaded; don't retry", err)
-	}
-	if _, ran := seen.Load("spam.example.test"); ran {
-		t.Error("a black-holed request reached the handler")
-	}
-	if err := call("other.example.test"); err != nil {
-		t.Errorf("an unnamed host: %v", err)
-	}
 }

@@ -1,4 +1,4 @@
-package e2e
+package balancing
 
 // Issue 5: lame duck and clean shutdown with real processes. The test
 // binary runs itself as a backend (TestBackendProcess, active only with
@@ -9,8 +9,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,12 +24,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
-	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/trust"
 )
 
 const backendEnv = "TRIAGE_E2E_BACKEND"
@@ -79,7 +76,7 @@ func TestBackendProcess(t *testing.T) {
 		inflight.Add(-1)
 		return nil
 	}})
-	lis, err := listenRetry(addr) // the previous process may still hold the port for a moment
+	lis, err := loopback.ListenRetry(addr) // the previous process may still hold the port for a moment
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,39 +100,6 @@ type backendProc struct {
 	cmd   *exec.Cmd
 	lines chan string
 }
-
-// freeAddr returns a loopback address free now for a child process to
-// listen on. Its port is below the kernel's ephemeral range (32768 and
-// up on Linux), so that no outgoing connection of the test's processes
-// can take it before the child listens, and it is never one freeAddr
-// returned before in this process: two addresses picked for one child
-// (a replica's gRPC and metrics ports) cannot be the same port.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	for range 1000 {
-		port := 20000 + rand.IntN(12000)
-		if handedOut.ports[port] {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		handedOut.ports[port] = true
-		return l.Addr().String()
-	}
-	t.Fatal("no free port below the ephemeral range")
-	return ""
-}
-
-// handedOut is the ports freeAddr returned: a few dozen a test binary.
-var handedOut = struct {
-	sync.Mutex
-	ports map[int]bool
-}{ports: map[int]bool{}}
 
 func startProc(t *testing.T, addr string) *backendProc {
 	t.Helper()
@@ -171,7 +135,7 @@ func startProcs(t *testing.T, n int) ([]*backendProc, []string) {
 	var procs []*backendProc
 	var addrs []string
 	for range n {
-		p := startProc(t, freeAddr(t))
+		p := startProc(t, loopback.FreeAddr(t))
 		procs = append(procs, p)
 		addrs = append(addrs, p.addr)
 	}
@@ -356,42 +320,5 @@ func TestKillBackend(t *testing.T) {
 	}
 	if lateFail > 0 {
 		t.Errorf("%d requests sent more than 1 s after the kill failed", lateFail)
-	}
-}
-
-// Health checks bypass admission control: with an execution limit of one,
-// many clients' health Watch streams stay open and ordinary calls are
-// still admitted (a Watch counted as executing would hold the only slot
-// for as long as its connection lives).
-func TestHealthChecksBypassAdmission(t *testing.T) {
-	ctl, err := admission.New(admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := health.NewServer()
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer(srv.ServerOptions()...)
-	healthpb.RegisterHealthServer(s, hs)
-	relay.Register(s, &relay.Tier{Name: "B", Observe: func(relay.Arrival) {}})
-	addr := listenAndServe(t, s)
-	cc := plainConn(t, addr)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	for range 5 {
-		w, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			t.Fatalf("health Watch: %v, %v", r, err)
-		}
-	}
-	for i := range 5 {
-		if _, err := relay.Invoke(context.Background(), cc, "x"); err != nil {
-			t.Fatalf("call %d with 5 health watches open: %v", i, err)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package e2e
+package balancing
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
@@ -31,7 +32,7 @@ func startWarming(t *testing.T, name string) (string, *lifecycle.Lifecycle) {
 	s := grpc.NewServer(srv.ServerOptions()...)
 	healthpb.RegisterHealthServer(s, hs)
 	relay.Register(s, &relay.Tier{Name: name})
-	return listenAndServe(t, s), lc
+	return loopback.ServeGRPC(t, s), lc
 }
 
 // Lame duck that cannot wedge (issue 22, item 3), over loopback with the
