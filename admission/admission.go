@@ -1,77 +1,27 @@
-// Package admission implements backend admission control, SRE book ch. 21
-// ("Utilization Signals", "Handling Overload Errors", the Conclusions) and
-// the CRE post "Using load shedding to survive a success disaster": a task
+// Package admission is backend admission control (SRE book ch. 21, the
+// CRE post "Using load shedding to survive a success disaster"): a task
 // provisioned for a rate keeps serving that rate, at low latency, however
 // much more is thrown at it, shedding lower criticalities first.
 //
-// A Controller sees every request twice, and where the transport can tell
-// it three times:
+// A Controller models one task's capacity. It sees each request at Arrive,
+// as early as the transport allows, where it may refuse it cheaply
+// (utilization signals, a bounded count of pending requests, the
+// deadline); optionally at Scheduled, when the request's goroutine runs;
+// at Start, where the request takes one of L execution slots or waits in a
+// queue served highest criticality first; and at Done, which gives the
+// slot back. Away and Back mark a running request's waits on other
+// services, Stall and Unstall its waits on its own client: its slot serves
+// others meanwhile. L and the pending cap are found from the service time
+// and the queueing delay, not configured. A refusal is an outcome error
+// (RejectionOf): "task overloaded", or "overloaded; don't retry" when many
+// recent requests are retries, with a RetryAfter once a sheddable class
+// has been shed for a while.
 //
-//   - Arrive, as early as the transport allows (for gRPC, the tap handle at
-//     stream arrival, before a handler goroutine exists): a bounded count of
-//     pending requests, utilization signals with per-criticality thresholds,
-//     and the deadline decide at once, cheaply, whether the request may
-//     enter at all. When the task is full, an arriving request may take the
-//     place of a waiting one of lower criticality; one whose client
-//     already holds its share of the pending requests gets only the first
-//     half of the room (ArriveOverShare), so that one client's burst
-//     cannot lock the others out.
-//   - Scheduled (optional), when the request's own goroutine first runs:
-//     it no longer waits for the CPU, and until Start it holds no room, so
-//     that a request whose message has not arrived waits on its client.
-//   - Start, when the handler is about to run: the request takes one of L
-//     execution slots, or waits for one in a queue served highest
-//     criticality first, bounded in length and in time; Done gives the slot
-//     back.
-//   - Away and Back (optional), around a running request's wait on a call
-//     to another service: the slot goes to the next waiter meanwhile, and
-//     the wait is not service time. triage's client adapters call them
-//     through intake.Handle.
-//
-// L is not configured: the controller finds it. Every Interval it compares
-// the mean service time (Start to Done, less the time away) with its
-// recent best; while the
-// service time stays within Tolerance of the best and requests had to wait,
-// L grows; when service time inflates (the executing requests compete for
-// the CPU, or whatever else they share), L shrinks. A CPU-bound handler
-// thus runs at a few slots per core, an I/O-bound one at many, with no
-// hand-tuned limit.
-//
-// The requests admitted at arrival and not yet started are bounded by a
-// pending cap, which keeps their queueing delay near a target: it shrinks
-// while the delay exceeds the target and grows while it turns requests
-// away with the delay well under it. The delay is measured on the server's
-// side by default, as the time goroutines wait in Go's run queue
-// (SchedulerDelay), so that a client slow to send its message is not
-// mistaken for a queue (ArrivalDelay, the per-request alternative, ends at
-// Scheduled where the transport calls it). Work conservation: while the
-// task's CPU is clearly below saturation the cap does not shrink, since a
-// task with idle CPU has no queue of runnable requests to bound; and while
-// it also turns requests away, the cap grows in proportion to the CPU left
-// idle, so that a client sending in bursts is served across its gaps. A
-// request not Scheduled stops counting towards the cap four target delays
-// after it arrived: its client is slow to send. When its message comes more than four target delays
-// after its headers it ranks below the fresh requests of its level, and
-// after the message timeout it is refused (Late).
-//
-// Deadline-aware shedding (the CRE post: the cheapest load to shed): a
-// request whose deadline is closer than its expected wait plus service
-// time is rejected before any work (an interval in which no request
-// finished halves the expected service time: it is evidence no longer);
-// a waiting request whose caller went away leaves the queue.
-//
-// Attempt histograms: the controller keeps a sliding count of the attempt
-// counters of recent requests. When it must reject and a significant share
-// of recent requests are retries (other tasks are likely overloaded too),
-// it answers "overloaded; don't retry" instead of "task overloaded".
-//
-// Come back later (the CRE post: non-critical retryable requests are told
-// to retry after a large interval): once SHEDDABLE or SHEDDABLE_PLUS has
-// been shed for a second, its rejections carry a RetryAfter that grows
-// with the spell, up to minutes, jittered (WithRetryAfter). Transports
-// send it (gRPC RetryInfo, HTTP Retry-After) and package retry honours it.
-//
-// This package is transport-free; triagegrpc and triagehttp install it.
+// Create a Controller with New; the zero value is not usable. It is safe
+// for concurrent use, and what it holds is bounded by its options (the
+// queue by WithQueueFactor, stalls by WithMaxStalled), not by the load.
+// Transports install it through package intake (triagegrpc, triagehttp
+// WithAdmission). How it decides, and why: docs/admission.md.
 package admission
 
 import (

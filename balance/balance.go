@@ -2,55 +2,21 @@
 // request: SRE book ch. 20, "Identifying Bad Tasks: Flow Control and Lame
 // Ducks" and "Load Balancing Policies".
 //
-// A Balancer holds the Endpoints of one subset. Each Endpoint has a state
-// (Healthy, Refusing connections, Lame duck), a count of the client's
-// active requests to it, its recent errors and its latest load report. Pick
-// returns an eligible Endpoint, one that is Healthy and below the flow
-// control cap (MaxActive, default 100: "when this active-request count
-// reaches a configured limit, the client treats the backend as unhealthy"),
-// by one of three policies:
+// A Balancer holds the Endpoints of one subset (SetEndpoints). Pick
+// returns an eligible Endpoint, Healthy and below the flow-control cap
+// (WithMaxActive, default 100), by RoundRobin, LeastLoaded (fewest active
+// requests, recent errors counted as active, load reports breaking ties)
+// or WeightedRoundRobin (gRPC's A58 score from load reports), and picks a
+// lame duck one only when none is eligible. The adapter reports each
+// request's end (Done, DoneUnanswered), the backend's load (Report) and
+// its state (Connected, SetState); a backend that stops answering while
+// its connection stays up is ejected for a while (WithEjection,
+// WithStall), then serves on probation until it answers.
 //
-//   - RoundRobin: "each client send requests in round-robin fashion to each
-//     backend task in its subset to which it can successfully connect and
-//     which isn't in lame duck state".
-//   - LeastLoaded: round robin among the eligible backends with the fewest
-//     active requests, counting recent errors as active requests so that a
-//     task failing fast does not sinkhole traffic. Of the next three
-//     backends (in round robin order) with the fewest, the one whose
-//     latest load report shows the lowest utilization (in eighths) goes
-//     first: the book's caveat on least-loaded is that a client's own
-//     active requests say nothing of other clients' traffic or of the
-//     backend's capacity, and the backend's report says both. Without
-//     reports, it is the book's algorithm unchanged.
-//   - WeightedRoundRobin: round robin weighted by a capability score per
-//     backend, updated periodically from the backend's load reports
-//     (queries per second, errors per second and utilization, the fields
-//     of an ORCA report): successful requests per unit of utilization, with
-//     a penalty for errors. The score is gRPC's A58 formula,
-//     qps / (utilization + penalty × eps / qps).
-//
-// A backend that stops answering while its connection stays up (a hung
-// or paused process) is not seen by any of these: the flow-control cap
-// fills only as fast as the client sends. So the adapter ends a request
-// that reached its deadline with nothing from the backend with
-// DoneUnanswered, and after DefaultEjectAfter of those in a row the
-// endpoint is Unresponsive, out of the rotation as a lame duck is, for
-// DefaultEjection, doubled for each ejection in a row (outlier ejection,
-// as Envoy and gRPC's A50 do it; WithEjection). Waiting for deadlines
-// loses every request sent to the hung backend until then, so a backend
-// is also ejected when it stalls: picked DefaultStallPicks times since
-// its last answer, then nothing from it for DefaultStallAfter while the
-// subset's other backends answered (WithStall). After its ejection a
-// backend is on probation until it answers without an error (one that
-// fails fast is ejected again): one request at a time, and with
-// PickCritical not a critical one while it waits for another
-// (DefaultProbeWait).
-//
-// Pick and Done do not allocate and take no lock; a Pick reads the clock
-// once every 64 picks. Weights are recomputed by the Pick or Report that
-// finds the period over, which rebuilds the schedule (a sort of at most maxSlots
-// entries). The Balancer is bounded by its Endpoints: nothing grows
-// with traffic.
+// Create one with New; the zero value is not usable. It is safe for
+// concurrent use; Pick and Done take no lock and do not allocate. It is
+// bounded by its Endpoints: nothing grows with traffic. How it picks, and
+// why: docs/balance.md.
 package balance
 
 import (

@@ -104,9 +104,9 @@ type enforcerConfig struct {
 	headroom float64
 }
 
-// WithAdjustInterval sets how often the fairness threshold moves. Default
+// withAdjustInterval sets how often the fairness threshold moves. Default
 // 250 ms.
-func WithAdjustInterval(d time.Duration) EnforcerOption {
+func withAdjustInterval(d time.Duration) EnforcerOption {
 	return enforcerOptionFunc(func(c *enforcerConfig) { c.interval = d })
 }
 

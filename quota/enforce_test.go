@@ -147,7 +147,7 @@ func TestEnforcerConfig(t *testing.T) {
 	if _, err := NewEnforcer(nil, u); err == nil {
 		t.Error("no limits")
 	}
-	for _, o := range []EnforcerOption{WithCapacity(math.NaN()), WithCapacity(-1), WithAdjustInterval(0)} {
+	for _, o := range []EnforcerOption{WithCapacity(math.NaN()), WithCapacity(-1), withAdjustInterval(0)} {
 		if _, err := NewEnforcer(p, u, o); err == nil {
 			t.Error("bad option accepted")
 		}

@@ -93,8 +93,8 @@ type usageConfig struct {
 	clock  clock.Clock
 }
 
-// WithUsageWindow sets the sliding window. Default 4 s.
-func WithUsageWindow(d time.Duration) UsageOption {
+// withUsageWindow sets the sliding window. Default 4 s.
+func withUsageWindow(d time.Duration) UsageOption {
 	return usageOptionFunc(func(c *usageConfig) { c.window = d })
 }
 

@@ -15,7 +15,7 @@ import (
 // window after it stops.
 func TestUsageRates(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, err := NewUsage(WithClock(clk), WithUsageWindow(10*time.Second))
+	u, err := NewUsage(WithClock(clk), withUsageWindow(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestUsageRates(t *testing.T) {
 // give a restarted task a sliver of each customer's limit).
 func TestUsageRatesOfAYoungTask(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, err := NewUsage(WithClock(clk), WithUsageWindow(8*time.Second))
+	u, err := NewUsage(WithClock(clk), withUsageWindow(8*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestUsageRatesOfAYoungTask(t *testing.T) {
 // room.
 func TestUsageIsBounded(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, _ := NewUsage(WithClock(clk), WithMaxTracked(10), WithUsageWindow(10*time.Second))
+	u, _ := NewUsage(WithClock(clk), WithMaxTracked(10), withUsageWindow(10*time.Second))
 	for i := range 1000 {
 		u.Add(fmt.Sprintf("c%d", i), criticality.Critical, time.Millisecond)
 	}

@@ -47,6 +47,7 @@ func TestIsolationOverLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time load over loopback")
 	}
+	alongside(t)
 	for _, rogueLevel := range []string{"", "SHEDDABLE_PLUS"} {
 		name := "rogue CRITICAL"
 		if rogueLevel != "" {

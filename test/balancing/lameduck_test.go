@@ -224,6 +224,7 @@ func TestRollingRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and restarts backend processes")
 	}
+	alongside(t)
 	procs, addrs := startProcs(t, 3)
 	cc := lbConn(t, addrs, lameDuckConfig)
 	stop := make(chan struct{})
@@ -281,6 +282,7 @@ func TestKillBackend(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts backend processes")
 	}
+	alongside(t)
 	procs, addrs := startProcs(t, 3)
 	cc := lbConn(t, addrs, lameDuckConfig)
 	stop := make(chan struct{})

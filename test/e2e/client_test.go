@@ -104,6 +104,7 @@ func offer(t *testing.T, f *clock.Fake, ccs []*grpc.ClientConn, rate int, d time
 }
 
 func TestLoopbackThrottlingEquilibrium(t *testing.T) {
+	alongside(t)
 	const capacity = 50
 	for _, tc := range []struct {
 		k        float64

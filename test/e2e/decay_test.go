@@ -180,6 +180,7 @@ func TestDecayOverLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time load over loopback")
 	}
+	alongside(t)
 	scale := 0.5
 	if measuring() {
 		scale = 1

@@ -150,6 +150,7 @@ func TestThrottlingModesOverLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time load over loopback")
 	}
+	alongside(t)
 	scale := 0.5
 	if os.Getenv("TRIAGE_MEASURE") == "1" {
 		scale = 2.5 // 60 s per mode
