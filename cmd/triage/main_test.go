@@ -85,6 +85,7 @@ func TestRunArguments(t *testing.T) {
 // trusted caller's criticality, and stops cleanly when its context ends;
 // bad flags are refused.
 func TestProxyCommand(t *testing.T) {
+	t.Parallel() // its own ports; no process-wide state
 	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
 	if err != nil {
 		t.Fatal(err)

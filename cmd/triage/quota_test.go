@@ -221,6 +221,7 @@ func TestQuotaServerReplicas(t *testing.T) {
 // -etcd-tls-key reads its policy and is elected; one without a client
 // certificate cannot read its policy and says so.
 func TestQuotaServerEtcdTLS(t *testing.T) {
+	t.Parallel() // waits on a refused handshake, and on etcd; no process-wide state
 	ca, err := testcert.NewCA()
 	if err != nil {
 		t.Fatal(err)

@@ -58,6 +58,7 @@ func writeLeaf(t *testing.T, ca *testcert.CA, dir, name, uri string) (cert, key 
 // Without the TLS flags it refuses to listen beyond loopback unless told
 // -unauthenticated.
 func TestQuotaServerTLS(t *testing.T) {
+	t.Parallel() // its own ports and files; no process-wide state
 	ca, err := testcert.NewCA()
 	if err != nil {
 		t.Fatal(err)
@@ -220,6 +221,7 @@ func TestProxyTLS(t *testing.T) {
 // Watch stream that its client never closes is cut once the drain and
 // the bounded graceful stop are over.
 func TestQuotaServerStopsDespiteOpenStreams(t *testing.T) {
+	t.Parallel() // its own ports and files; no process-wide state
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "quota.yaml")
 	os.WriteFile(policy, []byte("customers: {ads: {cpu: 2}}\n"), 0o600)

@@ -12,9 +12,12 @@ func measuring() bool { return os.Getenv("TRIAGE_MEASURE") == "1" }
 
 // alongside runs t beside the other scenarios that call it, in go test
 // ./... (their time is mostly waiting on real time, at a few hundred
-// requests a second each); measurements (TRIAGE_MEASURE=1) run alone.
+// requests a second each); measurements (TRIAGE_MEASURE=1) run alone,
+// and so does every scenario under the race detector, which multiplies
+// what each request costs (four at once then overloaded the rolling
+// restart's backends: 482 of 2,922 calls failed).
 func alongside(t *testing.T) {
-	if !measuring() {
+	if !measuring() && !raceEnabled {
 		t.Parallel()
 	}
 }

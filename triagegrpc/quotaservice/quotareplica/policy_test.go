@@ -17,6 +17,7 @@ import (
 // not validate, one past MaxPolicySize, a deletion) and keeps the last
 // good one.
 func TestPolicyInEtcdRefusesBadPushes(t *testing.T) {
+	t.Parallel() // its own etcd and replicas
 	e := etcdtest.Start(t)
 	admin := e.Client(t)
 	const key = "/triage/quota/policy"

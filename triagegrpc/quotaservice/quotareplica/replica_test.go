@@ -125,6 +125,7 @@ func leaders(ps []*replicaProc) []*replicaProc {
 // another is elected once its session's lease expires, and the client
 // leases from it.
 func TestReplicasElectOneLeaderAndFailOver(t *testing.T) {
+	t.Parallel() // its own etcd and replicas
 	e := etcdtest.Start(t)
 	const ttl = 2
 	var ps []*replicaProc
@@ -322,6 +323,7 @@ func (p *replicaProc) partition() { p.proxy.Cut() }
 // appears while the new leader is learning (it must get nothing it does
 // not hold).
 func TestPessimisticFailoverGrantsNeverOverlap(t *testing.T) {
+	t.Parallel() // its own etcd and replicas
 	e := etcdtest.Start(t)
 	const ttl = 2
 	const lease = 2 * time.Second
@@ -456,6 +458,7 @@ func TestPessimisticFailoverGrantsNeverOverlap(t *testing.T) {
 // holds every grant in force, and does not learn again; a leader after
 // another one learns, handing such a task nothing for a lease.
 func TestTermKeyDecidesWhatANewLeaderTrusts(t *testing.T) {
+	t.Parallel() // its own etcd and replicas
 	e := etcdtest.Start(t)
 	const ttl = 2
 	lease := 20 * time.Second // longer than the test: learning never ends by itself

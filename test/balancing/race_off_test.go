@@ -1,0 +1,5 @@
+//go:build !race
+
+package balancing
+
+const raceEnabled = false
