@@ -4,23 +4,16 @@ import (
 	"flag"
 	"os"
 	"testing"
+
+	"github.com/triagehq/triage/internal/testkit/loopback"
 )
 
-// measuring reports whether TRIAGE_MEASURE=1 asks for measurements: full
-// durations and the thresholds on rates, shares and latencies.
-func measuring() bool { return os.Getenv("TRIAGE_MEASURE") == "1" }
+// measuring reports whether TRIAGE_MEASURE=1 asks for measurements
+// (loopback.Measuring).
+func measuring() bool { return loopback.Measuring() }
 
-// alongside runs t beside the other scenarios that call it, in go test
-// ./... (their time is mostly waiting on real time, at a few hundred
-// requests a second each); measurements (TRIAGE_MEASURE=1) run alone,
-// and so does every scenario under the race detector, which multiplies
-// what each request costs (four at once then overloaded the rolling
-// restart's backends: 482 of 2,922 calls failed).
-func alongside(t *testing.T) {
-	if !measuring() && !raceEnabled {
-		t.Parallel()
-	}
-}
+// alongside runs t beside the other real-time scenarios (loopback.Alongside).
+func alongside(t *testing.T) { loopback.Alongside(t) }
 
 // TestMain runs the scenarios that call alongside four at once unless the
 // command line sets -test.parallel: they wait on real time, so the

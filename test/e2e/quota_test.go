@@ -358,7 +358,7 @@ func TestQuotasOverLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes for 60 s")
 	}
-	if os.Getenv("TRIAGE_MEASURE") == "" || raceEnabled {
+	if os.Getenv("TRIAGE_MEASURE") == "" || loopback.RaceEnabled {
 		// Quotas are in CPU-seconds, and this test judges them by CPU
 		// measured on a shared 2-core machine: like the cost accuracy
 		// test, it is a measurement that needs the machine to itself and

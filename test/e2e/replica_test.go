@@ -49,7 +49,7 @@ func TestQuotaReplicasFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs processes for 70 s")
 	}
-	if os.Getenv("TRIAGE_MEASURE") == "" || raceEnabled {
+	if os.Getenv("TRIAGE_MEASURE") == "" || loopback.RaceEnabled {
 		t.Skip("a measurement on real processes and real time (70 s, needs the machine to itself): TRIAGE_MEASURE=1 go test -count=1 -run TestQuotaReplicasFailover -v ./test/e2e")
 	}
 	e := etcdtest.Start(t)

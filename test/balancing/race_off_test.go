@@ -1,5 +1,0 @@
-//go:build !race
-
-package balancing
-
-const raceEnabled = false
