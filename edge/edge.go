@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"path"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/criticality"
@@ -133,10 +134,15 @@ type rule struct {
 // and safe for concurrent use; its size is bounded by MaxRules. Classify does
 // not allocate.
 type Classifier struct {
+	set atomic.Pointer[ruleSet]
+	obs Observer
+}
+
+// ruleSet is one configuration of a Classifier.
+type ruleSet struct {
 	rules      []rule
 	def        criticality.Level
 	needsGroup bool
-	obs        Observer
 }
 
 // Option configures a Classifier.
@@ -160,31 +166,43 @@ var ErrConfig = errors.New("edge: invalid config")
 
 // New validates c and builds a Classifier.
 func New(c Config, opts ...Option) (*Classifier, error) {
-	cl := &Classifier{def: criticality.Default, obs: Nop{}}
+	cl := &Classifier{obs: Nop{}}
 	for _, o := range opts {
 		o.apply(cl)
 	}
+	if err := cl.Update(c); err != nil {
+		return nil, err
+	}
+	return cl, nil
+}
+
+// Update replaces cl's rules and default with c's, at once for every later
+// Classify, or returns New's error and keeps what cl had. The observer
+// stays.
+func (cl *Classifier) Update(c Config) error {
+	rs := &ruleSet{def: criticality.Default}
 	if c.Default != "" {
 		l, err := criticality.Parse(c.Default)
 		if err != nil {
-			return nil, fmt.Errorf("%w: default: %v", ErrConfig, err)
+			return fmt.Errorf("%w: default: %v", ErrConfig, err)
 		}
-		cl.def = l
+		rs.def = l
 	}
 	if len(c.Rules) > MaxRules {
-		return nil, fmt.Errorf("%w: %d rules, at most %d", ErrConfig, len(c.Rules), MaxRules)
+		return fmt.Errorf("%w: %d rules, at most %d", ErrConfig, len(c.Rules), MaxRules)
 	}
 	for i, rc := range c.Rules {
 		r, err := compile(rc)
 		if err != nil {
-			return nil, fmt.Errorf("%w: rule %d: %v", ErrConfig, i+1, err)
+			return fmt.Errorf("%w: rule %d: %v", ErrConfig, i+1, err)
 		}
 		if r.kind == Group {
-			cl.needsGroup = true
+			rs.needsGroup = true
 		}
-		cl.rules = append(cl.rules, r)
+		rs.rules = append(rs.rules, r)
 	}
-	return cl, nil
+	cl.set.Store(rs)
+	return nil
 }
 
 func compile(rc RuleConfig) (rule, error) {
@@ -310,7 +328,10 @@ type Decision struct {
 
 // NeedsGroup reports whether some rule matches on Group, so adapters know
 // whether to compute it.
-func (c *Classifier) NeedsGroup() bool { return c.needsGroup }
+func (c *Classifier) NeedsGroup() bool { return c.rules().needsGroup }
+
+// rules returns c's configuration in force.
+func (c *Classifier) rules() *ruleSet { return c.set.Load() }
 
 // Classify evaluates the rules against r and reports the decision to the
 // observer. It does not allocate.
@@ -321,10 +342,11 @@ func (c *Classifier) Classify(r *Request) Decision {
 }
 
 func (c *Classifier) classify(r *Request) Decision {
-	d := Decision{Level: c.def, Rule: Default, Trusted: r.Trusted}
+	rs := c.rules()
+	d := Decision{Level: rs.def, Rule: Default, Trusted: r.Trusted}
 	p, cleaned := r.Path, false
-	for i := range c.rules {
-		ru := &c.rules[i]
+	for i := range rs.rules {
+		ru := &rs.rules[i]
 		switch ru.kind {
 		case Header:
 			if !r.Trusted || r.Header == "" {

@@ -40,7 +40,7 @@ import (
 // Only one layer may retry a call. DialOptions installs the Client's
 // interceptors with grpc.WithDisableRetry when the Caller has a policy, so
 // a retryPolicy in the service config is ignored on that connection and
-// the Caller's policy alone retries (use retry.WithRetryable to retry
+// the Caller's policy alone retries (WithServiceConfigRetries keeps it) (use retry.WithRetryable to retry
 // other errors, such as a failed connection). The standalone
 // UnaryInterceptor cannot turn grpc-go's retries off; for a method whose
 // service config has a retryPolicy it sends each call once through the
@@ -51,13 +51,15 @@ type Client struct {
 	eg      *egress.Caller
 	headers *headerTable
 	idle    time.Duration
+	keepSC  bool // WithServiceConfigRetries
 }
 
 // ClientOption configures a Client.
 type ClientOption interface{ applyClient(*clientConfig) }
 
 type clientConfig struct {
-	idle time.Duration
+	idle   time.Duration
+	keepSC bool
 }
 
 type clientOptionFunc func(*clientConfig)
@@ -80,6 +82,17 @@ func WithIdleTimeout(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.idle = max(d, 0) })
 }
 
+// WithServiceConfigRetries keeps the service config's own retryPolicy and
+// hedgingPolicy on connections set up with DialOptions: a method that has
+// one is sent once through the Caller's throttle and retried by grpc-go
+// alone; the others are retried by the Caller. Use it only where the
+// service config's policy must stay: one retrying layer is the point (SRE
+// book ch. 21: retries at every layer of a stack multiply, 3 attempts at
+// each of three layers are 27 at the bottom). Default: off.
+func WithServiceConfigRetries() ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.keepSC = true })
+}
+
 // NewClient returns the Client of caller, or an error for a nil caller or
 // option.
 func NewClient(caller *egress.Caller, opts ...ClientOption) (*Client, error) {
@@ -93,7 +106,7 @@ func NewClient(caller *egress.Caller, opts ...ClientOption) (*Client, error) {
 		}
 		o.applyClient(&cfg)
 	}
-	return &Client{eg: caller, headers: newHeaderTable(), idle: cfg.idle}, nil
+	return &Client{eg: caller, headers: newHeaderTable(), idle: cfg.idle, keepSC: cfg.keepSC}, nil
 }
 
 // Caller returns the Client's egress.Caller.
@@ -101,14 +114,15 @@ func (c *Client) Caller() *egress.Caller { return c.eg }
 
 // DialOptions returns the grpc.DialOptions that install the client side on a
 // connection; pass them to grpc.NewClient. With a Policy it includes
-// grpc.WithDisableRetry (see the type's doc).
+// grpc.WithDisableRetry, unless WithServiceConfigRetries (see the type's
+// doc).
 func (c *Client) DialOptions() []grpc.DialOption {
 	opts := []grpc.DialOption{
-		grpc.WithChainUnaryInterceptor(c.unary(false)),
+		grpc.WithChainUnaryInterceptor(c.unary(c.keepSC)),
 		grpc.WithChainStreamInterceptor(c.stream()),
 		grpc.WithIdleTimeout(c.idle),
 	}
-	if c.eg.Policy() != nil {
+	if c.eg.Policy() != nil && !c.keepSC {
 		opts = append(opts, grpc.WithDisableRetry())
 	}
 	return opts

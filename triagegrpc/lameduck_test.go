@@ -85,6 +85,57 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	}
 }
 
+// The liveness service stays SERVING in warm-up and lame duck, while the
+// readiness service ("") follows the lifecycle; the other health calls
+// still reach hs.
+func TestLivenessStaysServing(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	hs := health.NewServer()
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithWarmup(), lifecycle.WithDrain(10*time.Second), lifecycle.WithClock(clk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := triagegrpc.NewServer(triagegrpc.WithLifecycle(lc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer(srv.ServerOptions()...)
+	healthpb.RegisterHealthServer(s, triagegrpc.HealthServer(hs))
+	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, s))
+	hc := healthpb.NewHealthClient(cc)
+	check := func(service string, want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: service})
+		if err != nil || r.GetStatus() != want {
+			t.Fatalf("health of %q: %v, %v; want %v", service, r.GetStatus(), err, want)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watch, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: triagegrpc.LivenessService})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watching liveness: %v, %v", r, err)
+	}
+	check("", healthpb.HealthCheckResponse_NOT_SERVING) // warming up
+	check(triagegrpc.LivenessService, healthpb.HealthCheckResponse_SERVING)
+	lc.Ready()
+	check("", healthpb.HealthCheckResponse_SERVING)
+	list, err := hc.List(context.Background(), &healthpb.HealthListRequest{})
+	if err != nil || list.GetStatuses()[triagegrpc.LivenessService].GetStatus() != healthpb.HealthCheckResponse_SERVING ||
+		list.GetStatuses()[""].GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("List: %v, %v", list, err)
+	}
+	lc.EnterLameDuck()
+	check("", healthpb.HealthCheckResponse_NOT_SERVING)
+	check(triagegrpc.LivenessService, healthpb.HealthCheckResponse_SERVING)
+	if _, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "unknown"}); err == nil {
+		t.Fatal("an unknown service is not found")
+	}
+}
+
 // An idle client holds no connection and no health check, yet lame duck
 // news reaches it: when its next call wakes it, it connects again and
 // watches each backend's health before the first pick, so that none of

@@ -26,6 +26,19 @@ func HealthHandler(l *lifecycle.Lifecycle) http.Handler {
 	})
 }
 
+// LivenessHandler answers a liveness probe: 200 "alive" whenever the
+// server answers at all, in warm-up and lame duck too, so that the probe
+// restarts a task that is stuck and never one that is warming up or
+// draining. Mount it at a path given to WithHealthCheck, beside
+// HealthHandler's, which answers the readiness probe.
+func LivenessHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write([]byte("alive\n"))
+	})
+}
+
 // Announce ties srv to l: while l is in lame duck, srv closes its idle
 // keep-alive connections and closes each connection after its current
 // response, so that clients reconnect, through their load balancer, to

@@ -28,12 +28,13 @@ func TestHTTPLameDuck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithLifecycle(l), triagehttp.WithHealthCheck("/healthz"), triagehttp.WithAdmission(ctl))
+	mw, err := triagehttp.Middleware(triagehttp.WithLifecycle(l), triagehttp.WithHealthCheck("/healthz", "/livez"), triagehttp.WithAdmission(ctl))
 	if err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/healthz", triagehttp.HealthHandler(l))
+	mux.Handle("/livez", triagehttp.LivenessHandler())
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {})
 	srv := &http.Server{Handler: mw(mux)}
 	stop := triagehttp.Announce(l, srv)
@@ -73,6 +74,9 @@ func TestHTTPLameDuck(t *testing.T) {
 	resp, reused := get("/healthz")
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Triage-Lame-Duck") != "1" {
 		t.Errorf("lame duck: health %s, lame duck header %q; want 503 and 1", resp.Status, resp.Header.Get("Triage-Lame-Duck"))
+	}
+	if resp, _ := get("/livez"); resp.StatusCode != 200 {
+		t.Errorf("lame duck, admission refusing everything: liveness %s, want 200", resp.Status)
 	}
 	if reused {
 		t.Error("in lame duck, the idle keep-alive connection was reused: it should have been closed")

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/felixge/httpsnoop"
@@ -69,7 +70,7 @@ type Option interface{ apply(*config) }
 type config struct {
 	intake     []intake.Option
 	group      func(*http.Request) string
-	health     string
+	health     []string
 	lifecycle  *lifecycle.Lifecycle
 	admission  *admission.Controller
 	bodyBuffer int
@@ -148,11 +149,15 @@ func WithBodyBuffer(n int) Option { return optionFunc(func(c *config) { c.bodyBu
 // triage's gRPC client, are marked as waits. Default: none.
 func WithQuota(e *quota.Enforcer, m *cost.Meter) Option { return withIntake(intake.WithQuota(e, m)) }
 
-// WithHealthCheck names the path of the server's health endpoint
-// (HealthHandler): requests to exactly that path are classified but
-// answered whatever the load, outside isolation, quotas and admission
-// (intake.Request.HealthCheck). Default: none.
-func WithHealthCheck(path string) Option { return optionFunc(func(c *config) { c.health = path }) }
+// WithHealthCheck names the paths of the server's probe endpoints
+// (HealthHandler for readiness, LivenessHandler for liveness): requests
+// to exactly one of them are classified but answered whatever the load,
+// outside isolation, quotas and admission (intake.Request.HealthCheck).
+// Each call replaces the paths of the last. Default: none.
+func WithHealthCheck(paths ...string) Option {
+	paths = slices.Clone(paths)
+	return optionFunc(func(c *config) { c.health = paths })
+}
 
 // WithConnShare sets how many of a connection's requests may be accepted
 // and not yet started before its next is over the connection's share, and
@@ -238,7 +243,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				w.Header()[lameDuckHeader] = lameDuckValue
 			}
 			ir := intake.Request{Peer: PeerOf(r), Host: r.Host, Path: r.URL.Path, Conn: connOf(r.Context()),
-				Header: r.Header, Case: intake.Canonical, HealthCheck: c.health != "" && r.URL.Path == c.health}
+				Header: r.Header, Case: intake.Canonical, HealthCheck: slices.Contains(c.health, r.URL.Path)}
 			if c.group != nil && in.NeedsGroup() {
 				ir.Group = c.group(r)
 			}

@@ -53,9 +53,68 @@ func ParseEdge(b []byte) (Edge, error) {
 		return Edge{}, fmt.Errorf("triageyaml: edge config: %w", err)
 	}
 	if _, _, err := e.Build(); err != nil {
-		return Edge{}, fmt.Errorf("triageyaml: edge config: %w", err)
+		return Edge{}, fmt.Errorf("triageyaml: edge config: %s%w", edgeErrorAt(b, e), err)
 	}
 	return e, nil
+}
+
+// edgeErrorAt returns "line L, column C: " for the first part of e that
+// does not build on its own (a trusted network or identity, the default,
+// a rule), found in b's YAML nodes, or "" when no single part fails.
+func edgeErrorAt(b []byte, e Edge) string {
+	var doc yaml.Node
+	if yaml.Unmarshal(b, &doc) != nil || len(doc.Content) == 0 {
+		return ""
+	}
+	root := doc.Content[0]
+	at := func(n *yaml.Node) string {
+		if n == nil {
+			return ""
+		}
+		return fmt.Sprintf("line %d, column %d: ", n.Line, n.Column)
+	}
+	tr := mapValue(root, "trust")
+	for i, n := range e.Trust.Networks {
+		if _, err := trust.New(trust.Config{Networks: []string{n}}); err != nil {
+			return at(seqItem(mapValue(tr, "networks"), i))
+		}
+	}
+	for i, id := range e.Trust.Identities {
+		if _, err := trust.New(trust.Config{Identities: []string{id}}); err != nil {
+			return at(seqItem(mapValue(tr, "identities"), i))
+		}
+	}
+	cr := mapValue(root, "criticality")
+	if _, err := edge.New(edge.Config{Default: e.Criticality.Default}); err != nil {
+		return at(mapValue(cr, "default"))
+	}
+	for i, r := range e.Criticality.Rules {
+		if _, err := edge.New(edge.Config{Rules: []edge.RuleConfig{r}}); err != nil {
+			return at(seqItem(mapValue(cr, "rules"), i))
+		}
+	}
+	return at(mapValue(cr, "rules")) // too many rules
+}
+
+// mapValue returns the value of key in the mapping n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// seqItem returns the i-th item of the sequence n, or nil.
+func seqItem(n *yaml.Node, i int) *yaml.Node {
+	if n == nil || n.Kind != yaml.SequenceNode || i >= len(n.Content) {
+		return nil
+	}
+	return n.Content[i]
 }
 
 // LoadEdge reads and parses an Edge configuration file.

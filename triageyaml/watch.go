@@ -9,14 +9,17 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/trust"
 )
 
 // Watcher reloads a configuration file without a restart: a quota policy
-// (WatchQuota) or an isolation table (WatchIsolation). Every interval
+// (WatchQuota), an isolation table (WatchIsolation) or an edge
+// configuration (WatchEdge). Every interval
 // (default 1 s) it reads the file and, when its bytes changed, parses and
-// validates it (ParseQuota, ParseIsolation) and puts it in force.
+// validates it (ParseQuota, ParseIsolation, ParseEdge) and puts it in force.
 // A file that fails to read or validate is refused and counted; the policy
 // in force stays, and the same bad bytes are not reported twice. So a bad
 // push never takes a task down (Google Cloud's June 2025 outage began with
@@ -85,6 +88,27 @@ func WatchIsolation(path string, t *isolate.Table, opts ...WatchOption) (*Watche
 			err = t.Set(c)
 		}
 		return func() {}, err
+	}, opts)
+}
+
+// WatchEdge loads the edge configuration at path (ParseEdge), puts it in
+// force in pol and cl (Edge.Build's, or any others: trust.Policy.Update,
+// edge.Classifier.Update), and returns a watcher that reloads it: trusted
+// networks and identities, the default and the rules change for the next
+// request, without a restart. An initial file that does not load is an
+// error; a later bad file is refused, with the line and column of the
+// part that is wrong, and pol and cl keep what they had.
+func WatchEdge(path string, pol *trust.Policy, cl *edge.Classifier, opts ...WatchOption) (*Watcher, error) {
+	if pol == nil || cl == nil {
+		return nil, errors.New("triageyaml: WatchEdge needs a trust.Policy and an edge.Classifier")
+	}
+	return watch(path, func(b []byte) (func(), error) {
+		e, err := ParseEdge(b)
+		return func() {
+			// ParseEdge built both: neither update can fail.
+			_ = pol.Update(e.Trust)
+			_ = cl.Update(e.Criticality)
+		}, err
 	}, opts)
 }
 

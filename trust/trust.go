@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 )
 
 // Peer is what an adapter knows about the caller of one request.
@@ -29,9 +30,15 @@ type Peer struct {
 }
 
 // Policy says which peers are trusted. The zero value trusts nobody.
-// A Policy is immutable after New and safe for concurrent use; its size is
-// bounded by the configuration it was built from.
+// A Policy is safe for concurrent use; Update replaces its configuration
+// at once for every later call. Its size is bounded by the configuration
+// it was built from.
 type Policy struct {
+	set atomic.Pointer[trustSet]
+}
+
+// trustSet is one configuration of a Policy.
+type trustSet struct {
 	networks   []netip.Prefix
 	identities map[string]struct{}
 }
@@ -49,7 +56,26 @@ type Config struct {
 // New builds a Policy from c. It returns an error naming the first malformed
 // network or empty identity.
 func New(c Config) (*Policy, error) {
-	p := &Policy{identities: make(map[string]struct{}, len(c.Identities))}
+	p := &Policy{}
+	if err := p.Update(c); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Update replaces p's configuration with c, or returns New's error and
+// keeps the configuration p had.
+func (pol *Policy) Update(c Config) error {
+	p, err := compile(c)
+	if err != nil {
+		return err
+	}
+	pol.set.Store(p)
+	return nil
+}
+
+func compile(c Config) (*trustSet, error) {
+	p := &trustSet{identities: make(map[string]struct{}, len(c.Identities))}
 	for _, n := range c.Networks {
 		pfx, err := netip.ParsePrefix(strings.TrimSpace(n))
 		if err != nil {
@@ -83,16 +109,20 @@ func (pol *Policy) Trusted(p Peer) bool {
 	if pol == nil {
 		return false
 	}
+	set := pol.set.Load()
+	if set == nil {
+		return false
+	}
 	if p.Addr.IsValid() {
 		a := p.Addr.Unmap()
-		for _, n := range pol.networks {
+		for _, n := range set.networks {
 			if n.Contains(a) {
 				return true
 			}
 		}
 	}
 	for _, id := range p.Identities {
-		if _, ok := pol.identities[id]; ok {
+		if _, ok := set.identities[id]; ok {
 			return true
 		}
 	}

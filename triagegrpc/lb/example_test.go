@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/triagehq/triage/balance"
-	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
@@ -38,7 +37,6 @@ func ExampleRegister() {
 		srv, _ := triagegrpc.NewServer(triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc))
 		s := grpc.NewServer(srv.ServerOptions()...)
 		healthpb.RegisterHealthServer(s, hs)
-		relay.Register(s, &relay.Tier{Name: "backend"})
 		lis, _ := net.Listen("tcp", "127.0.0.1:0")
 		go s.Serve(lis)
 		servers, lifecycles = append(servers, s), append(lifecycles, lc)
@@ -54,7 +52,7 @@ func ExampleRegister() {
 		  "healthCheckConfig": {"serviceName": ""}}`))
 	defer cc.Close()
 	for range 10 {
-		if _, err := relay.Invoke(context.Background(), cc, "x"); err != nil {
+		if _, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
 			fmt.Println(err)
 		}
 	}
