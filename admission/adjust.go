@@ -66,6 +66,7 @@ func (c *Controller) adjustPending() {
 		return
 	}
 	c.lastDelay.Store(delay)
+	c.gate.step(delay, c.targetDelay+c.expectedSvc.Load())
 	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy))
 }
 

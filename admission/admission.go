@@ -62,11 +62,15 @@ const (
 	Late
 	// Forced: an operator's ForceShed drill rejected the request.
 	Forced
+	// Queue: the request waited in Go's run queue, where the controller
+	// cannot count it, while that queue's delay was over the target; such
+	// requests are shed by criticality (RunQueued).
+	Queue
 	// NumReasons is the number of reasons.
 	NumReasons
 )
 
-var reasonNames = [NumReasons]string{"concurrency", "utilization", "deadline", "late", "forced"}
+var reasonNames = [NumReasons]string{"concurrency", "utilization", "deadline", "late", "forced", "queue"}
 
 // String returns the reason's metric name.
 func (r Reason) String() string {
@@ -125,7 +129,9 @@ type Controller struct {
 	messageTimeout, lateAfter int64
 	// sched measures the queueing delay (SchedulerDelay); nil: sampled
 	// requests measure it from Arrive to Start (ArrivalDelay).
-	sched *schedDelay
+	sched delaySource
+	// gate sheds the arrivals the pending count cannot see (RunQueued).
+	gate queueGate
 	// saturation says how busy the CPU is (work conservation); nil:
 	// saturated always.
 	saturation signals.Signal

@@ -28,6 +28,12 @@ const (
 	ArrivalDelay
 )
 
+// delaySource reads the mean queueing delay since its last reading, and
+// how many waits it saw: schedDelay, or a test's.
+type delaySource interface {
+	read() (mean time.Duration, n uint64)
+}
+
 // schedDelay reads the mean scheduling latency since its last reading.
 // It is called under the Controller's adjust lock, once per interval.
 type schedDelay struct {

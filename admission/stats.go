@@ -55,6 +55,9 @@ type Stats struct {
 	// Forced is, per criticality, the fraction of requests a ForceShed
 	// drill rejects now (0: none).
 	Forced [criticality.NumLevels]float64
+	// QueueShed is, per criticality, the share of RunQueued arrivals shed
+	// now for the queueing delay (reason Queue).
+	QueueShed [criticality.NumLevels]float64
 	// Signals are the current utilizations, by signal name.
 	Signals []SignalValue
 }
@@ -106,6 +109,7 @@ func (c *Controller) Stats() Stats {
 	for l := range s.NotStarted {
 		s.NotStarted[l] = c.notStarted(criticality.Level(l))
 		s.Forced[l] = c.forced(criticality.Level(l), now)
+		s.QueueShed[l] = c.gate.share(criticality.Level(l))
 	}
 	if w, _ := c.attempts.Sums(c.now()); w.A > 0 {
 		s.RetryShare = w.B / w.A

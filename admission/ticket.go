@@ -45,7 +45,7 @@ const (
 // Reason is the Reason's name; the errors are shared and must not be
 // modified. Arrive does not allocate.
 func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
-	return c.arrive(t, l, attemptN, deadline, false)
+	return c.arrive(t, l, attemptN, deadline, 0)
 }
 
 // ArriveOverShare is Arrive for a request whose client already holds its
@@ -57,10 +57,30 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 // alone still gets the whole task in time: its requests wait less, and
 // the pending cap grows.
 func (c *Controller) ArriveOverShare(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
-	return c.arrive(t, l, attemptN, deadline, true)
+	return c.arrive(t, l, attemptN, deadline, OverShare)
 }
 
-func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, overShare bool) error {
+// Arrival says what a transport knows about how a request arrived.
+type Arrival uint8
+
+const (
+	// OverShare: the request's client already holds its share of the
+	// requests admitted and not yet running (ArriveOverShare).
+	OverShare Arrival = 1 << iota
+	// RunQueued: the request waited in Go's run queue before Arrive, where
+	// the controller could not count it (net/http reads a request and runs
+	// its handler on one goroutine). While the queueing delay is over the
+	// target, such requests are shed by criticality, lowest first, more
+	// each interval until the delay meets the target (reason Queue).
+	RunQueued
+)
+
+// ArriveAs is Arrive for a request that arrived as a says.
+func (c *Controller) ArriveAs(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, a Arrival) error {
+	return c.arrive(t, l, attemptN, deadline, a)
+}
+
+func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, a Arrival) error {
 	if !l.Valid() {
 		l = criticality.Default
 	}
@@ -94,6 +114,9 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	if c.forcedAny.Load() && c.forcedOut(l, now) {
 		return c.reject(l, Forced, now)
 	}
+	if a&RunQueued != 0 && c.gate.sheds(l, c.random()) {
+		return c.reject(l, Queue, now)
+	}
 	for i := range c.gates {
 		g := &c.gates[i]
 		if p := g.th.rejectP(l, g.sig.Utilization()); p > 0 && (p >= 1 || c.random() < p) {
@@ -107,7 +130,7 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		}
 	}
 	room := c.capFor(l)
-	if overShare {
+	if a&OverShare != 0 {
 		room = (room + 1) / 2
 	}
 	if c.occupancy(now)+c.reserved(l)+1 > room && !c.evictBelow(l) {

@@ -195,6 +195,11 @@ type Request struct {
 	// quotas and admission, because it is how clients learn that a task is
 	// in lame duck, and a watch lasts as long as its connection.
 	HealthCheck bool
+	// RunQueued says the request waited in Go's run queue before Accept,
+	// where admission could not count it: the transport reads each
+	// request and runs its handler on one goroutine, as net/http does
+	// (admission.RunQueued).
+	RunQueued bool
 }
 
 // the triage keys Accept reads, in both spellings.
@@ -361,13 +366,14 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 	var t admission.Ticket
 	if in.admission != nil {
 		deadline, _ := ctx.Deadline()
-		var err error
+		var a admission.Arrival
 		if c := r.Conn; c != nil && in.connShare > 0 && c.waiting.Load() >= in.connShare {
-			err = in.admission.ArriveOverShare(&t, l, f.attempt, deadline)
-		} else {
-			err = in.admission.Arrive(&t, l, f.attempt, deadline)
+			a |= admission.OverShare
 		}
-		if err != nil {
+		if r.RunQueued {
+			a |= admission.RunQueued
+		}
+		if err := in.admission.ArriveAs(&t, l, f.attempt, deadline, a); err != nil {
 			if in.quota != nil {
 				in.quota.Cancel(f.customer, res)
 			}

@@ -36,4 +36,29 @@
 // returns an overload outcome it received from a downstream call, the Server
 // interceptor sends it up as "overloaded; don't retry", so the layers above
 // do not retry again.
+//
+// # What it changes on your server and clients
+//
+// What a user would not guess from the names:
+//
+//   - Server.ServerOptions takes gRPC's one InTapHandle: admission decides
+//     at stream arrival, before a goroutine exists. A server that needs its
+//     own tap calls Server.TapHandle from it.
+//   - It sets grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams, 250)
+//     per connection, so that one connection cannot hold the whole task;
+//     a MaxConcurrentStreams passed after it wins.
+//   - Its interceptors and stats handler run before yours.
+//   - triage-* metadata from a peer that is not trusted is removed before
+//     your handler sees it; the request's criticality is then the rules'
+//     or the default, CRITICAL.
+//   - A stream whose message comes more than 500 ms after its headers is
+//     refused (admission.WithMessageTimeout), and its connection is
+//     penalised: refused at arrival from 1 s, doubling to a minute.
+//   - Client.DialOptions turns off the service config's retryPolicy and
+//     hedgingPolicy on the connection (WithServiceConfigRetries keeps
+//     them): only one layer retries.
+//   - Probes: the health service "" is NOT_SERVING in warm-up and lame duck
+//     (NewLifecycle), the right answer for readiness; liveness asks for
+//     LivenessService (HealthServer).
+//   - The zero criticality.Level is SHEDDABLE, the lowest.
 package triagegrpc

@@ -19,7 +19,9 @@ import (
 
 // reports stands for a backend's service: grpc.testing's TestService,
 // whose UnaryCall answers with the criticality it ran at.
-type reports struct{ testgrpc.UnimplementedTestServiceServer }
+type reports struct {
+	testgrpc.UnimplementedTestServiceServer
+}
 
 func (reports) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	return &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: []byte(criticality.Of(ctx).String())}}, nil

@@ -19,7 +19,9 @@ import (
 
 // search stands for your service: grpc.testing's TestService, whose
 // UnaryCall answers with the criticality it ran at.
-type search struct{ testgrpc.UnimplementedTestServiceServer }
+type search struct {
+	testgrpc.UnimplementedTestServiceServer
+}
 
 func (search) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	return &testgrpc.SimpleResponse{Payload: &testgrpc.Payload{Body: []byte(criticality.Of(ctx).String())}}, nil

@@ -21,7 +21,9 @@ import (
 
 // busy stands for an overloaded service: it refuses SHEDDABLE work with
 // "task overloaded" and serves the rest.
-type busy struct{ testgrpc.UnimplementedTestServiceServer }
+type busy struct {
+	testgrpc.UnimplementedTestServiceServer
+}
 
 func (busy) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, error) {
 	if criticality.Of(ctx) == criticality.Sheddable {

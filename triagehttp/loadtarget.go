@@ -10,6 +10,7 @@ import (
 	"net/url"
 
 	"github.com/triagehq/triage/loadtest"
+	"github.com/triagehq/triage/outcome"
 )
 
 // NewLoadTarget returns a loadtest.Target that sends method requests to
@@ -21,8 +22,9 @@ import (
 // Redirects are not followed, whatever client's CheckRedirect says: a
 // target on this machine could send the load to another host past every
 // check of where it goes. Outcomes: OK for a 2xx status; Redirected for
-// a 3xx; Overloaded for 429 and 503; DeadlineExceeded when the call's
-// deadline passed (or 504); Failed for any other status or error.
+// a 3xx; Overloaded for 429 and 503 (and the *outcome.Error a Transport
+// returns for them); DeadlineExceeded when the call's deadline passed (or
+// 504); Failed for any other status or error.
 func NewLoadTarget(client *http.Client, method, rawURL string, body []byte, header http.Header) (loadtest.Target, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -67,8 +69,14 @@ func (t *loadTarget) Call(ctx context.Context) loadtest.Outcome {
 	}
 	resp, err := t.client.Do(req)
 	if err != nil {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		var oe *outcome.Error
+		switch {
+		case errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
 			return loadtest.DeadlineExceeded
+		case errors.As(err, &oe):
+			// A Transport's overload outcome: the server's refusal it
+			// read, or its Caller's giving up.
+			return loadtest.Overloaded
 		}
 		return loadtest.Failed
 	}

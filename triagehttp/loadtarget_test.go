@@ -14,6 +14,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/loadtest"
+	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagehttp"
 )
 
@@ -30,6 +31,8 @@ func TestLoadTargetOverLoopback(t *testing.T) {
 			w.Write([]byte("fine"))
 		case "/shed":
 			w.WriteHeader(http.StatusServiceUnavailable)
+		case "/triage-shed": // as triagehttp's middleware refuses
+			triagehttp.WriteError(w, outcome.New(outcome.TaskOverloaded, "queue"))
 		case "/quota":
 			w.WriteHeader(http.StatusTooManyRequests)
 		case "/slow":
@@ -48,7 +51,7 @@ func TestLoadTargetOverLoopback(t *testing.T) {
 	}
 	client := &http.Client{Transport: &triagehttp.Transport{Caller: caller}}
 	for path, want := range map[string]loadtest.Outcome{
-		"/ok": loadtest.OK, "/shed": loadtest.Overloaded, "/quota": loadtest.Overloaded,
+		"/ok": loadtest.OK, "/shed": loadtest.Overloaded, "/triage-shed": loadtest.Overloaded, "/quota": loadtest.Overloaded,
 		"/slow": loadtest.DeadlineExceeded, "/gateway": loadtest.DeadlineExceeded, "/bad": loadtest.Failed,
 	} {
 		target, err := triagehttp.NewLoadTarget(client, http.MethodPost, srv.URL+path, []byte("body"), http.Header{"X-Team": {"pay"}})

@@ -18,6 +18,30 @@
 //	customer out of quota    429 Too Many Requests,   Triage-Outcome: out-of-quota
 //
 // each with Retry-After in whole seconds (0 when the server has no opinion).
+//
+// # What it changes on your server and clients
+//
+// What a user would not guess from the names:
+//
+//   - The middleware reads each request's body ahead, up to 64 KiB
+//     (WithBodyBuffer), before the request takes an execution slot, so
+//     that a slow sender holds none; a body that does not come within
+//     500 ms (admission.WithMessageTimeout) is answered 408.
+//   - Triage-* headers from a peer that is not trusted are removed; the
+//     request's criticality is then the rules' or the default, CRITICAL.
+//   - Requests wait in Go's run queue before the middleware sees them, so
+//     while that queue's delay is over its target, admission sheds them
+//     by criticality (admission.RunQueued, reason "queue").
+//   - With ConnContext, HTTP/2 connections get gRPC's per-connection
+//     protection (a share of the waiting requests, slow-sender
+//     penalties); without it, only requests are protected.
+//   - Probes: HealthHandler answers 503 in warm-up and lame duck, the
+//     right answer for readiness; liveness is LivenessHandler. Give both
+//     paths to WithHealthCheck so that admission never refuses them.
+//   - Transport sends triage's headers only to the hosts its Caller names
+//     internal, and without a Policy returns a task-overloaded answer as
+//     an *outcome.Error with no response.
+//   - The zero criticality.Level is SHEDDABLE, the lowest.
 package triagehttp
 
 import (
@@ -243,7 +267,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				w.Header()[lameDuckHeader] = lameDuckValue
 			}
 			ir := intake.Request{Peer: PeerOf(r), Host: r.Host, Path: r.URL.Path, Conn: connOf(r.Context()),
-				Header: r.Header, Case: intake.Canonical, HealthCheck: slices.Contains(c.health, r.URL.Path)}
+				Header: r.Header, Case: intake.Canonical, HealthCheck: slices.Contains(c.health, r.URL.Path), RunQueued: true}
 			if c.group != nil && in.NeedsGroup() {
 				ir.Group = c.group(r)
 			}
