@@ -51,7 +51,8 @@ type loadtestFlags struct {
 	grpcAddr, method, data, dataHex, dataFile string
 	tlsCA                                     string
 	conns                                     int
-	rawURL, httpMethod, headers               string
+	rawURL, httpMethod                        string
+	header                                    http.Header
 	loads, mix, out                           string
 	step, deadline, probeStep, maxDuration    time.Duration
 	capacity, maxRate                         float64
@@ -76,7 +77,15 @@ func parseLoadtestFlags(args []string, stderr io.Writer) (loadtestFlags, []loadt
 	fs.IntVar(&f.conns, "conns", 4, "gRPC connections (calls are spread over them)")
 	fs.StringVar(&f.rawURL, "url", "", "HTTP target URL")
 	fs.StringVar(&f.httpMethod, "http-method", "GET", "HTTP method")
-	fs.StringVar(&f.headers, "header", "", `extra HTTP headers, "Name: value" separated by ";"`)
+	f.header = http.Header{}
+	fs.Func("header", `an extra HTTP header, "Name: value" (repeatable, as curl's -H)`, func(h string) error {
+		k, v, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			return fmt.Errorf(`%q is not "Name: value"`, h)
+		}
+		f.header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+		return nil
+	})
 	fs.StringVar(&f.loads, "loads", "0.5,1,2,5,10", "load steps, multiples of the capacity")
 	fs.StringVar(&f.mix, "mix", "CRITICAL_PLUS:6,CRITICAL:6,SHEDDABLE_PLUS:44,SHEDDABLE:44", "criticality mix, LEVEL:WEIGHT,...")
 	fs.DurationVar(&f.step, "step", loadtest.DefaultStep, "length of each load step")
@@ -201,16 +210,7 @@ func (f loadtestFlags) body() ([]byte, error) {
 
 // httpTarget is the Target of -url.
 func (f loadtestFlags) httpTarget(host string, tlsConf *tls.Config, data []byte) (loadtest.Target, string, func(), error) {
-	header := http.Header{}
-	if f.headers != "" {
-		for _, h := range strings.Split(f.headers, ";") {
-			k, v, ok := strings.Cut(h, ":")
-			if !ok || strings.TrimSpace(k) == "" {
-				return nil, "", nil, fmt.Errorf(`-header: %q is not "Name: value"`, h)
-			}
-			header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
-		}
-	}
+	header := f.header
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	base.MaxIdleConnsPerHost = 256
 	base.TLSClientConfig = tlsConf

@@ -134,7 +134,7 @@ func TestLoadtestCommandOverGRPC(t *testing.T) {
 
 func TestLoadtestCommandOverHTTP(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("X-Api-Key") != "key-gmail" {
+		if r.Header.Get("X-Api-Key") != "key-gmail" || r.Header.Get("Cookie") != "a=1; b=2" {
 			w.WriteHeader(http.StatusForbidden)
 			return
 		}
@@ -145,7 +145,7 @@ func TestLoadtestCommandOverHTTP(t *testing.T) {
 		w.Write([]byte("ok"))
 	}))
 	defer srv.Close()
-	res, _ := runLoadtestCommand(t, "-url", srv.URL+"/search", "-header", "X-Api-Key: key-gmail", "-capacity", "100", "-loads", "1,3", "-step", "300ms", "-deadline", "2s")
+	res, _ := runLoadtestCommand(t, "-url", srv.URL+"/search", "-header", "X-Api-Key: key-gmail", "-header", "Cookie: a=1; b=2", "-capacity", "100", "-loads", "1,3", "-step", "300ms", "-deadline", "2s")
 	checkLedger(t, res, 2)
 }
 

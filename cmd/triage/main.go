@@ -2,11 +2,13 @@
 // and wires packages together.
 //
 //	triage demo [flags]              the overload drill on real processes (internal/drill)
-//	triage serve ROLE [flags]        one task of the drill's stack
-//	triage sim SCENARIO [flags]      the book's experiments on virtual time (package sim)
+//	triage loadtest [flags]          overload your own service (package loadtest)
 //	triage quota-server [flags]      the global quota service (triagegrpc/quotaservice)
 //	triage proxy [flags]             the batch proxy (triagegrpc.Proxy)
-//	triage loadtest [flags]          overload your own service (package loadtest)
+//	triage sim SCENARIO [flags]      the book's experiments on virtual time (package sim)
+//	triage version                   the build's version
+//	triage help COMMAND              a command's flags
+//	triage serve ROLE [flags]        one task of the drill's stack (internal: the drill starts it)
 package main
 
 import (
@@ -33,18 +35,12 @@ Usage:
   triage demo [flags]    the overload drill: a stack of real processes on loopback
                          hit by 10x its provisioned rate, restarted and killed,
                          with triage and without; live view, summary, report.html
+                         (-faults: crash, hang, slow, partition, ... one at a time)
 
-  triage serve frontend|a|b|db [flags]
-                         one task of the drill's stack (started by triage demo)
-
-  triage sim subsetting [flags]
-                         connections per backend under deterministic, random or
-                         ringsteady subsetting (Figures 20-3 to 20-5), and churn
-
-  triage sim lb|throttle|retry|stack|shed|cascade [flags]
-                         the book's balancing, throttling, retry and shedding
-                         experiments on virtual time, next to the book's numbers
-                         (--out DIR: figures and a self-contained HTML page)
+  triage loadtest -grpc ADDR -method /pkg.Svc/M | -url URL [flags]
+                         overload your own service: find its capacity, offer
+                         0.5x to 10x with a criticality mix, and see whether it
+                         keeps its provisioned rate (table, result.json, page)
 
   triage quota-server -config FILE [-listen ADDR] [flags]
                          the quota service: tasks report per-customer CPU usage
@@ -57,13 +53,16 @@ Usage:
                          backends; it forwards any method, with its own admission
                          control, over few connections (the book's fuse)
 
-  triage loadtest -grpc ADDR -method /pkg.Svc/M | -url URL [flags]
-                         overload your own service: find its capacity, offer
-                         0.5x to 10x with a criticality mix, and see whether it
-                         keeps its provisioned rate (table, result.json, page)
+  triage sim subsetting [flags]
+                         connections per backend under deterministic, random or
+                         ringsteady subsetting (Figures 20-3 to 20-5), and churn
+  triage sim lb|throttle|retry|stack|shed|cascade|throttling|quota-tree [flags]
+                         the book's balancing, throttling, retry, shedding and
+                         quota experiments on virtual time, next to the book's
+                         numbers (-out DIR: figures and a self-contained page)
 
-Run 'triage demo -h', 'triage sim SCENARIO -h', 'triage quota-server -h',
-'triage proxy -h' or 'triage loadtest -h' for the flags.
+  triage version         the version, its commit and its Go
+  triage help COMMAND    a command's flags (help sim SCENARIO: a scenario's)
 `
 
 func main() { os.Exit(runProcess(os.Args[1:])) }
@@ -94,7 +93,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runProxy(ctx, args[1:], stdout, stderr)
 	case "loadtest":
 		return runLoadtest(ctx, args[1:], stdout, stderr)
-	case "-h", "-help", "--help", "help":
+	case "version":
+		return runVersion(args[1:], stdout, stderr)
+	case "help":
+		return runHelp(ctx, args[1:], stdout, stderr)
+	case "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -68,8 +69,13 @@ func TestRunArguments(t *testing.T) {
 		{[]string{"quota-server", "-config", goodQuota, "-advertise", "127.0.0.1:7070"}, 2, "need -etcd"},
 		{[]string{"quota-server", "-config", goodQuota, "-etcd-tls-ca", "ca.pem"}, 2, "need -etcd"},
 		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379"}, 2, "-etcd needs -advertise"},
-		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-session-ttl", "1"}, 2, "-session-ttl must be"},
+		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-session-ttl", "1500ms"}, 2, "-session-ttl must be"},
 		{[]string{"quota-server", "-config", goodQuota, "-etcd", " , ", "-advertise", "127.0.0.1:7070"}, 2, "no endpoints"},
+		{[]string{"quota-server", "-config", goodQuota, "-log-format", "xml"}, 2, "-log-format \"xml\": want text or json"},
+		{[]string{"proxy", "-backends", "127.0.0.1:1", "-log-level", "loud"}, 2, "-log-level \"loud\""},
+		{[]string{"help", "frobnicate"}, 2, "unknown command"},
+		{[]string{"version", "extra"}, 2, "unexpected argument"},
+		{[]string{"loadtest", "-url", "http://127.0.0.1/x", "-header", "X-A: 1", "-header", "broken"}, 2, `"broken" is not "Name: value"`},
 		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-etcd-tls-ca", filepath.Join(t.TempDir(), "missing.pem")}, 2, "no such file"},
 	}
 	for _, tt := range tests {
@@ -78,6 +84,42 @@ func TestRunArguments(t *testing.T) {
 		if code != tt.code || !strings.Contains(errb.String(), tt.errText) {
 			t.Errorf("run(%q) = %d, stderr %q; want %d containing %q", tt.args, code, errb.String(), tt.code, tt.errText)
 		}
+	}
+}
+
+// triage version names the build; triage help COMMAND prints a command's
+// flags on stdout; the usage lists every user command and not the drill's
+// internal serve; a long-running command logs JSON when asked.
+func TestVersionHelpAndLogs(t *testing.T) {
+	var out, errb strings.Builder
+	if code := run(context.Background(), []string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "triage ") || !strings.Contains(out.String(), "go1.") {
+		t.Errorf("triage version: %d %q %q", code, out.String(), errb.String())
+	}
+	for _, cmd := range [][]string{{"help", "loadtest"}, {"help", "sim", "shed"}, {"help", "quota-server"}} {
+		out.Reset()
+		if code := run(context.Background(), cmd, &out, &errb); code != 0 || !strings.Contains(out.String(), "-") {
+			t.Errorf("triage %v: %d, stdout %q", cmd, code, out.String())
+		}
+	}
+	out.Reset()
+	run(context.Background(), []string{"help"}, &out, &errb)
+	for _, want := range []string{"demo", "loadtest", "quota-server", "proxy", "sim subsetting", "throttling|quota-tree", "version", "help COMMAND"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the usage does not list %q", want)
+		}
+	}
+	if strings.Contains(out.String(), "triage serve") {
+		t.Error("the usage lists the drill's internal serve")
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("customers: {ads: {cpu: -1}}\n"), 0o600)
+	errb.Reset()
+	if code := run(context.Background(), []string{"quota-server", "-config", bad, "-log-format", "json"}, &out, &errb); code != 1 {
+		t.Fatalf("a bad policy: exit %d", code)
+	}
+	var rec struct{ Level, Msg, Err string }
+	if err := json.Unmarshal([]byte(errb.String()), &rec); err != nil || rec.Level != "ERROR" || !strings.Contains(rec.Err, "negative") {
+		t.Errorf("-log-format json: %q (%v), want one JSON record at ERROR naming the error", errb.String(), err)
 	}
 }
 

@@ -45,6 +45,7 @@ type proxyFlags struct {
 	unauthenticated         bool
 	insecureBackends        bool
 	trustIDs                []string
+	log                     logFlags
 }
 
 // parseProxyFlags parses args, writing usage and errors to stderr; the
@@ -71,6 +72,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 	fs.Float64Var(&f.tolerance, "tolerance", triagegrpc.DefaultProxyTolerance, "how far the backends' latency may rise above its recent best before the proxy forwards fewer calls at once (> 1)")
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the proxy serves in lame duck (health NOT_SERVING) before it stops; calls still running 10 s later are cut")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9091); default none")
+	f.log.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
@@ -156,25 +158,30 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if !ok {
 		return code
 	}
+	log, err := f.log.logger(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
+		return 2
+	}
 	m := triageprom.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m)
 	cc, gs, lc, err := f.build(m, reg)
 	if err != nil {
-		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
+		log.Error("proxy cannot start", "err", err)
 		return 1
 	}
 	defer cc.Close()
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
-		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
+		log.Error("proxy cannot listen", "addr", f.listen, "err", err)
 		return 1
 	}
 	if f.metrics != "" {
 		stopMetrics, err := serveMetrics(f.metrics, reg)
 		if err != nil {
 			lis.Close()
-			fmt.Fprintf(stderr, "triage proxy: %v\n", err)
+			log.Error("proxy cannot serve metrics", "addr", f.metrics, "err", err)
 			return 1
 		}
 		defer stopMetrics()
@@ -183,16 +190,18 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	go func() {
 		defer close(stopped)
 		<-ctx.Done()
+		log.Info("lame duck, then stop", "drain", f.drain)
 		sctx, cancel := context.WithTimeout(context.Background(), f.drain+10*time.Second)
 		defer cancel()
 		lc.Shutdown(sctx, triagegrpc.GracefulStop(gs))
 	}()
 	fmt.Fprintf(stdout, "batch proxy listening on %s: %d backends, %s\n", lis.Addr(), len(f.addrs), f.lbConfig)
 	if err := gs.Serve(lis); err != nil {
-		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
+		log.Error("proxy stopped", "err", err)
 		return 1
 	}
 	<-stopped
+	log.Info("stopped")
 	return 0
 }
 

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -73,16 +74,21 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
 		return 2
 	}
-	qs, code, err := f.build(ctx, stderr)
+	log, err := f.log.logger(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
+		return 2
+	}
+	qs, code, err := f.build(ctx, log)
 	if qs != nil {
 		defer qs.close()
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
+		log.Error("quota-server cannot start", "err", err)
 		return code
 	}
-	if err := qs.serve(ctx, &f, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "triage quota-server: %v\n", err)
+	if err := qs.serve(ctx, &f, stdout, log); err != nil {
+		log.Error("quota-server stopped", "err", err)
 		return 1
 	}
 	return 0
@@ -96,8 +102,10 @@ type quotaServerFlags struct {
 	tls, etcdTLS                              tlsfiles.Files
 	binds                                     bindFlag
 	boundOnly, insecureEtcd, unauthenticated  bool
-	sessionTTL, grantLogBackups               int
+	grantLogBackups                           int
+	sessionTTL                                time.Duration
 	grantLogMax                               int64
+	log                                       logFlags
 }
 
 func (f *quotaServerFlags) register(fs *flag.FlagSet) {
@@ -116,13 +124,14 @@ func (f *quotaServerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.drain, "drain", time.Second, "on SIGTERM, how long the service answers in lame duck (health NOT_SERVING) before it stops; calls still running 5 s later are cut")
 	fs.StringVar(&f.etcd, "etcd", "", "comma-separated etcd endpoints: run as one of several replicas, the leader elected through etcd (quotareplica); default one process, no etcd")
 	fs.StringVar(&f.advertise, "advertise", "", "with -etcd, the address tasks reach this replica at (told to tasks by the other replicas; required with -etcd)")
-	fs.IntVar(&f.sessionTTL, "session-ttl", quotareplica.DefaultSessionTTL, "with -etcd, the etcd session TTL in seconds: how long a dead leader holds the election")
+	fs.DurationVar(&f.sessionTTL, "session-ttl", quotareplica.DefaultSessionTTL*time.Second, "with -etcd, the etcd session TTL, whole seconds (etcd's unit): how long a dead leader holds the election")
 	fs.StringVar(&f.electionPrefix, "election-prefix", quotareplica.DefaultElectionPrefix, "with -etcd, the etcd key prefix of the election (replicas of one service share it)")
 	fs.StringVar(&f.policyKey, "policy-key", "", "with -etcd, the etcd key holding the YAML policy, instead of -config: every replica watches it, refuses a bad push and keeps the last good policy")
 	fs.StringVar(&f.grantLog, "grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; quota/grantlog), written off the refresh path; its errors go to stderr and triage_quota_grant_log_errors_total")
 	fs.Int64Var(&f.grantLogMax, "grant-log-max-bytes", 100<<20, "with -grant-log, rotate the file (to FILE.1, FILE.2, ...) before it passes this size")
 	fs.IntVar(&f.grantLogBackups, "grant-log-backups", 5, "with -grant-log, how many rotated files to keep (0 to 100)")
 	f.etcdTLS.Register(fs, "etcd-", "etcd")
+	f.log.register(fs)
 	fs.StringVar(&f.mode, "mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
 }
 
@@ -137,8 +146,8 @@ func (f *quotaServerFlags) check() error {
 		return errors.New("-policy-key, -advertise and -etcd-tls-* need -etcd")
 	case f.etcd != "" && f.advertise == "":
 		return errors.New("-etcd needs -advertise, the address tasks reach this replica at")
-	case f.etcd != "" && (f.sessionTTL < 2 || f.sessionTTL > 3600):
-		return errors.New("-session-ttl must be 2 to 3600 seconds")
+	case f.etcd != "" && (f.sessionTTL < 2*time.Second || f.sessionTTL > time.Hour || f.sessionTTL%time.Second != 0):
+		return fmt.Errorf("-session-ttl must be whole seconds from 2s to 1h (etcd's unit), got %v", f.sessionTTL)
 	case f.refresh <= 0 || f.lease < f.refresh || f.lease > 24*time.Hour || f.reload <= 0:
 		return errors.New("need 0 < -refresh <= -lease <= 24h and a positive -reload")
 	case f.grantLog == "" && (f.grantLogMax != 100<<20 || f.grantLogBackups != 5):
@@ -189,7 +198,7 @@ func (q *quotaServer) close() {
 
 // build makes the quota service the flags describe. On an error it
 // returns the exit code; the caller closes q even then.
-func (f *quotaServerFlags) build(ctx context.Context, stderr io.Writer) (q *quotaServer, code int, err error) {
+func (f *quotaServerFlags) build(ctx context.Context, log *slog.Logger) (q *quotaServer, code int, err error) {
 	q = &quotaServer{}
 	if err := f.credentials(q); err != nil {
 		return q, 2, err
@@ -208,7 +217,7 @@ func (f *quotaServerFlags) build(ctx context.Context, stderr io.Writer) (q *quot
 		return q, 1, err
 	}
 	if f.grantLog != "" {
-		gl, stop, err := startGrantLog(ctx, f.grantLog, f.grantLogMax, f.grantLogBackups, cmp.Or(f.advertise, f.listen), stderr)
+		gl, stop, err := startGrantLog(ctx, f.grantLog, f.grantLogMax, f.grantLogBackups, cmp.Or(f.advertise, f.listen), log)
 		if err != nil {
 			return q, 1, fmt.Errorf("-grant-log: %w", err)
 		}
@@ -229,7 +238,7 @@ func (f *quotaServerFlags) build(ctx context.Context, stderr io.Writer) (q *quot
 		q.setPolicy = func(p *quota.Policy, _ int64) { alloc.SetPolicy(p) }
 		return q, 0, nil
 	}
-	r, err := quotareplica.New(q.cli, f.advertise, q.src.policy, newAlloc, quotareplica.WithSessionTTL(f.sessionTTL),
+	r, err := quotareplica.New(q.cli, f.advertise, q.src.policy, newAlloc, quotareplica.WithSessionTTL(int(f.sessionTTL/time.Second)),
 		quotareplica.WithElectionPrefix(f.electionPrefix), quotareplica.WithServiceOptions(q.svcOpts...))
 	if err != nil {
 		return q, 2, err
@@ -260,7 +269,7 @@ func (f *quotaServerFlags) credentials(q *quotaServer) error {
 
 // serve serves q on f.listen until ctx ends, then drains: lame duck for
 // -drain, and a replica resigns so that another takes over at once.
-func (q *quotaServer) serve(ctx context.Context, f *quotaServerFlags, stdout, stderr io.Writer) error {
+func (q *quotaServer) serve(ctx context.Context, f *quotaServerFlags, stdout io.Writer, log *slog.Logger) error {
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return err
@@ -286,9 +295,9 @@ func (q *quotaServer) serve(ctx context.Context, f *quotaServerFlags, stdout, st
 	}
 	go q.src.run(ctx, func(p *quota.Policy, version int64) {
 		q.setPolicy(p, version)
-		fmt.Fprintf(stdout, "policy %d in force: %d customers\n", version, len(p.Customers()))
+		log.Info("policy in force", "version", version, "customers", len(p.Customers()))
 	}, func(version int64, err error) {
-		fmt.Fprintf(stderr, "triage quota-server: policy %d refused, keeping the last good one: %v\n", version, err)
+		log.Warn("policy refused, keeping the last good one", "version", version, "err", err)
 	})
 	ranMore := make(chan struct{})
 	if q.runMore != nil {
@@ -363,14 +372,14 @@ func beyondLoopback(addr string) bool {
 
 // startGrantLog opens the grant log at path for the replica named name
 // and writes it until stop, which writes out what is queued and closes
-// the file. Write errors go to stderr.
-func startGrantLog(ctx context.Context, path string, maxBytes int64, backups int, name string, stderr io.Writer) (gl *grantlog.Writer, stop func(), err error) {
+// the file. Write errors are logged.
+func startGrantLog(ctx context.Context, path string, maxBytes int64, backups int, name string, log *slog.Logger) (gl *grantlog.Writer, stop func(), err error) {
 	f, err := grantlog.OpenFile(path, maxBytes, backups)
 	if err != nil {
 		return nil, nil, err
 	}
 	gl = grantlog.NewWriter(f, name, time.Now, func(err error) {
-		fmt.Fprintf(stderr, "triage quota-server: -grant-log: writing %s: %v (counted in triage_quota_grant_log_errors_total)\n", path, err)
+		log.Error("grant log write failed (counted in triage_quota_grant_log_errors_total)", "path", path, "err", err)
 	})
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -72,7 +72,7 @@ func TestQuotaServerReplicas(t *testing.T) {
 		rs = append(rs, r)
 		go func() {
 			r.done <- run(runCtx, []string{"quota-server", "-etcd", e.Endpoint, "-advertise", r.addr, "-listen", r.addr, "-metrics", r.metrics,
-				"-policy-key", key, "-session-ttl", "2", "-election-prefix", "/triage/test/leader", "-grant-log", r.log, "-lease", "4s", "-refresh", "1s", "-drain", "0s"}, r.out, r.errb)
+				"-policy-key", key, "-session-ttl", "2s", "-election-prefix", "/triage/test/leader", "-grant-log", r.log, "-lease", "4s", "-refresh", "1s", "-drain", "0s"}, r.out, r.errb)
 		}()
 	}
 	defer func() {
@@ -269,7 +269,7 @@ func TestQuotaServerEtcdTLS(t *testing.T) {
 	var out2, errb2 syncBuffer
 	go func() {
 		done <- run(runCtx, []string{"quota-server", "-etcd", e.Endpoint, "-advertise", addr, "-listen", addr, "-metrics", metrics, "-policy-key", key,
-			"-etcd-tls-ca", caFile, "-etcd-tls-cert", quotaCert, "-etcd-tls-key", quotaKey, "-session-ttl", "2", "-drain", "0s"}, &out2, &errb2)
+			"-etcd-tls-ca", caFile, "-etcd-tls-cert", quotaCert, "-etcd-tls-key", quotaKey, "-session-ttl", "2s", "-drain", "0s"}, &out2, &errb2)
 	}()
 	tk := time.NewTicker(20 * time.Millisecond)
 	defer tk.Stop()

@@ -58,7 +58,7 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 }
 
 // runSimScenario runs one of package sim's scenarios and prints its
-// Result as a table or, with --json, as one JSON object.
+// Result as a table or, with -json, as one JSON object.
 func runSimScenario(name string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("triage sim "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -191,7 +191,7 @@ func simShedFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
 
 func simCascadeFlags(fs *flag.FlagSet, seed *uint64) func() (*sim.Result, error) {
 	tasks := fs.Int("tasks", 10, "backend tasks (2-100)")
-	lost := fs.Int("lost", 3, "tasks lost for good at --lose-at")
+	lost := fs.Int("lost", 3, "tasks lost for good at -lose-at")
 	loseAt := fs.Duration("lose-at", 20*time.Second, "when the tasks are lost (virtual time)")
 	load := fs.Float64("load", 0.8, "demand, share of all tasks' capacity (0-2]")
 	duration := fs.Duration("duration", time.Minute, "virtual length of each run (10s-10m)")
@@ -243,7 +243,7 @@ func writeOut(dir string, r *sim.Result, stderr io.Writer) int {
 	return 0
 }
 
-// subsettingResult is the JSON of 'triage sim subsetting --json': the
+// subsettingResult is the JSON of 'triage sim subsetting -json': the
 // scenario and its headlines, as every scenario has them, then the detail.
 type subsettingResult struct {
 	Scenario    string         `json:"scenario"`
@@ -289,16 +289,16 @@ func runSimSubsetting(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case *clients < 1 || *clients > maxSimSize:
-		fmt.Fprintf(stderr, "triage sim subsetting: --clients must be between 1 and %d, got %d\n", maxSimSize, *clients)
+		fmt.Fprintf(stderr, "triage sim subsetting: -clients must be between 1 and %d, got %d\n", maxSimSize, *clients)
 		return 2
 	case *backends < 1 || *backends > maxSimSize:
-		fmt.Fprintf(stderr, "triage sim subsetting: --backends must be between 1 and %d, got %d\n", maxSimSize, *backends)
+		fmt.Fprintf(stderr, "triage sim subsetting: -backends must be between 1 and %d, got %d\n", maxSimSize, *backends)
 		return 2
 	case *size < 1 || *size > *backends:
-		fmt.Fprintf(stderr, "triage sim subsetting: --subset must be between 1 and --backends (%d), got %d\n", *backends, *size)
+		fmt.Fprintf(stderr, "triage sim subsetting: -subset must be between 1 and -backends (%d), got %d\n", *backends, *size)
 		return 2
 	case *churn && *backends < 2:
-		fmt.Fprintln(stderr, "triage sim subsetting: --churn needs at least 2 backends")
+		fmt.Fprintln(stderr, "triage sim subsetting: -churn needs at least 2 backends")
 		return 2
 	}
 	alg, err := subset.ByName(*algorithm, *seed)

@@ -19,9 +19,9 @@ func TestSimSubsettingArguments(t *testing.T) {
 	}{
 		{[]string{"sim"}, 2, "Usage"},
 		{[]string{"sim", "queueing"}, 2, "Usage"},
-		{[]string{"sim", "subsetting", "--clients", "0"}, 2, "--clients must be between 1 and 10000"},
-		{[]string{"sim", "subsetting", "--backends", "10001"}, 2, "--backends must be between 1 and 10000"},
-		{[]string{"sim", "subsetting", "--backends", "5", "--subset", "6"}, 2, "--subset must be between 1 and --backends"},
+		{[]string{"sim", "subsetting", "--clients", "0"}, 2, "-clients must be between 1 and 10000"},
+		{[]string{"sim", "subsetting", "--backends", "10001"}, 2, "-backends must be between 1 and 10000"},
+		{[]string{"sim", "subsetting", "--backends", "5", "--subset", "6"}, 2, "-subset must be between 1 and -backends"},
 		{[]string{"sim", "subsetting", "--algorithm", "consistent"}, 2, "unknown algorithm"},
 		{[]string{"sim", "subsetting", "--backends", "1", "--subset", "1", "--churn"}, 2, "at least 2 backends"},
 		{[]string{"sim", "subsetting", "--clients", "x"}, 2, "invalid value"},
