@@ -236,6 +236,44 @@ func (c *Controller) retriesHigh(now int64) bool {
 // or Deadline when the deadline would pass while waiting) or ctx's error.
 // Either way the caller calls Done afterwards.
 func (c *Controller) Start(ctx context.Context, t *Ticket) error {
+	late, err := c.enter(t)
+	if err != nil {
+		return err
+	}
+	if c.queued.Load() == 0 && c.tryAcquire() {
+		return c.started(t, false)
+	}
+	return c.wait(ctx, t, late)
+}
+
+// ErrWouldWait is StartNow's answer for a request that would have waited
+// for an execution slot.
+var ErrWouldWait = errors.New("admission: would wait for an execution slot")
+
+// StartNow is Start in shadow mode (package shadow): it never waits. It
+// returns nil with an execution slot when one is free, the rejection
+// Start would have returned at once (displaced, Late, or Concurrency when
+// the queue is full), or ErrWouldWait when the request would have queued
+// for a slot; it then runs without one, still counted among the requests
+// the task holds. Either way the caller calls Done afterwards.
+func (c *Controller) StartNow(t *Ticket) error {
+	if _, err := c.enter(t); err != nil {
+		return err
+	}
+	if c.queued.Load() == 0 && c.tryAcquire() {
+		return c.started(t, false)
+	}
+	c.waited.Store(true)
+	if c.queued.Load() >= c.queueCap(c.limit.Load()) {
+		return c.reject(t.level, Concurrency, c.now())
+	}
+	return ErrWouldWait
+}
+
+// enter moves an arrived request inside, for Start or StartNow: it
+// refuses one displaced by a more critical request or late past the
+// message timeout, and says whether it is late.
+func (c *Controller) enter(t *Ticket) (late bool, err error) {
 	scheduled := t.state == ticketScheduled
 	switch t.state {
 	case ticketPending:
@@ -244,13 +282,12 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 	case ticketScheduled:
 		c.hot.started[t.level].Add(1)
 	default:
-		return errors.New("admission: Start without Arrive")
+		return false, errors.New("admission: Start without Arrive")
 	}
 	t.state = ticketInside
 	if c.displaced(t.level) {
-		return c.reject(t.level, Concurrency, c.now())
+		return false, c.reject(t.level, Concurrency, c.now())
 	}
-	late := false
 	if t.sampled {
 		t.started = c.now()
 		if !scheduled {
@@ -263,14 +300,11 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 			now = c.recent.Load()
 		}
 		if now-t.arrive > c.messageTimeout {
-			return c.reject(t.level, Late, now)
+			return false, c.reject(t.level, Late, now)
 		}
 		late = now-t.arrive > c.lateAfter
 	}
-	if c.queued.Load() == 0 && c.tryAcquire() {
-		return c.started(t, false)
-	}
-	return c.wait(ctx, t, late)
+	return late, nil
 }
 
 func (c *Controller) started(t *Ticket, waited bool) error {

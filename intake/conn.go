@@ -118,7 +118,7 @@ func (in *Intake) now() int64 { return int64(in.clock.Now().Sub(in.start)) }
 // refuseSlow refuses, paced, a request of a connection serving a penalty
 // or over its share on probation; probation says whether the connection
 // is on probation otherwise.
-func (in *Intake) refuseSlow(ctx context.Context, c *Conn) (probation bool, err error) {
+func (in *Intake) refuseSlow(ctx context.Context, c *Conn, shadowed bool) (probation bool, err error) {
 	u := c.slowUntil.Load()
 	if u == 0 {
 		return false, nil
@@ -129,8 +129,10 @@ func (in *Intake) refuseSlow(ctx context.Context, c *Conn) (probation bool, err 
 	if !penalty && !(probation && c.probation.Load() >= in.connShare) {
 		return probation, nil
 	}
-	in.pace(ctx, c, now)
-	in.slowRefused.Add(1)
+	if !shadowed {
+		in.pace(ctx, c, now)
+		in.slowRefused.Add(1)
+	}
 	return false, ErrSlowSender
 }
 

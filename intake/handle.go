@@ -2,6 +2,7 @@ package intake
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -39,6 +40,7 @@ type Handle struct {
 type admitted struct {
 	cancel   context.CancelFunc    // a rule's decay to cancel; nil otherwise
 	ctl      *admission.Controller // nil without admission control
+	shadow   *Intake               // admission is in shadow: Start never waits (WithShadow)
 	ticket   admission.Ticket
 	quota    *quota.Enforcer // nil without quotas
 	meter    *cost.Meter     // with quota
@@ -191,7 +193,9 @@ func (h *Handle) Start() error {
 		return context.Canceled // abandoned: the transport dropped the request
 	}
 	x.conn.leaveWaiting()
-	if x.ctl != nil {
+	if x.ctl != nil && x.shadow != nil {
+		x.startShadow(h)
+	} else if x.ctl != nil {
 		if err := x.ctl.Start(h, &x.ticket); err != nil {
 			x.conn.leave()
 			if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.SenderLate() {
@@ -213,6 +217,28 @@ func (h *Handle) Start() error {
 		x.cost.StartWith(x.meter, b)
 	}
 	return nil
+}
+
+// startShadow is Start with admission in shadow: the request takes a
+// slot if one is free, runs without one if it would have waited for one,
+// and runs untracked if admission would have refused it (told to the
+// shadow observer, its quota reservation cancelled and not charged; a late sender's connection is penalised all the same,
+// for the connection penalty to decide on, in shadow or not).
+func (x *admitted) startShadow(h *Handle) {
+	err := x.ctl.StartNow(&x.ticket)
+	if err == nil || errors.Is(err, admission.ErrWouldWait) {
+		return
+	}
+	if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.SenderLate() {
+		x.conn.in.penalise(x.conn.c)
+	}
+	done := false
+	x.shadow.shadowsAdmission(err, criticality.Level(h.level), &done)
+	x.ctl.Done(&x.ticket)
+	if x.quota != nil {
+		x.quota.Cancel(h.customer, x.reserved)
+	}
+	x.ctl, x.quota, x.meter = nil, nil, nil
 }
 
 // Block and Unblock tell admission control that the request waits on its

@@ -37,6 +37,7 @@ import (
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -62,6 +63,9 @@ type Intake struct {
 	maxConnStalls   int32
 	penaliseTrusted bool
 	slowRefused     atomic.Uint64
+	// shadow mode (WithShadow)
+	shadow    shadow.Set
+	shadowObs shadow.Observer
 }
 
 // Option configures an Intake.
@@ -234,6 +238,9 @@ type facts struct {
 	customer           string
 	decay              string
 	trusted, probation bool
+	// shadowed: a mechanism in shadow would have refused the request
+	// (WithShadow); the later ones in shadow skip it.
+	shadowed bool
 }
 
 func (r *Request) trustedFacts(er *edge.Request, f *facts) {
@@ -282,10 +289,14 @@ func dropFolded(h map[string][]string, obs edge.Observer) {
 // A refused request needs nothing more.
 func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	var f facts
+	slow := false // a slow sender's request, refused in shadow
 	if r.Conn != nil && in.admission != nil && !r.HealthCheck {
 		var err error
-		if f.probation, err = in.refuseSlow(ctx, r.Conn); err != nil {
-			return nil, err
+		if f.probation, err = in.refuseSlow(ctx, r.Conn, in.shadow.Has(shadow.Connection)); err != nil {
+			if !in.shadow.Has(shadow.Connection) {
+				return nil, err
+			}
+			slow = true
 		}
 	}
 	f.trusted = in.trust.Trusted(r.Peer)
@@ -303,9 +314,12 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	if r.HealthCheck {
 		return newHandle(ctx, d.Level, f), nil
 	}
+	if slow {
+		in.shadows(shadow.Connection, "slow-sender", d.Level, &f.shadowed)
+	}
 	if in.iso != nil {
 		if ct := in.iso.ClientFor(r.Host); ct != "" {
-			if in.iso.RouteOf(ct) == isolate.BlackHole {
+			if in.iso.RouteOf(ct) == isolate.BlackHole && !in.shadows(shadow.Isolation, "black-hole", d.Level, &f.shadowed) {
 				return nil, ErrBlackHoled
 			}
 			ctx = isolate.NewContext(ctx, ct)
@@ -357,14 +371,24 @@ func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) 
 // decay's cancel func.
 func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Request, cancels bool) (*Handle, error) {
 	var res quota.Reservation
-	if in.quota != nil {
+	enf, ctl := in.quota, in.admission // nil for a request one of them would refuse in shadow
+	if in.skips(shadow.Quota, f.shadowed) {
+		enf = nil
+	}
+	if enf != nil {
 		var err error
-		if res, err = in.quota.Reserve(f.customer, l); err != nil {
-			return nil, err
+		if res, err = enf.Reserve(f.customer, l); err != nil {
+			if !in.shadows(shadow.Quota, "out-of-quota", l, &f.shadowed) {
+				return nil, err
+			}
+			enf = nil
 		}
 	}
 	var t admission.Ticket
-	if in.admission != nil {
+	if in.skips(shadow.Admission, f.shadowed) {
+		ctl = nil
+	}
+	if ctl != nil {
 		deadline, _ := ctx.Deadline()
 		var a admission.Arrival
 		if c := r.Conn; c != nil && in.connShare > 0 && c.waiting.Load() >= in.connShare {
@@ -373,21 +397,29 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 		if r.RunQueued {
 			a |= admission.RunQueued
 		}
-		if err := in.admission.ArriveAs(&t, l, f.attempt, deadline, a); err != nil {
-			if in.quota != nil {
-				in.quota.Cancel(f.customer, res)
+		if err := ctl.ArriveAs(&t, l, f.attempt, deadline, a); err != nil {
+			if enf != nil {
+				enf.Cancel(f.customer, res)
 			}
-			return nil, err
+			if !in.shadowsAdmission(err, l, &f.shadowed) {
+				return nil, err
+			}
+			ctl, enf = nil, nil
 		}
 	}
-	if in.admission == nil && in.quota == nil && !cancels {
+	if ctl == nil && enf == nil && !cancels {
 		return newHandle(ctx, l, f), nil
 	}
 	h := newAdmittedHandle(ctx, l, f)
 	x := h.x
-	x.ctl, x.ticket, x.clk = in.admission, t, in.clock
-	x.quota, x.meter, x.reserved = in.quota, in.meter, res
-	if c := r.Conn; c != nil && in.admission != nil {
+	x.ctl, x.ticket, x.clk = ctl, t, in.clock
+	if enf != nil {
+		x.quota, x.meter, x.reserved = enf, in.meter, res
+	}
+	if ctl != nil && in.shadow.Has(shadow.Admission) {
+		x.shadow = in
+	}
+	if c := r.Conn; c != nil && ctl != nil {
 		in.mark(&x.conn, c, f)
 	}
 	return h, nil

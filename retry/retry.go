@@ -45,6 +45,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/throttle"
 )
 
@@ -109,6 +110,8 @@ type config struct {
 	clock            clock.Clock
 	random           func() float64
 	obs              Observer
+	shadow           shadow.Set
+	shadowObs        shadow.Observer
 }
 
 // WithMaxAttempts sets the attempts per request, 1 to attempt.MaxAttempts
@@ -165,6 +168,17 @@ func WithRandom(f func() float64) Option { return optionFunc(func(c *config) { c
 // WithObserver sets the Observer. Default Nop.
 func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }
 
+// WithShadow puts the client's mechanisms of s in shadow (package
+// shadow): shadow.Throttle and shadow.RetryBudget (others in s are for
+// servers and ignored here). A request the throttle would have rejected
+// locally is sent, told to o (nil: shadow.Nop) and recorded by the
+// throttle as the rejection it would have been, whatever its answer, so
+// that the throttle decides later requests as it would have; a retry the
+// budget would have refused is made, told to o. Default: none.
+func WithShadow(s shadow.Set, o shadow.Observer) Option {
+	return optionFunc(func(c *config) { c.shadow, c.shadowObs = s, o })
+}
+
 // Policy runs requests with throttling, retries and budgets. It is safe for
 // concurrent use; use one per client of a backend service. Its memory is
 // bounded (a Budget, a Throttle, and a throttle for each of at most
@@ -183,6 +197,8 @@ type Policy struct {
 	random           func() float64
 	obs              Observer
 	quotas           *quotaThrottles // with a throttle: per customer, for out of quota
+	shadow           shadow.Set      // Throttle and RetryBudget only
+	shadowObs        shadow.Observer
 }
 
 // now reads the clock once (monotonic only, for the real clock); the
@@ -215,6 +231,11 @@ func New(opts ...Option) (*Policy, error) {
 		clock:       clock.OrReal(c.clock),
 		random:      c.random,
 		obs:         c.obs,
+		shadow:      c.shadow & shadow.Of(shadow.Throttle, shadow.RetryBudget),
+		shadowObs:   c.shadowObs,
+	}
+	if p.shadowObs == nil {
+		p.shadowObs = shadow.Nop{}
 	}
 	p.start = p.clock.Now()
 	p.since = clock.SinceFunc(p.clock, p.start)
@@ -299,17 +320,18 @@ func (p *Policy) do(ctx context.Context, call Call, max int) error {
 		p.budget.request(now.UnixNano())
 	}
 	var last error
+	shadowed := false // a mechanism in shadow would have ended the request
 	for n := 0; ; n++ {
 		if n > 0 {
-			if err := p.beforeRetry(ctx, l, n, last); err != nil {
+			if err := p.beforeRetry(ctx, l, n, last, &shadowed); err != nil {
 				return err
 			}
 			now = p.now()
 		}
 		var tk ticket
-		if p.throttle != nil {
+		if p.throttle != nil && !shadowed {
 			var ok bool
-			if tk, ok = p.allow(ctx, l, now); !ok {
+			if tk, ok = p.allow(ctx, l, now); !ok && !p.shadows(shadow.Throttle, l, &shadowed) {
 				p.obs.Throttled(l)
 				return &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 			}
@@ -358,8 +380,22 @@ func (p *Policy) retriable(ctx context.Context, err error) bool {
 	return false
 }
 
+// shadows reports whether m is in shadow, and if so tells the shadow
+// observer of the refusal it would have made and marks the request
+// (*done): under enforcement the refusal would have ended it, so its
+// later attempts are neither counted nor seen by the throttle and the
+// budget.
+func (p *Policy) shadows(m shadow.Mechanism, l criticality.Level, done *bool) bool {
+	if !p.shadow.Has(m) {
+		return false
+	}
+	p.shadowObs.WouldRefuse(m, shadow.Reasons[m][0], l)
+	*done = true
+	return true
+}
+
 // beforeRetry checks the deadline and the budget, then backs off.
-func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, last error) error {
+func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, last error, shadowed *bool) error {
 	wait := p.backoff(n)
 	if oe, ok := outcome.As(last); ok && oe.RetryAfter > wait {
 		if oe.RetryAfter > p.maxWait {
@@ -371,7 +407,7 @@ func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, la
 	if d, ok := ctx.Deadline(); ok && !now.Add(wait).Before(d) {
 		return giveUp(last, "no time left to retry")
 	}
-	if p.budget != nil && !p.budget.tryRetry(now.UnixNano(), l) {
+	if p.budget != nil && !*shadowed && !p.budget.tryRetry(now.UnixNano(), l) && !p.shadows(shadow.RetryBudget, l, shadowed) {
 		p.obs.BudgetRefused(l)
 		return giveUp(last, "retry budget exhausted")
 	}
@@ -433,7 +469,7 @@ func (p *Policy) Start(ctx context.Context) (Single, error) {
 	s := Single{p: p, l: l}
 	if p.throttle != nil {
 		var ok bool
-		if s.tk, ok = p.allow(ctx, l, now); !ok {
+		if s.tk, ok = p.allow(ctx, l, now); !ok && !p.shadows(shadow.Throttle, l, new(bool)) {
 			p.obs.Throttled(l)
 			return Single{}, &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/trust"
 )
 
@@ -111,6 +112,13 @@ func WithLoadReports(m *balance.Meter) ServerOption {
 // in lame duck. Default: none.
 func WithLifecycle(l *lifecycle.Lifecycle) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.lifecycle = l })
+}
+
+// WithShadow puts the server's mechanisms of s in shadow: they decide as
+// they would, tell o what they would have refused, and refuse nothing
+// (intake.WithShadow; package shadow). Default: none.
+func WithShadow(s shadow.Set, o shadow.Observer) ServerOption {
+	return withIntake(intake.WithShadow(s, o))
 }
 
 // WithServerIsolation names each request's client type from its

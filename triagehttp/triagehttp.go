@@ -72,6 +72,7 @@ import (
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -172,6 +173,13 @@ func WithBodyBuffer(n int) Option { return optionFunc(func(c *config) { c.bodyBu
 // customer. Calls the handler makes through a Transport, or through
 // triage's gRPC client, are marked as waits. Default: none.
 func WithQuota(e *quota.Enforcer, m *cost.Meter) Option { return withIntake(intake.WithQuota(e, m)) }
+
+// WithShadow puts the server's mechanisms of s in shadow: they decide as
+// they would, tell o what they would have refused, and refuse nothing
+// (intake.WithShadow; package shadow). Default: none.
+func WithShadow(s shadow.Set, o shadow.Observer) Option {
+	return withIntake(intake.WithShadow(s, o))
+}
 
 // WithHealthCheck names the paths of the server's probe endpoints
 // (HealthHandler for readiness, LivenessHandler for liveness): requests

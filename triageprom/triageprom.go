@@ -27,8 +27,8 @@ import (
 
 // Metrics implements the core observers and prometheus.Collector. It is
 // safe for concurrent use; its series are fixed when New runs (4
-// criticalities x 5 rules x 2 trust states, plus one per registered key),
-// plus 28 per client target passed to Client.
+// criticalities x 5 rules x 2 trust states, plus one per registered key,
+// plus 44 of shadow mode), plus 28 per client target passed to Client.
 type Metrics struct {
 	edgeRequests *prometheus.CounterVec
 	invalid      prometheus.Counter
@@ -44,6 +44,8 @@ type Metrics struct {
 	admRejected *prometheus.CounterVec
 	admDegraded *prometheus.CounterVec
 	admLimit    prometheus.Gauge
+
+	shadow shadowMetrics
 }
 
 // New returns Metrics with every series created at zero.
@@ -91,6 +93,7 @@ func New() *Metrics {
 		m.strippedKeys[k.Name] = m.stripped.WithLabelValues(k.Name)
 	}
 	m.strippedMisc = m.stripped.WithLabelValues("unregistered")
+	m.shadow = newShadowMetrics()
 	return m
 }
 
@@ -104,6 +107,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.admRejected.Describe(ch)
 	m.admDegraded.Describe(ch)
 	m.admLimit.Describe(ch)
+	m.shadow.vec.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -116,6 +120,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.admRejected.Collect(ch)
 	m.admDegraded.Collect(ch)
 	m.admLimit.Collect(ch)
+	m.shadow.vec.Collect(ch)
 }
 
 // Classified implements edge.Observer.

@@ -1,0 +1,118 @@
+package triagehttp_test
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/isolate"
+	"github.com/triagehq/triage/shadow"
+	"github.com/triagehq/triage/triagehttp"
+	"github.com/triagehq/triage/triageprom"
+	"github.com/triagehq/triage/trust"
+)
+
+// With every mechanism in shadow, a server whose admission control would
+// refuse everything (its signal at 10x its target) and which black-holes
+// a client type answers every request with its handler, and reports what
+// it would have refused in its metrics and in a sampled log line; with
+// shadow off, the same server refuses.
+func TestShadowChangesNoAnswer(t *testing.T) {
+	for _, inShadow := range []bool{true, false} {
+		ctl, err := admission.New(admission.WithSignal(fixedSignal(10), admission.DefaultThresholds()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		iso, _ := isolate.New(isolate.Config{Clients: []isolate.Client{{Name: "rogue", Hosts: []string{"rogue.example.com"}, Route: "black-hole"}}})
+		m := triageprom.New()
+		var logs bytes.Buffer
+		lg := shadow.NewLog(slog.New(slog.NewTextHandler(&logs, nil)), 0, nil)
+		opts := []triagehttp.Option{triagehttp.WithAdmission(ctl), triagehttp.WithIsolation(iso),
+			triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}
+		if inShadow {
+			opts = append(opts, triagehttp.WithShadow(shadow.All(), shadow.Tee(m.Shadow(), lg)))
+		}
+		mw, err := triagehttp.Middleware(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "served") })))
+		answers := map[int]int{}
+		for i := range 20 {
+			req, _ := http.NewRequest("GET", srv.URL, nil)
+			req.Header.Set("Triage-Criticality", "SHEDDABLE")
+			if i%2 == 1 {
+				req.Host = "rogue.example.com"
+			}
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			answers[resp.StatusCode]++
+		}
+		srv.Close()
+		if !inShadow {
+			if answers[200] != 0 {
+				t.Errorf("enforcing: %v, want every request refused", answers)
+			}
+			continue
+		}
+		if answers[200] != 20 {
+			t.Errorf("shadow: answers %v, want 20 served", answers)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(m)
+		util := testutil.ToFloat64(metric(t, reg, "admission", "utilization"))
+		hole := testutil.ToFloat64(metric(t, reg, "isolation", "black-hole"))
+		if util != 10 || hole != 10 {
+			t.Errorf("would refuse: %v for utilization and %v for the black hole, want 10 and 10", util, hole)
+		}
+		if !strings.Contains(logs.String(), "shadow: would have refused") || !strings.Contains(logs.String(), "utilization.SHEDDABLE=1") {
+			t.Errorf("no sampled log line: %q", logs.String())
+		}
+		if n := strings.Count(logs.String(), "mechanism=admission"); n != 1 {
+			t.Errorf("%d log lines for admission within a second, want 1 (sampled)", n)
+		}
+	}
+}
+
+// metric returns the shadow counter of one mechanism and reason for
+// SHEDDABLE.
+func metric(t *testing.T, reg *prometheus.Registry, mechanism, reason string) prometheus.Collector {
+	t.Helper()
+	return collectorFunc(func(ch chan<- prometheus.Metric) {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "triage_shadow_would_refuse_total" {
+				continue
+			}
+			for _, mm := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, lp := range mm.GetLabel() {
+					labels[lp.GetName()] = lp.GetValue()
+				}
+				if labels["mechanism"] == mechanism && labels["reason"] == reason && labels["criticality"] == "SHEDDABLE" {
+					ch <- prometheus.MustNewConstMetric(prometheus.NewDesc("x", "x", nil, nil), prometheus.CounterValue, mm.GetCounter().GetValue())
+				}
+			}
+		}
+	})
+}
+
+type collectorFunc func(chan<- prometheus.Metric)
+
+func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
+func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
