@@ -67,6 +67,11 @@ const (
 	// OverShare: the request's client already holds its share of the
 	// requests admitted and not yet running (ArriveOverShare).
 	OverShare Arrival = 1 << iota
+	// Shadow: the transport lets a rejected request through (package
+	// shadow): its rejection is not told to the Observer, since nothing
+	// was refused; the transport's shadow observer counts it. StartNow's
+	// rejections are not told either.
+	Shadow
 	// RunQueued: the request waited in Go's run queue before Arrive, where
 	// the controller could not count it (net/http reads a request and runs
 	// its handler on one goroutine). While the queueing delay is over the
@@ -112,21 +117,21 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		c.attempted[l][min(max(attemptN, 0), AttemptBuckets-1)].Add(uint64(c.sampleMask.Load()) + 1)
 	}
 	if c.forcedAny.Load() && c.forcedOut(l, now) {
-		return c.reject(l, Forced, now)
+		return c.rejectAs(l, Forced, now, a)
 	}
 	if a&RunQueued != 0 && c.gate.sheds(l, c.random()) {
-		return c.reject(l, Queue, now)
+		return c.rejectAs(l, Queue, now, a)
 	}
 	for i := range c.gates {
 		g := &c.gates[i]
 		if p := g.th.rejectP(l, g.sig.Utilization()); p > 0 && (p >= 1 || c.random() < p) {
-			return c.reject(l, Utilization, now)
+			return c.rejectAs(l, Utilization, now, a)
 		}
 	}
 	if !deadline.IsZero() {
 		left := int64(deadline.Sub(c.start)) - now
 		if left <= c.expectedWaitAndService() {
-			return c.reject(l, Deadline, now)
+			return c.rejectAs(l, Deadline, now, a)
 		}
 	}
 	room := c.capFor(l)
@@ -135,12 +140,12 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	if c.occupancy(now)+c.reserved(l)+1 > room && !c.evictBelow(l) {
 		c.capHit.Store(true)
-		return c.reject(l, Concurrency, now)
+		return c.rejectAs(l, Concurrency, now, a)
 	}
 	e, ok := c.prestart.add(now/c.prestartEpoch, l)
 	if !ok {
 		c.capHit.Store(true)
-		return c.reject(l, Concurrency, now)
+		return c.rejectAs(l, Concurrency, now, a)
 	}
 	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled}
 	return nil
@@ -210,10 +215,25 @@ func (c *Controller) expectedWaitAndService() int64 {
 	return c.lastDelay.Load() + svc + c.queued.Load()*svc/limit
 }
 
-func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
+// rejectAs is reject for a request that arrived as a says: a Shadow one's
+// rejection is not told to the Observer. The task counts as shedding
+// (Overloaded) either way, as it would under enforcement.
+func (c *Controller) rejectAs(l criticality.Level, r Reason, now int64, a Arrival) error {
+	if a&Shadow != 0 {
+		c.noteShed(now)
+		return c.errs[r][0][c.retrySlot(l, now)]
+	}
+	return c.reject(l, r, now)
+}
+
+func (c *Controller) noteShed(now int64) {
 	if now-c.lastShed.Load() > c.interval/16 {
 		c.lastShed.Store(now)
 	}
+}
+
+func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
+	c.noteShed(now)
 	dr := 0
 	if c.retriesHigh(now) {
 		dr = 1
@@ -236,7 +256,7 @@ func (c *Controller) retriesHigh(now int64) bool {
 // or Deadline when the deadline would pass while waiting) or ctx's error.
 // Either way the caller calls Done afterwards.
 func (c *Controller) Start(ctx context.Context, t *Ticket) error {
-	late, err := c.enter(t)
+	late, err := c.enter(t, 0)
 	if err != nil {
 		return err
 	}
@@ -257,7 +277,7 @@ var ErrWouldWait = errors.New("admission: would wait for an execution slot")
 // for a slot; it then runs without one, still counted among the requests
 // the task holds. Either way the caller calls Done afterwards.
 func (c *Controller) StartNow(t *Ticket) error {
-	if _, err := c.enter(t); err != nil {
+	if _, err := c.enter(t, Shadow); err != nil {
 		return err
 	}
 	if c.queued.Load() == 0 && c.tryAcquire() {
@@ -265,7 +285,7 @@ func (c *Controller) StartNow(t *Ticket) error {
 	}
 	c.waited.Store(true)
 	if c.queued.Load() >= c.queueCap(c.limit.Load()) {
-		return c.reject(t.level, Concurrency, c.now())
+		return c.rejectAs(t.level, Concurrency, c.now(), Shadow)
 	}
 	return ErrWouldWait
 }
@@ -273,7 +293,7 @@ func (c *Controller) StartNow(t *Ticket) error {
 // enter moves an arrived request inside, for Start or StartNow: it
 // refuses one displaced by a more critical request or late past the
 // message timeout, and says whether it is late.
-func (c *Controller) enter(t *Ticket) (late bool, err error) {
+func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
 	scheduled := t.state == ticketScheduled
 	switch t.state {
 	case ticketPending:
@@ -286,7 +306,7 @@ func (c *Controller) enter(t *Ticket) (late bool, err error) {
 	}
 	t.state = ticketInside
 	if c.displaced(t.level) {
-		return false, c.reject(t.level, Concurrency, c.now())
+		return false, c.rejectAs(t.level, Concurrency, c.now(), a)
 	}
 	if t.sampled {
 		t.started = c.now()
@@ -300,7 +320,7 @@ func (c *Controller) enter(t *Ticket) (late bool, err error) {
 			now = c.recent.Load()
 		}
 		if now-t.arrive > c.messageTimeout {
-			return false, c.reject(t.level, Late, now)
+			return false, c.rejectAs(t.level, Late, now, a)
 		}
 		late = now-t.arrive > c.lateAfter
 	}

@@ -397,6 +397,9 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 		if r.RunQueued {
 			a |= admission.RunQueued
 		}
+		if in.shadow.Has(shadow.Admission) {
+			a |= admission.Shadow
+		}
 		if err := ctl.ArriveAs(&t, l, f.attempt, deadline, a); err != nil {
 			if enf != nil {
 				enf.Cancel(f.customer, res)

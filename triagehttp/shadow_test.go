@@ -27,12 +27,12 @@ import (
 // shadow off, the same server refuses.
 func TestShadowChangesNoAnswer(t *testing.T) {
 	for _, inShadow := range []bool{true, false} {
-		ctl, err := admission.New(admission.WithSignal(fixedSignal(10), admission.DefaultThresholds()))
+		m := triageprom.New()
+		ctl, err := admission.New(admission.WithSignal(fixedSignal(10), admission.DefaultThresholds()), admission.WithObserver(m.Admission()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		iso, _ := isolate.New(isolate.Config{Clients: []isolate.Client{{Name: "rogue", Hosts: []string{"rogue.example.com"}, Route: "black-hole"}}})
-		m := triageprom.New()
 		var logs bytes.Buffer
 		lg := shadow.NewLog(slog.New(slog.NewTextHandler(&logs, nil)), 0, nil)
 		opts := []triagehttp.Option{triagehttp.WithAdmission(ctl), triagehttp.WithIsolation(iso),
@@ -77,6 +77,9 @@ func TestShadowChangesNoAnswer(t *testing.T) {
 		if util != 10 || hole != 10 {
 			t.Errorf("would refuse: %v for utilization and %v for the black hole, want 10 and 10", util, hole)
 		}
+		if n := sumOf(t, reg, "triage_admission_rejected_total"); n != 0 {
+			t.Errorf("in shadow, triage_admission_rejected_total counts %v rejections; nothing was refused", n)
+		}
 		if !strings.Contains(logs.String(), "shadow: would have refused") || !strings.Contains(logs.String(), "utilization.SHEDDABLE=1") {
 			t.Errorf("no sampled log line: %q", logs.String())
 		}
@@ -116,3 +119,21 @@ type collectorFunc func(chan<- prometheus.Metric)
 
 func (f collectorFunc) Describe(chan<- *prometheus.Desc)    {}
 func (f collectorFunc) Collect(ch chan<- prometheus.Metric) { f(ch) }
+
+// sumOf returns the sum of a counter family's series.
+func sumOf(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
