@@ -180,7 +180,7 @@ type demoFlags struct {
 	duration, hold          time.Duration
 	out, serve, only, stack string
 	faults                  string
-	quiet, lateOK           bool
+	quiet, lateOK, shadow   bool
 	rounds                  int
 }
 
@@ -190,6 +190,7 @@ func (f *demoFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.serve, "serve", "", "also serve the live view as a web page on this address, e.g. 127.0.0.1:8080")
 	fs.BoolVar(&f.quiet, "quiet", false, "print one line a second instead of redrawing the live view")
 	fs.BoolVar(&f.lateOK, "late-ok", false, "record answers later than the user's timeout without failing the run (on a machine busy with other work they measure the machine); the ledger must still balance")
+	fs.BoolVar(&f.shadow, "shadow", false, "also run the stack with every refusing mechanism in shadow on the same load, and compare what shadow would have refused with what triage refused")
 	fs.StringVar(&f.only, "only", "", "run only one side: \"with\" or \"without\" triage (default: both)")
 	fs.IntVar(&f.rounds, "rounds", 1, fmt.Sprintf("repeat the drill this many times (1-%d; each round lasts -duration) and report medians", drill.MaxRounds))
 	fs.StringVar(&f.stack, "stack", "", "start only the stack, \"with\" or \"without\" triage, print the frontend's URL and keep it up for -hold (for triage loadtest)")
@@ -201,7 +202,7 @@ func (f *demoFlags) register(fs *flag.FlagSet) {
 // options checks the flags and returns the drill's options, without its
 // output and command.
 func (f *demoFlags) options() (drill.Options, error) {
-	o := drill.Options{Duration: f.duration, Out: f.out, Serve: f.serve, Quiet: f.quiet, LateOK: f.lateOK, Rounds: f.rounds}
+	o := drill.Options{Duration: f.duration, Out: f.out, Serve: f.serve, Quiet: f.quiet, LateOK: f.lateOK, Rounds: f.rounds, Shadow: f.shadow}
 	switch {
 	case f.duration < 20*time.Second || f.duration > time.Hour:
 		return o, fmt.Errorf("-duration must be between 20s and 1h, got %v", f.duration)
@@ -249,6 +250,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.IntVar(&t.Slots, "slots", 4, "worker slots, the machine's speed (1-64)")
 	fs.DurationVar(&t.Work, "work", 10*time.Millisecond, "time a request holds a slot (0-1s)")
 	fs.BoolVar(&t.Protect, "protect", true, "triage's protections on (false: plain gRPC, naive retries)")
+	fs.BoolVar(&t.Shadow, "shadow", false, "with -protect: every refusing mechanism in shadow (decides, counts, refuses nothing)")
 	fs.StringVar(&t.Quota, "quota", "", "quota service address, or the comma-separated addresses of its replicas (DB tasks)")
 	fs.Int64Var(&t.MemLimit, "mem-limit", 128<<20, "request memory the task may hold, bytes")
 	fs.IntVar(&t.MaxConns, "max-conns", drill.DefaultFrontendConns, "open connections the protected frontend accepts (more wait in the accept queue; 0: no bound)")

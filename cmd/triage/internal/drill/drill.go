@@ -59,6 +59,13 @@ type Options struct {
 	Quiet  bool
 	// Runs selects the runs: nil means both, protected first.
 	Runs []bool
+	// Shadow adds a run of the overload drill (not the faults) after them,
+	// with triage's stack and every refusing mechanism in shadow (package
+	// shadow), each as long as the others; Result.Shadow compares what it
+	// would have refused with what the protected run refused.
+	Shadow bool
+	// inShadow marks the options of a run in shadow.
+	inShadow bool
 	// Rounds repeats the drill (each round lasting Duration); with two or
 	// more, the result also gives each run's medians over the rounds.
 	// Default 1, at most MaxRounds.
@@ -274,8 +281,25 @@ func runAll(ctx context.Context, o *Options, scenarios []*scenario, v *view, res
 					return unbalanced, err
 				}
 			}
+			if !o.Shadow || sc.fault != nil {
+				continue
+			}
+			so := *o
+			so.inShadow = true
+			r, err := runOnce(ctx, so, sc, true, perRun, v)
+			if r != nil {
+				r.Shadow = true
+				res.Runs = append(res.Runs, r)
+			}
+			if errors.Is(err, errChecks) {
+				v.printf("  %v\n", err)
+				unbalanced = append(unbalanced, err)
+			} else if err != nil {
+				return unbalanced, err
+			}
 		}
 	}
+	res.ShadowRows = compareShadow(res.Runs)
 	return unbalanced, nil
 }
 
@@ -464,8 +488,11 @@ func appendOnce(xs []string, x string) []string {
 
 func runOnce(ctx context.Context, o Options, sc *scenario, protect bool, d time.Duration, v *view) (*RunResult, error) {
 	name, quotaSvc := "with triage", ", quota service"
-	if !protect {
+	switch {
+	case !protect:
 		name, quotaSvc = "without triage", ""
+	case o.inShadow:
+		name = "triage in shadow"
 	}
 	if sc.fault != nil {
 		name = sc.fault.name + ", " + name
@@ -552,7 +579,7 @@ func (s *stack) build(ctx context.Context, protect bool) (string, error) {
 		return "", err
 	}
 	fp := &proc{name: "frontend-0", stats: fstats, args: []string{"serve", RoleFrontend, "-id", "frontend-0", "-listen", frontAddr, "-stats", fstats,
-		"-slots", "64", "-work", "0s", "-protect=" + strconv.FormatBool(protect), "-next", strings.Join(next, ",")}}
+		"-slots", "64", "-work", "0s", "-protect=" + strconv.FormatBool(protect), "-shadow=" + strconv.FormatBool(s.o.inShadow), "-next", strings.Join(next, ",")}}
 	s.procs, s.byName[fp.name] = append(s.procs, fp), fp
 	for _, p := range s.procs {
 		if p.name == "quota" {
@@ -615,7 +642,7 @@ func (s *stack) addTier(pp *ports, t tierSpec, next []string, protect bool, quot
 			return nil, err
 		}
 		args := []string{"serve", t.role, "-id", id, "-index", strconv.Itoa(i), "-listen", listen, "-stats", stats,
-			"-slots", strconv.Itoa(slots), "-work", t.work.String(), "-protect=" + strconv.FormatBool(protect)}
+			"-slots", strconv.Itoa(slots), "-work", t.work.String(), "-protect=" + strconv.FormatBool(protect), "-shadow=" + strconv.FormatBool(s.o.inShadow)}
 		if len(next) > 0 {
 			args = append(args, "-next", strings.Join(next, ","))
 		}

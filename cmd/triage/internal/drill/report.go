@@ -137,7 +137,8 @@ func (res *Result) Report() ([]byte, error) {
 		Attempts    template.HTML
 		Provisioned float64
 		Faults      bool
-	}{Summary: res.Summary(), Provisioned: ProvisionedRate, Faults: len(res.Faults) > 0}
+		Shadow      []ShadowRow
+	}{Summary: res.Summary(), Provisioned: ProvisionedRate, Faults: len(res.Faults) > 0, Shadow: res.ShadowRows}
 	att := sim.Plot{Name: "attempts", Title: "attempts received by the DB tier (Figure 21-1)", YLabel: "requests",
 		Categories: []string{"first attempt", "1st retry", "2nd retry", "3rd retry"}}
 	for i, r := range res.Runs {
@@ -180,6 +181,7 @@ body{font-family:sans-serif;margin:2em;max-width:1600px}
 pre{background:#f6f6f6;padding:1em;overflow-x:auto}
 .runs{display:grid;grid-template-columns:1fr 1fr;gap:1em}
 figure{margin:0 0 1em 0} svg{width:100%;height:auto}
+table{border-collapse:collapse;margin:1em 0} td,th{border:1px solid #ccc;padding:.2em .6em} td.n{text-align:right}
 </style>
 {{if .Faults}}<h1>triage fault harness</h1>
 <p>The drill's stack on loopback sockets (an HTTP frontend, gRPC backends A and B, the DB frontend, three tasks per gRPC tier,
@@ -190,8 +192,17 @@ of each goodput figure is the fault's window.</p>
 <p>A stack on loopback sockets (an HTTP frontend, gRPC backends A and B, the DB frontend: the SRE book's Figure 21-2,
 three tasks per gRPC tier on machines of two speeds) provisioned for {{.Provisioned}} requests per second, hit by ten times that
 (sheddable traffic and an abusive customer; the critical traffic stays within the provisioned rate), then a rolling restart
-of tier B, then a SIGKILL of the DB's biggest task, then recovery. The same traffic, with triage's protections and without them.</p>{{end}}
+of tier B, then a SIGKILL of the DB's biggest task, then recovery. The same traffic, with triage's protections and without them{{if .Shadow}}, and with
+triage's stack in shadow mode: every refusing mechanism deciding and counting, nothing refused{{end}}.</p>{{end}}
 <pre>{{.Summary}}</pre>
+{{if .Shadow}}<h2>shadow mode: what triage would have refused, against what it refused</h2>
+<p>The run "triage in shadow" is triage's stack with every refusing mechanism in shadow: each decides as it would,
+counts what it would have refused, and refuses nothing. On the same load, side by side with the run with triage.
+Under overload shadow's counts run higher for the mechanisms that decide by the load they measure, since nothing
+it would have refused was shed.</p>
+<table><tr><th>mechanism</th><th>reason</th><th>criticality</th><th>refused, with triage</th><th>would refuse, in shadow</th></tr>
+{{range .Shadow}}<tr><td>{{.Mechanism}}</td><td>{{.Reason}}</td><td>{{.Criticality}}</td><td class="n">{{.Refused}}</td><td class="n">{{.WouldRefuse}}</td></tr>
+{{end}}</table>{{end}}
 <figure>{{.Attempts}}</figure>
 <div class="runs">
 {{range .Runs}}<div><h2>{{.Name}}</h2>

@@ -1,12 +1,14 @@
 package drill
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -29,7 +31,21 @@ type Result struct {
 	Faults       []FaultRow `json:"faults,omitempty"`
 	FaultMedians []FaultRow `json:"fault_medians,omitempty"`
 	Skipped      []string   `json:"skipped,omitempty"`
-	Dir          string     `json:"-"`
+	// ShadowRows, with Options.Shadow, compare what the run in shadow
+	// would have refused with what the run with triage refused, on the
+	// same load, by mechanism, reason and criticality (summed over rounds).
+	ShadowRows []ShadowRow `json:"shadow,omitempty"`
+	Dir        string      `json:"-"`
+}
+
+// ShadowRow is one mechanism, reason and criticality's refusals under
+// enforcement and would-be refusals in shadow.
+type ShadowRow struct {
+	Mechanism   string `json:"mechanism"`
+	Reason      string `json:"reason"`
+	Criticality string `json:"criticality"`
+	Refused     int    `json:"refused"`      // by the run with triage
+	WouldRefuse int    `json:"would_refuse"` // by the run in shadow
 }
 
 // Median is one run's figures, each the median over the rounds.
@@ -48,7 +64,7 @@ func medians(runs []*RunResult) []Median {
 	for _, protect := range []bool{true, false} {
 		var rs []*RunResult
 		for _, r := range runs {
-			if r.Protection == protect {
+			if r.Protection == protect && !r.Shadow {
 				rs = append(rs, r)
 			}
 		}
@@ -117,7 +133,8 @@ func median(xs []float64) float64 {
 type RunResult struct {
 	Name       string `json:"name"`
 	Protection bool   `json:"protection"`
-	Round      int    `json:"round,omitempty"` // with more than one round, from 1
+	Shadow     bool   `json:"shadow,omitempty"` // triage's stack with every mechanism in shadow
+	Round      int    `json:"round,omitempty"`  // with more than one round, from 1
 	// Fault is the fault this run injected ("": the overload drill), and
 	// FaultWindow when it was in place, seconds into the run.
 	Fault       string     `json:"fault,omitempty"`
@@ -411,7 +428,7 @@ func (r *RunResult) refused(s *Second, name string, st Stats) {
 			s.Refused = map[string]int{}
 		}
 		key := st.Role + " " + reason
-		if len(s.Refused) < 64 || s.Refused[key] > 0 {
+		if len(s.Refused) < 256 || s.Refused[key] > 0 {
 			s.Refused[key] += int(d)
 		}
 	}
@@ -527,7 +544,22 @@ func (res *Result) Summary() string {
 		}
 		w.Flush()
 	}
+	res.shadowSummary(&b)
 	return b.String()
+}
+
+// shadowSummary writes the shadow comparison, if there is one.
+func (res *Result) shadowSummary(b *strings.Builder) {
+	if len(res.ShadowRows) == 0 {
+		return
+	}
+	b.WriteString("\nshadow (same load): what triage refused, and what it would have refused in shadow:\n")
+	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "mechanism\treason\tcriticality\trefused, with triage\twould refuse, in shadow")
+	for _, r := range res.ShadowRows {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\n", r.Mechanism, r.Reason, r.Criticality, r.Refused, r.WouldRefuse)
+	}
+	w.Flush()
 }
 
 // faultSummary is the fault harness's table: a row per run (per fault
@@ -591,4 +623,89 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// compareShadow sums, over the drill's runs with triage and its runs in
+// shadow, the refusals of each mechanism by reason and criticality,
+// read from the tiers' refusal counts ("db admission concurrency
+// SHEDDABLE", "a throttled CRITICAL", "db out-of-quota SHEDDABLE gmail on
+// db-0"; in shadow "db would admission concurrency SHEDDABLE"). Nil
+// without a run in shadow.
+func compareShadow(runs []*RunResult) []ShadowRow {
+	type key struct{ m, r, l string }
+	rows := map[key]*ShadowRow{}
+	any := false
+	for _, run := range runs {
+		if !run.Protection || run.Fault != "" {
+			continue
+		}
+		any = any || run.Shadow
+		for _, sec := range run.Seconds {
+			for k, n := range sec.Refused {
+				m, r, l, would, ok := parseRefusal(k)
+				if !ok || would != run.Shadow {
+					continue
+				}
+				row := rows[key{m, r, l}]
+				if row == nil {
+					row = &ShadowRow{Mechanism: m, Reason: r, Criticality: l}
+					rows[key{m, r, l}] = row
+				}
+				if would {
+					row.WouldRefuse += n
+				} else {
+					row.Refused += n
+				}
+			}
+		}
+	}
+	if !any {
+		return nil
+	}
+	out := make([]ShadowRow, 0, len(rows))
+	for _, row := range rows {
+		out = append(out, *row)
+	}
+	slices.SortFunc(out, func(a, b ShadowRow) int {
+		return cmp.Or(cmp.Compare(a.Mechanism, b.Mechanism), cmp.Compare(a.Reason, b.Reason), levelOrder(a.Criticality)-levelOrder(b.Criticality))
+	})
+	return out
+}
+
+// parseRefusal reads a tier's refusal key as a mechanism's: its
+// mechanism, reason and criticality, and whether it is a would-be
+// refusal in shadow. Refusals that are no mechanism's (a deadline, a
+// downstream failure) are not.
+func parseRefusal(k string) (mechanism, reason, level string, would, ok bool) {
+	f := strings.Fields(k)
+	if len(f) < 3 {
+		return "", "", "", false, false
+	}
+	f = f[1:] // the tier
+	if f[0] == "would" {
+		if len(f) != 4 {
+			return "", "", "", false, false
+		}
+		return f[1], f[2], f[3], true, true
+	}
+	switch {
+	case f[0] == "admission" && len(f) == 3:
+		return "admission", f[1], f[2], false, true
+	case f[0] == "throttled" && len(f) == 2:
+		return "throttle", "throttled", f[1], false, true
+	case f[0] == "retry" && len(f) == 3 && f[1] == "budget":
+		return "retry-budget", "retry-budget", f[2], false, true
+	case f[0] == "out-of-quota" && len(f) >= 2:
+		return "quota", "out-of-quota", f[1], false, true
+	}
+	return "", "", "", false, false
+}
+
+// levelOrder orders criticality names from CRITICAL_PLUS down.
+func levelOrder(name string) int {
+	l, err := criticality.Parse(name)
+	if err != nil {
+		return -1
+	}
+	return criticality.NumLevels - int(l)
 }

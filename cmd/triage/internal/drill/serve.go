@@ -40,6 +40,7 @@ import (
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
+	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagehttp"
@@ -67,6 +68,7 @@ type Task struct {
 	Slots   int           // worker slots: the machine's speed
 	Work    time.Duration // how long a request holds a slot
 	Protect bool          // triage on, or plain gRPC with naive retries
+	Shadow  bool          // with Protect: every mechanism in shadow (package shadow)
 	Quota   string        // the quota service (DB tasks, with Protect)
 	// MemLimit is the request memory the task may hold: each request in
 	// the task holds RequestMemory from its arrival in a handler; past the
@@ -135,6 +137,8 @@ func (t Task) Validate() error {
 		return errors.New("-mem-limit too small")
 	case len(t.ForceShed) > 0 && !t.Protect:
 		return errors.New("-force-shed needs triage's protections (-protect)")
+	case t.Shadow && !t.Protect:
+		return errors.New("-shadow needs triage's protections (-protect)")
 	case t.MaxConns < 0 || t.MaxConns > MaxFrontendConns:
 		return fmt.Errorf("-max-conns %d out of [0, %d]", t.MaxConns, MaxFrontendConns)
 	}
@@ -328,6 +332,24 @@ func (o observer) Retried(criticality.Level)         {}
 func (o observer) BudgetRefused(l criticality.Level) { o.t.reject("retry budget " + l.String()) }
 func (o observer) Exhausted(criticality.Level)       {}
 
+// shadowObserver counts the task's would-be refusals in shadow among its
+// rejections, marked "would": "would admission concurrency SHEDDABLE",
+// "would throttle throttled CRITICAL", ...
+type shadowObserver struct{ t *task }
+
+func (o shadowObserver) WouldRefuse(m shadow.Mechanism, reason string, l criticality.Level) {
+	o.t.reject("would " + m.String() + " " + reason + " " + l.String())
+}
+
+// shadowing returns the task's shadow options' arguments: every
+// mechanism, when the task runs in shadow, else none.
+func (t *task) shadowing() (shadow.Set, shadow.Observer) {
+	if !t.cfg.Shadow {
+		return 0, nil
+	}
+	return shadow.All(), shadowObserver{t}
+}
+
 // hold takes a request's memory; past the limit the task dies.
 func (t *task) hold() func() {
 	if t.memory.Add(RequestMemory) > t.cfg.MemLimit {
@@ -470,7 +492,8 @@ func (t *task) dial() (*grpc.ClientConn, error) {
 		opts = append(opts, grpc.WithDefaultServiceConfig(sc))
 		// Besides "task overloaded", retry a call whose connection failed
 		// (a task killed or restarting): within the budget, on another task.
-		pol, err := retry.New(retry.WithObserver(observer{t: t}), retry.WithRetryable(func(err error) bool {
+		set, obs := t.shadowing()
+		pol, err := retry.New(retry.WithObserver(observer{t: t}), retry.WithShadow(set, obs), retry.WithRetryable(func(err error) bool {
 			_, overload := outcome.As(err)
 			return !overload && status.Code(err) == codes.Unavailable
 		}))
@@ -541,7 +564,7 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		lc.Ready()
 	}()
 	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})),
-		triagegrpc.WithAdmission(t.ctl), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc))
+		triagegrpc.WithAdmission(t.ctl), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc), triagegrpc.WithShadow(t.shadowing()))
 	if err != nil {
 		return nil, err
 	}
@@ -594,18 +617,23 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 		}
 		var res quota.Reservation
 		customer := quota.CustomerOf(ctx)
-		if t.enf != nil {
+		enf := t.enf
+		if enf != nil {
 			var err error
-			if res, err = t.enf.Reserve(customer, criticality.Of(ctx)); err != nil {
-				t.reject("out-of-quota " + criticality.Of(ctx).String() + " " + customer + " on " + t.cfg.ID)
-				return "", err
+			if res, err = enf.Reserve(customer, criticality.Of(ctx)); err != nil {
+				if !t.cfg.Shadow {
+					t.reject("out-of-quota " + criticality.Of(ctx).String() + " " + customer + " on " + t.cfg.ID)
+					return "", err
+				}
+				shadowObserver{t}.WouldRefuse(shadow.Quota, "out-of-quota", criticality.Of(ctx))
+				enf = nil // not charged, as it would not have run
 			}
 		}
 		// A customer is charged the slot-seconds its request held, not its
 		// wait for a slot: quotas are in CPU.
 		held, err := t.mach.run(ctx, work)
-		if t.enf != nil {
-			t.enf.Done(customer, criticality.Of(ctx), res, held)
+		if enf != nil {
+			enf.Done(customer, criticality.Of(ctx), res, held)
 		}
 		if err != nil {
 			t.reject("deadline")
@@ -680,7 +708,7 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		if err != nil {
 			return nil, err
 		}
-		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithAdmission(ctl))
+		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithAdmission(ctl), triagehttp.WithShadow(t.shadowing()))
 		if err != nil {
 			return nil, err
 		}

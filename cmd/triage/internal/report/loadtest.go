@@ -141,7 +141,7 @@ var loadtestTemplate = template.Must(template.New("loadtest").Funcs(template.Fun
 <html lang="en"><head><meta charset="utf-8">
 <title>triage loadtest{{with .Result.Target}} {{.}}{{end}}</title>
 <style>
-body { font: 15px/1.45 system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
+body { font: 15px/1.45 system-ui, sans-serif; max-width: 1400px; margin: 2em auto; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 13px; }
 .wide { overflow-x: auto; }
 th, td { border-bottom: 1px solid #ddd; padding: .3em .6em; text-align: left; }

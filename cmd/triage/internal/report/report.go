@@ -18,6 +18,8 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/triagehq/triage/sim"
 )
@@ -74,7 +76,7 @@ func SVG(p sim.Plot) ([]byte, error) {
 				top = max(top, y)
 			}
 		}
-		pl.Y.Max = top * 1.25 // room for the legend above the bars
+		pl.Y.Max = top * 1.05
 	} else {
 		if err := shade(pl, p); err != nil {
 			return nil, err
@@ -99,13 +101,29 @@ func SVG(p sim.Plot) ([]byte, error) {
 		}
 		pl.Add(plotter.NewGrid())
 	}
-	wt, err := pl.WriterTo(width, vg.Length(400), "svg")
+	b, err := render(pl, width, vg.Length(400))
 	if err != nil {
 		return nil, fmt.Errorf("report: plot %q: %w", p.Name, err)
 	}
+	return b, nil
+}
+
+// legendWidth is the column right of the plot that holds its legend, so
+// that the legend never hides a line and the last tick label is not cut.
+const legendWidth = vg.Length(170)
+
+// render draws pl with its legend in a column of its own on its right.
+func render(pl *plot.Plot, width, height vg.Length) ([]byte, error) {
+	leg := pl.Legend
+	pl.Legend = plot.NewLegend()
+	c := vgsvg.New(width+legendWidth, height)
+	dc := draw.New(c)
+	pl.Draw(draw.Crop(dc, 0, -legendWidth, 0, 0))
+	leg.Top, leg.Left = true, true
+	leg.Draw(draw.Crop(dc, width+vg.Length(12), 0, 0, -vg.Length(24)))
 	var buf bytes.Buffer
-	if _, err := wt.WriteTo(&buf); err != nil {
-		return nil, fmt.Errorf("report: plot %q: %w", p.Name, err)
+	if _, err := c.WriteTo(&buf); err != nil {
+		return nil, err
 	}
 	return buf.Bytes(), nil
 }
