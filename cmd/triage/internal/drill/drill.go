@@ -64,8 +64,8 @@ type Options struct {
 	// shadow), each as long as the others; Result.Shadow compares what it
 	// would have refused with what the protected run refused.
 	Shadow bool
-	// inShadow marks the options of a run in shadow.
-	inShadow bool
+	// protect and inShadow are one run's: with triage, and in shadow.
+	protect, inShadow bool
 	// Rounds repeats the drill (each round lasting Duration); with two or
 	// more, the result also gives each run's medians over the rounds.
 	// Default 1, at most MaxRounds.
@@ -260,8 +260,8 @@ func runAll(ctx context.Context, o *Options, scenarios []*scenario, v *view, res
 	perRun := o.Duration / time.Duration(len(o.Runs))
 	for round := 1; round <= o.Rounds; round++ {
 		for _, sc := range scenarios {
-			for _, protect := range o.Runs {
-				r, err := runOnce(ctx, *o, sc, protect, perRun, v)
+			for _, ro := range runsOf(*o, sc) {
+				r, err := runOnce(ctx, ro, sc, ro.protect, perRun, v)
 				if r == nil && errors.Is(err, errSkipped) {
 					v.printf("  %v\n", err)
 					res.Skipped = appendOnce(res.Skipped, err.Error())
@@ -281,26 +281,28 @@ func runAll(ctx context.Context, o *Options, scenarios []*scenario, v *view, res
 					return unbalanced, err
 				}
 			}
-			if !o.Shadow || sc.fault != nil {
-				continue
-			}
-			so := *o
-			so.inShadow = true
-			r, err := runOnce(ctx, so, sc, true, perRun, v)
-			if r != nil {
-				r.Shadow = true
-				res.Runs = append(res.Runs, r)
-			}
-			if errors.Is(err, errChecks) {
-				v.printf("  %v\n", err)
-				unbalanced = append(unbalanced, err)
-			} else if err != nil {
-				return unbalanced, err
-			}
 		}
 	}
 	res.ShadowRows = compareShadow(res.Runs)
 	return unbalanced, nil
+}
+
+// runsOf returns the options of each run of scenario sc: one per o.Runs,
+// then, with o.Shadow and for the overload drill, one with triage's
+// stack in shadow.
+func runsOf(o Options, sc *scenario) []Options {
+	var out []Options
+	for _, protect := range o.Runs {
+		ro := o
+		ro.protect = protect
+		out = append(out, ro)
+	}
+	if o.Shadow && sc.fault == nil {
+		ro := o
+		ro.protect, ro.inShadow = true, true
+		out = append(out, ro)
+	}
+	return out
 }
 
 // proc is one process of the stack.
@@ -518,6 +520,7 @@ func runOnce(ctx context.Context, o Options, sc *scenario, protect bool, d time.
 		return nil, err
 	}
 	run := newRun(name, protect, s.taskNames())
+	run.Shadow = o.inShadow
 	if sc.fault != nil {
 		run.Fault = sc.fault.name
 	}
