@@ -110,7 +110,7 @@ func SVG(p sim.Plot) ([]byte, error) {
 
 // legendWidth is the column right of the plot that holds its legend, so
 // that the legend never hides a line and the last tick label is not cut.
-const legendWidth = vg.Length(170)
+const legendWidth = vg.Length(210)
 
 // render draws pl with its legend in a column of its own on its right.
 func render(pl *plot.Plot, width, height vg.Length) ([]byte, error) {
@@ -120,6 +120,7 @@ func render(pl *plot.Plot, width, height vg.Length) ([]byte, error) {
 	dc := draw.New(c)
 	pl.Draw(draw.Crop(dc, 0, -legendWidth, 0, 0))
 	leg.Top, leg.Left = true, true
+	leg.Padding = vg.Points(3) // between entries: no line's label touches the next
 	leg.Draw(draw.Crop(dc, width+vg.Length(12), 0, 0, -vg.Length(24)))
 	var buf bytes.Buffer
 	if _, err := c.WriteTo(&buf); err != nil {
