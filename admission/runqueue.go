@@ -55,9 +55,9 @@ func (g *queueGate) level(l criticality.Level) int64 {
 	return min(max(g.x.Load()-int64(l)*gateOne, 0), gateOne)
 }
 
-// sheds reports whether an arrival of level l is shed, for a uniform draw
-// in [0, 1).
-func (g *queueGate) sheds(l criticality.Level, draw float64) bool {
+// sheds reports whether an arrival of level l is shed, drawing from
+// random (uniform in [0, 1)) only when l is shed in part.
+func (g *queueGate) sheds(l criticality.Level, random func() float64) bool {
 	p := g.level(l)
-	return p >= gateOne || p > 0 && draw*gateOne < float64(p)
+	return p >= gateOne || p > 0 && random()*gateOne < float64(p)
 }

@@ -119,7 +119,7 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	if c.forcedAny.Load() && c.forcedOut(l, now) {
 		return c.rejectAs(l, Forced, now, a)
 	}
-	if a&RunQueued != 0 && c.gate.sheds(l, c.random()) {
+	if a&RunQueued != 0 && c.gate.sheds(l, c.random) {
 		return c.rejectAs(l, Queue, now, a)
 	}
 	for i := range c.gates {
