@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -75,7 +76,9 @@ func fetch(ctx context.Context, cc grpc.ClientConnInterface, symbol string) (*pr
 	}
 	protos := map[string]*descriptorpb.FileDescriptorProto{}
 	ask := func(req *rpb.ServerReflectionRequest) error {
-		if err := stream.Send(req); err != nil {
+		// io.EOF from Send means the server ended the stream: its status
+		// comes from Recv.
+		if err := stream.Send(req); err != nil && !errors.Is(err, io.EOF) {
 			return fmt.Errorf("reflectreq: server reflection: %w", err)
 		}
 		resp, err := stream.Recv()
