@@ -37,15 +37,7 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	}
 	clk := clock.NewFake(time.Unix(0, 0))
 	hs := health.NewServer()
-	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithWarmup(), lifecycle.WithDrain(10*time.Second), lifecycle.WithClock(clk))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithLifecycle(lc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer(srv.ServerOptions()...)
+	lc, s := warmingServer(t, hs, clk)
 	healthpb.RegisterHealthServer(s, hs)
 	relay.Register(s, &relay.Tier{Name: "B"})
 	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, s))
@@ -85,12 +77,10 @@ func TestLifecycleOverLoopback(t *testing.T) {
 	}
 }
 
-// The liveness service stays SERVING in warm-up and lame duck, while the
-// readiness service ("") follows the lifecycle; the other health calls
-// still reach hs.
-func TestLivenessStaysServing(t *testing.T) {
-	clk := clock.NewFake(time.Unix(0, 0))
-	hs := health.NewServer()
+// warmingServer returns a gRPC server with a Lifecycle announced through
+// hs, warming up, with a 10 s drain on clk.
+func warmingServer(t *testing.T, hs *health.Server, clk clock.Clock) (*lifecycle.Lifecycle, *grpc.Server) {
+	t.Helper()
 	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithWarmup(), lifecycle.WithDrain(10*time.Second), lifecycle.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +89,15 @@ func TestLivenessStaysServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := grpc.NewServer(srv.ServerOptions()...)
+	return lc, grpc.NewServer(srv.ServerOptions()...)
+}
+
+// The liveness service stays SERVING in warm-up and lame duck, while the
+// readiness service ("") follows the lifecycle; the other health calls
+// still reach hs.
+func TestLivenessStaysServing(t *testing.T) {
+	hs := health.NewServer()
+	lc, s := warmingServer(t, hs, clock.NewFake(time.Unix(0, 0)))
 	healthpb.RegisterHealthServer(s, triagegrpc.HealthServer(hs))
 	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, s))
 	hc := healthpb.NewHealthClient(cc)
