@@ -198,9 +198,7 @@ func (h *Handle) Start() error {
 	} else if x.ctl != nil {
 		if err := x.ctl.Start(h, &x.ticket); err != nil {
 			x.conn.leave()
-			if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.SenderLate() {
-				x.conn.in.penalise(x.conn.c)
-			}
+			x.penaliseLate(h, err)
 			x.ctl.Done(&x.ticket)
 			if x.quota != nil {
 				x.quota.Cancel(h.customer, x.reserved)
@@ -229,9 +227,7 @@ func (x *admitted) startShadow(h *Handle) {
 	if err == nil || errors.Is(err, admission.ErrWouldWait) {
 		return
 	}
-	if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.SenderLate() {
-		x.conn.in.penalise(x.conn.c)
-	}
+	x.penaliseLate(h, err)
 	done := false
 	x.shadow.shadowsAdmission(err, criticality.Level(h.level), &done)
 	x.ctl.Done(&x.ticket)
@@ -239,6 +235,14 @@ func (x *admitted) startShadow(h *Handle) {
 		x.quota.Cancel(h.customer, x.reserved)
 	}
 	x.ctl, x.quota, x.meter = nil, nil, nil
+}
+
+// penaliseLate gives the request's connection a slow-sender penalty when
+// err refused it as late and its sender was the one late.
+func (x *admitted) penaliseLate(h *Handle, err error) {
+	if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.SenderLate() {
+		x.conn.in.penalise(x.conn.c)
+	}
 }
 
 // Block and Unblock tell admission control that the request waits on its

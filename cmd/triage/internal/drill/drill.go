@@ -261,7 +261,7 @@ func runAll(ctx context.Context, o *Options, scenarios []*scenario, v *view, res
 	for round := 1; round <= o.Rounds; round++ {
 		for _, sc := range scenarios {
 			for _, ro := range runsOf(*o, sc) {
-				r, err := runOnce(ctx, ro, sc, ro.protect, perRun, v)
+				r, err := runOnce(ctx, ro, sc, perRun, v)
 				if r == nil && errors.Is(err, errSkipped) {
 					v.printf("  %v\n", err)
 					res.Skipped = appendOnce(res.Skipped, err.Error())
@@ -488,7 +488,8 @@ func appendOnce(xs []string, x string) []string {
 	return append(xs, x)
 }
 
-func runOnce(ctx context.Context, o Options, sc *scenario, protect bool, d time.Duration, v *view) (*RunResult, error) {
+func runOnce(ctx context.Context, o Options, sc *scenario, d time.Duration, v *view) (*RunResult, error) {
+	protect := o.protect
 	name, quotaSvc := "with triage", ", quota service"
 	switch {
 	case !protect:
