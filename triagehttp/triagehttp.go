@@ -26,7 +26,9 @@
 //   - The middleware reads each request's body ahead, up to 64 KiB
 //     (WithBodyBuffer), before the request takes an execution slot, so
 //     that a slow sender holds none; a body that does not come within
-//     500 ms (admission.WithMessageTimeout) is answered 408.
+//     500 ms (admission.WithMessageTimeout) is answered 408. Of a gRPC
+//     request (Content-Type application/grpc) it reads the first
+//     message only: a stream's later messages may wait on the answers.
 //   - Triage-* headers from a peer that is not trusted are removed; the
 //     request's criticality is then the rules' or the default, CRITICAL.
 //   - Requests wait in Go's run queue before the middleware sees them, so
@@ -48,6 +50,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -56,6 +59,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/felixge/httpsnoop"
@@ -99,6 +103,7 @@ type config struct {
 	lifecycle  *lifecycle.Lifecycle
 	admission  *admission.Controller
 	bodyBuffer int
+	writeError func(http.ResponseWriter, *http.Request, error) bool
 }
 
 type optionFunc func(*config)
@@ -181,6 +186,14 @@ func WithShadow(s shadow.Set, o shadow.Observer) Option {
 	return withIntake(intake.WithShadow(s, o))
 }
 
+// WithErrorWriter sets how the middleware answers a refusal: f writes err
+// (an overload outcome) for r and reports whether it did; a false return
+// is answered 503. A reverse proxy uses it to answer gRPC callers with a
+// gRPC status. Default: WriteError.
+func WithErrorWriter(f func(w http.ResponseWriter, r *http.Request, err error) bool) Option {
+	return optionFunc(func(c *config) { c.writeError = f })
+}
+
 // WithHealthCheck names the paths of the server's probe endpoints
 // (HealthHandler for readiness, LivenessHandler for liveness): requests
 // to exactly one of them are classified but answered whatever the load,
@@ -258,7 +271,7 @@ func WithLifecycle(l *lifecycle.Lifecycle) Option {
 // that unwraps (http.ResponseController) to it. The returned func is safe
 // for concurrent use.
 func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
-	c := config{bodyBuffer: DefaultBodyBuffer}
+	c := config{bodyBuffer: DefaultBodyBuffer, writeError: writeError}
 	for _, o := range opts {
 		o.apply(&c)
 	}
@@ -294,7 +307,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				err = h.Start()
 			}
 			if err != nil {
-				if !WriteError(w, err) {
+				if !c.writeError(w, r, err) {
 					w.WriteHeader(http.StatusServiceUnavailable) // the caller went away while waiting
 				}
 				return
@@ -539,7 +552,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Du
 	start := time.Now()
 	rc := http.NewResponseController(w)
 	deadlines := rc.SetReadDeadline(start.Add(timeout)) == nil
-	head, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)))
+	head, whole, err := readHead(r, limit)
 	if deadlines {
 		var restore time.Time
 		if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ReadTimeout > 0 {
@@ -556,12 +569,42 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Du
 		// without triage: its body reads what came, then the error.
 		r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), errReader{err}), body: r.Body}
 		return true, nil
-	case len(head) < limit:
+	case whole:
 		r.Body = &prefixedBody{Reader: bytes.NewReader(head), body: r.Body}
 		return true, nil
 	}
 	r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
 	return false, nil
+}
+
+// readHead reads the start of r's body: up to limit bytes, or for a gRPC
+// request (Content-Type application/grpc...) its first length-prefixed
+// message if it fits, since a stream's later messages may wait for the
+// server's answers. whole says the body ended.
+func readHead(r *http.Request, limit int) (head []byte, whole bool, err error) {
+	if !strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") || limit < 5 {
+		head, err = io.ReadAll(io.LimitReader(r.Body, int64(limit)))
+		return head, err == nil && len(head) < limit, err
+	}
+	var prefix [5]byte
+	n, err := io.ReadFull(r.Body, prefix[:])
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return prefix[:n], true, nil // the handler sees the short body as it is
+	}
+	if err != nil {
+		return prefix[:n], false, err
+	}
+	size := binary.BigEndian.Uint32(prefix[1:])
+	if uint64(size) > uint64(limit-5) {
+		return prefix[:], false, nil // the rest streams in under the handler
+	}
+	head = make([]byte, 5+int(size))
+	copy(head, prefix[:])
+	n, err = io.ReadFull(r.Body, head[5:])
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return head[:5+n], true, nil
+	}
+	return head[:5+n], false, err
 }
 
 // slowBody answers a request whose body did not come within the message
@@ -742,20 +785,31 @@ func withHeaders(r *http.Request, ctx context.Context, k egress.Keys, internal b
 			delete(out.Header, name)
 		}
 	}
-	if !internal {
-		return out
-	}
-	out.Header[criticalityHeader] = []string{k.Level.String()}
-	if k.Attempt > 0 {
-		out.Header[attemptHeader] = []string{attempt.Format(k.Attempt)}
-	}
-	if k.Decay != "" {
-		out.Header[decayHeader] = []string{k.Decay}
-	}
-	if k.Customer != "" {
-		out.Header[customerHeader] = []string{k.Customer}
+	if internal {
+		SetKeys(out.Header, k)
 	}
 	return out
+}
+
+// SetKeys writes the triage headers of k into h (criticality, and the
+// attempt counter, decay and customer when k has them), replacing any of
+// those already there. Transport calls it for internal hosts; a reverse
+// proxy that forwards a request as it came calls it on the outgoing
+// request.
+func SetKeys(h http.Header, k egress.Keys) {
+	h[criticalityHeader] = []string{k.Level.String()}
+	delete(h, attemptHeader)
+	delete(h, decayHeader)
+	delete(h, customerHeader)
+	if k.Attempt > 0 {
+		h[attemptHeader] = []string{attempt.Format(k.Attempt)}
+	}
+	if k.Decay != "" {
+		h[decayHeader] = []string{k.Decay}
+	}
+	if k.Customer != "" {
+		h[customerHeader] = []string{k.Customer}
+	}
 }
 
 // StatusCode returns the HTTP status of an overload kind: 503 for
@@ -788,6 +842,8 @@ func WriteError(w http.ResponseWriter, err error) bool {
 	fmt.Fprintln(w, oe.Error())
 	return true
 }
+
+func writeError(w http.ResponseWriter, _ *http.Request, err error) bool { return WriteError(w, err) }
 
 // FromResponse decodes an overload outcome from a response: status 503 or
 // 429 with a Triage-Outcome header naming an outcome that fits the status

@@ -212,7 +212,11 @@ func (f loadtestFlags) body() ([]byte, error) {
 func (f loadtestFlags) httpTarget(host string, tlsConf *tls.Config, data []byte) (loadtest.Target, string, func(), error) {
 	header := f.header
 	base := http.DefaultTransport.(*http.Transport).Clone()
-	base.MaxIdleConnsPerHost = 256
+	// A connection per call in flight, kept: a load test's clients close
+	// one only when a call's deadline passes, not because their pool is
+	// full (MaxIdleConns 100, MaxIdleConnsPerHost 2 by default).
+	base.MaxIdleConns = f.maxInFlight
+	base.MaxIdleConnsPerHost = f.maxInFlight
 	base.TLSClientConfig = tlsConf
 	caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal(host))
 	if err != nil {

@@ -5,6 +5,8 @@
 //	triage loadtest [flags]          overload your own service (package loadtest)
 //	triage quota-server [flags]      the global quota service (triagegrpc/quotaservice)
 //	triage proxy [flags]             the batch proxy (triagegrpc.Proxy)
+//	triage sidecar [flags]           triage in front of a service in any language (package sidecar)
+//	triage extproc [flags]           triage's decision for Envoy (package triageextproc)
 //	triage sim SCENARIO [flags]      the book's experiments on virtual time (package sim)
 //	triage version                   the build's version
 //	triage help COMMAND              a command's flags
@@ -53,6 +55,17 @@ Usage:
                          backends; it forwards any method, with its own admission
                          control, over few connections (the book's fuse)
 
+  triage sidecar -upstream URL [-listen ADDR] [-egress ADDR=URL] [flags]
+                         triage for a service not written in Go: a reverse proxy
+                         in front of it (HTTP/1.1, HTTP/2, gRPC) with the edge,
+                         criticality and admission, and egress listeners for its
+                         own calls with the client side (throttle, retry budget)
+
+  triage extproc [-listen ADDR] [flags]
+                         Envoy's external processor (ext_proc filter): each
+                         request's criticality and admission, answered as
+                         continue (with triage's headers) or 503/429
+
   triage sim subsetting [flags]
                          connections per backend under deterministic, random or
                          ringsteady subsetting (Figures 20-3 to 20-5), and churn
@@ -91,6 +104,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runQuotaServer(ctx, args[1:], stdout, stderr)
 	case "proxy":
 		return runProxy(ctx, args[1:], stdout, stderr)
+	case "sidecar":
+		return runSidecar(ctx, args[1:], stdout, stderr)
+	case "extproc":
+		return runExtproc(ctx, args[1:], stdout, stderr)
 	case "loadtest":
 		return runLoadtest(ctx, args[1:], stdout, stderr)
 	case "version":

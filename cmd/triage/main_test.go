@@ -95,7 +95,7 @@ func TestVersionHelpAndLogs(t *testing.T) {
 	if code := run(context.Background(), []string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "triage ") || !strings.Contains(out.String(), "go1.") {
 		t.Errorf("triage version: %d %q %q", code, out.String(), errb.String())
 	}
-	for _, cmd := range [][]string{{"help", "loadtest"}, {"help", "sim", "shed"}, {"help", "quota-server"}} {
+	for _, cmd := range [][]string{{"help", "loadtest"}, {"help", "sim", "shed"}, {"help", "quota-server"}, {"help", "sidecar"}, {"help", "extproc"}} {
 		out.Reset()
 		if code := run(context.Background(), cmd, &out, &errb); code != 0 || !strings.Contains(out.String(), "-") {
 			t.Errorf("triage %v: %d, stdout %q", cmd, code, out.String())
@@ -103,7 +103,7 @@ func TestVersionHelpAndLogs(t *testing.T) {
 	}
 	out.Reset()
 	run(context.Background(), []string{"help"}, &out, &errb)
-	for _, want := range []string{"demo", "loadtest", "quota-server", "proxy", "sim subsetting", "throttling|quota-tree", "version", "help COMMAND"} {
+	for _, want := range []string{"demo", "loadtest", "quota-server", "proxy", "sidecar", "extproc", "sim subsetting", "throttling|quota-tree", "version", "help COMMAND"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the usage does not list %q", want)
 		}

@@ -117,14 +117,11 @@ func (f *proxyFlags) check(fs *flag.FlagSet) string {
 		return "-drain must be between 0 and 1h"
 	case f.subsetSize < 0 || f.subsetSize > len(f.addrs) || f.clientID < 0:
 		return fmt.Sprintf("-subset must be between 0 and the %d backends, -client-id >= 0", len(f.addrs))
-	case f.tls.CA != "" && f.unauthenticated:
-		return "-unauthenticated and -tls-ca contradict each other"
-	case f.tls.CA == "" && !f.unauthenticated && beyondLoopback(f.listen):
-		return fmt.Sprintf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-ca so that callers are authenticated, or -unauthenticated", f.listen)
 	case f.backendServerName != "" && !f.backendTLS.Set():
 		return "-backend-tls-server-name needs the backend TLS flags"
-	case len(f.trustIDs) > 0 && f.tls.CA == "":
-		return "-trust-identity needs -tls-ca (identities come from client certificates it verified)"
+	}
+	if msg := checkServing(f.listen, f.tls, f.unauthenticated, strings.Join(f.trustIDs, ",")); msg != "" {
+		return msg
 	}
 	for _, a := range f.addrs {
 		if _, _, err := net.SplitHostPort(a); err != nil {

@@ -51,7 +51,7 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	case args[0] == "sim" && len(args) == 1:
 		return runSim([]string{"-h"}, stdout, stdout)
-	case args[0] == "demo" || args[0] == "loadtest" || args[0] == "quota-server" || args[0] == "proxy" || args[0] == "sim":
+	case args[0] == "demo" || args[0] == "loadtest" || args[0] == "quota-server" || args[0] == "proxy" || args[0] == "sidecar" || args[0] == "extproc" || args[0] == "sim":
 		if run(ctx, append(args, "-h"), stdout, stdout) == 2 {
 			return 2
 		}

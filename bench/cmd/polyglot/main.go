@@ -1,0 +1,575 @@
+// Command polyglot measures triage sidecar in front of services not
+// written in Go (bench/polyglot: Python's ThreadingHTTPServer and Node's
+// http module, each request burning a calibrated amount of CPU), against
+// the same upstream unprotected and behind the stock proxies users would
+// pick instead (nginx with limit_conn and limit_req, HAProxy with maxconn,
+// a queue and priority classes from the criticality header).
+//
+// The upstream and the proxy in front of it share one core (-server-cpu),
+// as a sidecar shares its pod's CPU; triage loadtest runs alone on the
+// other (-load-cpu). The -own-cpu configurations put the proxy on the
+// load generator's core instead: the proxy's CPU is then not the
+// upstream's (the generator's is shared). The python-stack upstream is
+// two Python tiers, the front calling the leaf, unprotected or each
+// behind its own sidecar (the front calling through its -egress). For every run the upstream is started afresh; before
+// each load step its capacity C is probed directly (this machine's CPU
+// speed drifts), then the step offers that multiple of C through the
+// configuration, with the criticality mix and a deadline. Runs of the
+// configurations are interleaved, -repeats times, and the table gives
+// medians.
+//
+//	cd bench && go run ./cmd/polyglot -out /tmp/polyglot
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+
+	"log"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/template"
+	"time"
+
+	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/loadtest"
+)
+
+type config struct {
+	upstreams, proxies, loads []string
+	repeats                   int
+	step                      time.Duration
+	serverCPU, loadCPU        string
+	pyRounds, nodeRounds      int
+	out, triage, dir          string
+}
+
+func main() {
+	var c config
+	var ups, pxs, loads string
+	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
+	flag.StringVar(&pxs, "proxies", "direct,nginx,haproxy,sidecar",
+		"configurations: direct (unprotected), nginx, haproxy, sidecar; NAME-own-cpu: the proxy on -load-cpu instead of the upstream's")
+	flag.StringVar(&loads, "loads", "0.5,1,2,5,10", "load steps, multiples of the upstream's probed capacity")
+	flag.IntVar(&c.repeats, "repeats", 3, "runs of each configuration (interleaved); the table gives medians")
+	flag.DurationVar(&c.step, "step", 5*time.Second, "length of each load step")
+	flag.StringVar(&c.serverCPU, "server-cpu", "0", "CPU of the upstream and its proxy")
+	flag.StringVar(&c.loadCPU, "load-cpu", "1", "CPU of triage loadtest")
+	flag.IntVar(&c.pyRounds, "python-rounds", 30000, "sha256 rounds per Python request (about 10 ms here, a typical Python handler)")
+	flag.IntVar(&c.nodeRounds, "node-rounds", 8000, "sha256 rounds per Node request (about 10 ms here)")
+	flag.StringVar(&c.out, "out", "polyglot-out", "directory for every run's result.json and the table")
+	over := flag.Duration("overhead", 0, "instead of the table: measure the sidecar's added latency at 0.5x C for this long per run (requests at random direct or through the sidecar)")
+	flag.Parse()
+	c.upstreams, c.proxies, c.loads = strings.Split(ups, ","), strings.Split(pxs, ","), strings.Split(loads, ",")
+	if *over > 0 {
+		if err := c.prepare(); err != nil {
+			log.Fatal(err)
+		}
+		if err := c.runOverhead(*over); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
+	if err := measure(c); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// prepare makes the output directory, builds triage into it and finds
+// the upstreams' sources.
+func (c *config) prepare() error {
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return err
+	}
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/triagehq/triage").Output()
+	if err != nil {
+		return fmt.Errorf("finding the triage module: %v", err)
+	}
+	c.triage = filepath.Join(c.out, "triage")
+	build := exec.Command("go", "build", "-o", c.triage, "./cmd/triage")
+	build.Dir = strings.TrimSpace(string(root))
+	if b, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building triage: %v\n%s", err, b)
+	}
+	c.dir = filepath.Join(strings.TrimSpace(string(root)), "bench", "polyglot")
+	return nil
+}
+
+func measure(c config) error {
+	if err := c.prepare(); err != nil {
+		return err
+	}
+	results := map[string][]*run{} // upstream/proxy
+	for _, up := range c.upstreams {
+		for rep := 1; rep <= c.repeats; rep++ {
+			for _, px := range c.proxies {
+				name := fmt.Sprintf("%s-%s-%d", up, px, rep)
+				r, err := c.once(up, px, filepath.Join(c.out, name))
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				results[up+"/"+px] = append(results[up+"/"+px], r)
+				fmt.Printf("%s: C %.0f/s, goodput %s\n", name, r.Capacity, goodputs(r))
+			}
+		}
+	}
+	table := c.table(results)
+	fmt.Print(table)
+	return os.WriteFile(filepath.Join(c.out, "table.md"), []byte(table), 0o644)
+}
+
+// run is one configuration's steps, and which of them a change of the
+// machine's speed disturbed.
+type run struct {
+	*loadtest.Result
+	disturbed []bool
+}
+
+func goodputs(r *run) string {
+	var s []string
+	for _, st := range r.Steps {
+		s = append(s, fmt.Sprintf("%gx %.2f", st.Load, st.Goodput))
+		if r.disturbed[len(s)-1] {
+			s[len(s)-1] += " (disturbed)"
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+// Ports of one run, all on loopback.
+const (
+	upstreamPort = 18000
+	proxyPort    = 18080
+	metricsPort  = 18090
+)
+
+// once starts the upstream and the proxy in front of it, and offers each
+// load through the proxy at the upstream's capacity probed just before.
+func (c config) once(up, px, out string) (*run, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if up == "python-stack" {
+		return c.stack(ctx, px, out)
+	}
+	stopUp, err := c.start(ctx, out, "upstream", upstreamPort, c.upstreamArgv(up)...)
+	if err != nil {
+		return nil, err
+	}
+	defer stopUp()
+	upURL := fmt.Sprintf("http://127.0.0.1:%d/", upstreamPort)
+	target := upURL
+	if px != "direct" {
+		probe, err := c.probe(ctx, filepath.Join(out, "probe"), upURL)
+		if err != nil {
+			return nil, err
+		}
+		name, cpu := px, c.serverCPU
+		if base, ok := strings.CutSuffix(px, "-own-cpu"); ok {
+			name, cpu = base, c.loadCPU // the proxy on a CPU of its own (shared with the load generator)
+		}
+		argv, err := c.proxyArgv(name, out, probe)
+		if err != nil {
+			return nil, err
+		}
+		stopPx, err := c.startOn(ctx, cpu, out, name, proxyPort, argv...)
+		if err != nil {
+			return nil, err
+		}
+		defer stopPx()
+		target = fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)
+	}
+	// Each step: the upstream's capacity probed directly, then the step
+	// offered through the configuration at that capacity.
+	all := &run{Result: &loadtest.Result{}}
+	var caps []float64
+	speed := c.canary()
+	for _, l := range c.loads {
+		capacity, err := c.probe(ctx, filepath.Join(out, "probe-"+l), upURL)
+		if err != nil && len(caps) == 0 {
+			return nil, err
+		}
+		if err != nil {
+			// An unprotected upstream still working off the last step's
+			// backlog: the step runs at the last capacity probed.
+			fmt.Printf("  %s before %sx: %v; using C = %.0f\n", out, l, err, caps[len(caps)-1])
+			capacity = caps[len(caps)-1]
+		}
+		r, err := c.loadtest(ctx, filepath.Join(out, "step-"+l), "-url", target, "-capacity", strconv.FormatFloat(capacity, 'f', 1, 64),
+			"-loads", l, "-step", c.step.String())
+		if err != nil {
+			return nil, err
+		}
+		after := c.canary()
+		all.Steps = append(all.Steps, r.Steps...)
+		all.disturbed = append(all.disturbed, disturbed(r.Steps[0], speed, after))
+		speed = after
+		caps = append(caps, capacity)
+	}
+	all.Capacity = median(caps)
+	return all, nil
+}
+
+// canary times a fixed amount of CPU work (the upstream's: sha256 rounds
+// in Python) on the load's CPU, idle between steps: this machine's speed
+// drifts (a virtual machine's), by half at times. Median of three, in
+// seconds.
+func (c config) canary() float64 {
+	var ts []float64
+	for range 3 {
+		b, err := exec.Command("taskset", "-c", c.loadCPU, "python3", "-c",
+			"import hashlib,time\nt=time.perf_counter()\nh=b'x'\nfor _ in range(100000): h=hashlib.sha256(h).digest()\nprint(time.perf_counter()-t)").Output()
+		if err != nil {
+			return 0
+		}
+		v, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		ts = append(ts, v)
+	}
+	return median(ts)
+}
+
+// disturbed says a step's measurement does not stand: the machine's
+// speed changed by over 15% between before and after it, or over 1% of
+// its calls were sent more than 10 ms late (the load generator was
+// behind).
+func disturbed(st loadtest.Step, before, after float64) bool {
+	if before <= 0 || after <= 0 || after/before > 1.15 || before/after > 1.15 {
+		return true
+	}
+	return st.LateSends*100 > st.Scheduled
+}
+
+// probe returns the capacity triage loadtest's closed-loop probe finds at
+// url, trying for up to 20 s while url sustains no rate at all.
+func (c config) probe(ctx context.Context, out, url string) (float64, error) {
+	var err error
+	for try := 0; try < 5; try++ {
+		if try > 0 {
+			time.Sleep(4 * time.Second)
+		}
+		var r *loadtest.Result
+		if r, err = c.loadtest(ctx, out, "-url", url, "-loads", "0.1", "-step", "1s"); err == nil {
+			return r.Capacity, nil
+		}
+	}
+	return 0, fmt.Errorf("probing %s: it sustained no rate for 20 s", url)
+}
+
+// Ports of the stack's second tier, its sidecar, and the first tier's
+// egress listener.
+const (
+	leafPort        = 18001
+	leafSidecarPort = 18081
+	egressPort      = 18070
+)
+
+// stack runs the two-tier Python stack: a front tier (a quarter of
+// -python-rounds, then one call to the leaf) and a leaf tier (all of
+// them). Unprotected, the front calls the leaf directly; with triage,
+// each tier is behind its own sidecar and the front calls the leaf
+// through its sidecar's -egress. C is probed on the unprotected stack.
+func (c config) stack(ctx context.Context, px, out string) (*run, error) {
+	py := func(port, rounds int, down string) []string {
+		return []string{"python3", filepath.Join(c.dir, "upstream.py"), strconv.Itoa(port), strconv.Itoa(rounds), down}
+	}
+	leafURL := fmt.Sprintf("http://127.0.0.1:%d/", leafPort)
+	stopLeaf, err := c.start(ctx, out, "leaf", leafPort, py(leafPort, c.pyRounds, "")[:4]...)
+	if err != nil {
+		return nil, err
+	}
+	defer stopLeaf()
+	stopFront, err := c.start(ctx, out, "front", upstreamPort, py(upstreamPort, c.pyRounds/4, leafURL)...)
+	if err != nil {
+		return nil, err
+	}
+	frontURL := fmt.Sprintf("http://127.0.0.1:%d/", upstreamPort)
+	capacity, err := c.probe(ctx, filepath.Join(out, "probe"), frontURL)
+	if err != nil {
+		stopFront()
+		return nil, err
+	}
+	target := frontURL
+	if px == "sidecar" {
+		stopFront()
+		egress := fmt.Sprintf("127.0.0.1:%d", egressPort)
+		if stopFront, err = c.start(ctx, out, "front", upstreamPort, py(upstreamPort, c.pyRounds/4, "http://"+egress+"/")...); err != nil {
+			return nil, err
+		}
+		for _, s := range []struct {
+			name     string
+			port, to int
+			extra    []string
+		}{{"leaf-sidecar", leafSidecarPort, leafPort, nil},
+			{"sidecar", proxyPort, upstreamPort, []string{"-egress", fmt.Sprintf("%s=http://127.0.0.1:%d", egress, leafSidecarPort)}}} {
+			argv := append([]string{c.triage, "sidecar", "-upstream", fmt.Sprintf("http://127.0.0.1:%d", s.to),
+				"-listen", fmt.Sprintf("127.0.0.1:%d", s.port), "-trust", "127.0.0.1/32"}, s.extra...)
+			stop, err := c.start(ctx, out, s.name, s.port, argv...)
+			if err != nil {
+				stopFront()
+				return nil, err
+			}
+			defer stop()
+		}
+		target = fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)
+	}
+	defer stopFront()
+	all := &run{Result: &loadtest.Result{Capacity: capacity}}
+	speed := c.canary()
+	for _, l := range c.loads {
+		r, err := c.loadtest(ctx, filepath.Join(out, "step-"+l), "-url", target, "-capacity", strconv.FormatFloat(capacity, 'f', 1, 64),
+			"-loads", l, "-step", c.step.String())
+		if err != nil {
+			return nil, err
+		}
+		after := c.canary()
+		all.Steps = append(all.Steps, r.Steps...)
+		all.disturbed = append(all.disturbed, disturbed(r.Steps[0], speed, after))
+		speed = after
+	}
+	return all, nil
+}
+
+func (c config) upstreamArgv(up string) []string {
+	port := strconv.Itoa(upstreamPort)
+	if up == "node" {
+		return []string{"node", filepath.Join(c.dir, "upstream.js"), port, strconv.Itoa(c.nodeRounds)}
+	}
+	return []string{"python3", filepath.Join(c.dir, "upstream.py"), port, strconv.Itoa(c.pyRounds)}
+}
+
+// start runs argv pinned to the server's CPU, with its output in
+// out/name.log, waits until port answers, and returns a func that stops
+// it.
+func (c config) start(ctx context.Context, out, name string, port int, argv ...string) (func(), error) {
+	return c.startOn(ctx, c.serverCPU, out, name, port, argv...)
+}
+
+// startOn is start on cpu.
+func (c config) startOn(ctx context.Context, cpu, out, name string, port int, argv ...string) (func(), error) {
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(filepath.Join(out, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, "taskset", append([]string{"-c", cpu}, argv...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, err
+	}
+	stop := func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+		logf.Close()
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			conn.Close()
+			return stop, nil
+		}
+		if time.Now().After(deadline) {
+			stop()
+			b, _ := os.ReadFile(logf.Name())
+			return nil, fmt.Errorf("%s did not listen on %d: %s", name, port, b)
+		}
+	}
+}
+
+// loadtest runs triage loadtest pinned to the load's CPU and reads its
+// result.json.
+func (c config) loadtest(ctx context.Context, out string, args ...string) (*loadtest.Result, error) {
+	argv := append([]string{"-c", c.loadCPU, c.triage, "loadtest", "-out", out, "-max-duration", "5m"}, args...)
+	cmd := exec.CommandContext(ctx, "taskset", argv...)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("loadtest: %v\n%s", err, b)
+	}
+	os.WriteFile(filepath.Join(out, "loadtest.txt"), b, 0o644)
+	rb, err := os.ReadFile(filepath.Join(out, "result.json"))
+	if err != nil {
+		return nil, err
+	}
+	var r loadtest.Result
+	return &r, json.Unmarshal(rb, &r)
+}
+
+// proxyArgv writes the proxy's configuration (if it has one) into out
+// and returns its command line.
+func (c config) proxyArgv(px, out string, capacity float64) ([]string, error) {
+	up := fmt.Sprintf("127.0.0.1:%d", upstreamPort)
+	listen := fmt.Sprintf("127.0.0.1:%d", proxyPort)
+	switch px {
+	case "sidecar":
+		return []string{c.triage, "sidecar", "-upstream", "http://" + up, "-listen", listen, "-trust", "127.0.0.1/32",
+			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, nil
+	case "nginx", "haproxy":
+		tmpl := nginxConf
+		if px == "haproxy" {
+			tmpl = haproxyConf
+		}
+		path := filepath.Join(out, px+".conf")
+		f, err := os.Create(path)
+		if err != nil {
+			return nil, err
+		}
+		err = template.Must(template.New(px).Parse(tmpl)).Execute(f, map[string]any{
+			"Upstream": up, "Listen": listen, "Dir": out, "Rate": int(capacity + 0.5), "Burst": max(int(capacity/10), 1),
+		})
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		if px == "haproxy" {
+			return []string{"haproxy", "-db", "-f", path}, nil
+		}
+		return []string{"nginx", "-p", out, "-c", path, "-g", "daemon off;"}, nil
+	}
+	return nil, fmt.Errorf("unknown configuration %q", px)
+}
+
+// nginxConf is nginx in front of the upstream, tuned as its documentation
+// allows: one worker on the upstream's core; keep-alive connections to
+// the upstream; limit_req at the upstream's measured capacity with a
+// burst of a tenth of a second, and limit_conn at the concurrency that
+// keeps a one-core upstream busy, both answering 503 at once.
+const nginxConf = `worker_processes 1;
+pid {{.Dir}}/nginx.pid;
+error_log {{.Dir}}/nginx-error.log warn;
+events { worker_connections 16384; }
+http {
+  access_log off;
+  client_body_temp_path {{.Dir}}/tmp; proxy_temp_path {{.Dir}}/tmp;
+  fastcgi_temp_path {{.Dir}}/tmp; uwsgi_temp_path {{.Dir}}/tmp; scgi_temp_path {{.Dir}}/tmp;
+  keepalive_requests 100000;
+  limit_req_zone $server_name zone=rate:1m rate={{.Rate}}r/s;
+  limit_conn_zone $server_name zone=conns:1m;
+  upstream app { server {{.Upstream}}; keepalive 64; }
+  server {
+    listen {{.Listen}} backlog=4096;
+    location / {
+      limit_req zone=rate burst={{.Burst}} nodelay;
+      limit_conn conns 4;
+      limit_req_status 503; limit_conn_status 503;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_pass http://app;
+    }
+  }
+}
+`
+
+// haproxyConf is HAProxy in front of the upstream, tuned as its
+// documentation allows: the upstream's concurrency capped by maxconn,
+// the rest waiting in HAProxy's queue for at most half the callers'
+// deadline (a longer wait serves requests whose callers gave up),
+// the queue ordered by priority classes set from the criticality header
+// (set-priority-class), so that HAProxy too serves CRITICAL first.
+const haproxyConf = `global
+  maxconn 8000
+  nbthread 1
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 30s
+  timeout server 30s
+  timeout queue 500ms
+  option http-keep-alive
+frontend fe
+  bind {{.Listen}}
+  http-request set-priority-class int(-2) if { req.hdr(triage-criticality) -m str CRITICAL_PLUS }
+  http-request set-priority-class int(-1) if { req.hdr(triage-criticality) -m str CRITICAL }
+  http-request set-priority-class int(1) if { req.hdr(triage-criticality) -m str SHEDDABLE_PLUS }
+  http-request set-priority-class int(2) if { req.hdr(triage-criticality) -m str SHEDDABLE }
+  default_backend app
+backend app
+  http-reuse always
+  server up {{.Upstream}} maxconn 2
+`
+
+// table is the medians of every configuration's runs, per load.
+func (c config) table(results map[string][]*run) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Medians of %d runs, less the disturbed ones (the machine's speed changed over 15%% across the step, or the load generator fell behind); each cell: goodput (successes/s / C); CRITICAL_PLUS and CRITICAL answered; p50 / p99 ms.\n\n", c.repeats)
+	fmt.Fprintf(&b, "| upstream | in front | C/s | %s |\n|---|---|---|%s\n", strings.Join(loadHeads(c.loads), " | "), strings.Repeat("---|", len(c.loads)))
+	for _, up := range c.upstreams {
+		for _, px := range c.proxies {
+			rs := results[up+"/"+px]
+			var caps []float64
+			for _, r := range rs {
+				caps = append(caps, r.Capacity)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.0f |", up, px, median(caps))
+			for i := range c.loads {
+				fmt.Fprintf(&b, " %s |", cell(rs, i))
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+func loadHeads(loads []string) []string {
+	var out []string
+	for _, l := range loads {
+		out = append(out, l+"x")
+	}
+	return out
+}
+
+// cell is step i's medians over runs.
+func cell(rs []*run, i int) string {
+	var g, cp, cr, p50, p99 []float64
+	discarded := 0
+	for _, r := range rs {
+		if i >= len(r.Steps) {
+			continue
+		}
+		if r.disturbed[i] {
+			discarded++
+			continue
+		}
+		st := r.Steps[i]
+		g = append(g, st.Goodput)
+		for _, lv := range st.Levels {
+			switch lv.Level {
+			case criticality.CriticalPlus:
+				cp = append(cp, lv.Success)
+			case criticality.Critical:
+				cr = append(cr, lv.Success)
+			}
+		}
+		p50 = append(p50, st.Latency.P50)
+		p99 = append(p99, st.Latency.P99)
+	}
+	if len(g) == 0 {
+		return fmt.Sprintf("all %d runs disturbed", discarded)
+	}
+	mark := ""
+	if discarded > 0 {
+		mark = fmt.Sprintf(" (of %d; %d disturbed)", len(g), discarded)
+	}
+	return fmt.Sprintf("%.2f; %.0f/%.0f%%; %.1f / %.0f%s", median(g), 100*median(cp), 100*median(cr), median(p50), median(p99), mark)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}

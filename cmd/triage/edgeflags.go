@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triageprom"
+	"github.com/triagehq/triage/triageyaml"
+	"github.com/triagehq/triage/trust"
+)
+
+// edgeFlags are the edge of a command that stands in front of a service
+// in another process (sidecar, extproc): whom to trust and how to assign
+// criticality, from -config (reloaded) or the -trust flags.
+type edgeFlags struct {
+	config, networks, identities string
+	trust                        *trust.Policy
+	classifier                   *edge.Classifier
+}
+
+func (e *edgeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&e.config, "config", "", "YAML file of the edge (trust: networks, identities; criticality: default, rules), read again when it changes")
+	fs.StringVar(&e.networks, "trust", "", "comma-separated networks (CIDR) whose criticality, attempt and customer headers are believed; default: nobody's (or -config's)")
+	fs.StringVar(&e.identities, "trust-identity", "", "comma-separated identities (URI or DNS SANs of client certificates) whose headers are believed")
+}
+
+// build makes the trust policy and the classifier: -config's, or the
+// -trust flags' with criticality from a trusted peer's header (default
+// CRITICAL).
+func (e *edgeFlags) build() error {
+	if e.config != "" {
+		if e.networks != "" || e.identities != "" {
+			return fmt.Errorf("-config names whom to trust: give -trust and -trust-identity there, not as flags")
+		}
+		c, err := triageyaml.LoadEdge(e.config)
+		if err != nil {
+			return err
+		}
+		e.trust, e.classifier, err = c.Build()
+		return err
+	}
+	var err error
+	if e.trust, err = trust.New(trust.Config{Networks: splitList(e.networks), Identities: splitList(e.identities)}); err != nil {
+		return fmt.Errorf("-trust: %w", err)
+	}
+	e.classifier, err = edge.New(edge.HeaderOnly())
+	return err
+}
+
+// watch reloads -config until ctx is done.
+func (e *edgeFlags) watch(ctx context.Context, log *slog.Logger) error {
+	if e.config == "" {
+		return nil
+	}
+	w, err := triageyaml.WatchEdge(e.config, e.trust, e.classifier)
+	if err != nil {
+		return err
+	}
+	go w.Run(ctx, func(err error) {
+		log.Warn("configuration refused; keeping the last good one", "file", e.config, "err", err)
+	})
+	return nil
+}
+
+// DefaultSidecarQueueFactor is the -queue-factor of sidecar and extproc:
+// a short queue (the book: "small queue lengths relative to the thread
+// pool size"), so that the requests an interactive upstream serves have
+// not waited out their callers' deadlines (docs/sidecar.md).
+const DefaultSidecarQueueFactor = 16
+
+// admissionFlags are the admission control of a command in front of a
+// service in another process: latency mode (admission.WithTolerance).
+type admissionFlags struct {
+	off, shadow bool
+	maxWait     time.Duration
+	queueFactor int
+	minInflight int
+	tolerance   float64
+}
+
+func (a *admissionFlags) register(fs *flag.FlagSet, maxWait time.Duration) {
+	fs.BoolVar(&a.off, "no-admission", false, "forward everything, without admission control (edge rules and trust still apply)")
+	fs.BoolVar(&a.shadow, "shadow", false, "shadow mode: decide as usual, count what would be refused (triage_shadow_would_refuse_total), refuse nothing")
+	fs.DurationVar(&a.maxWait, "max-wait", maxWait, "how long a request may wait for a slot at the upstream before it is refused")
+	fs.IntVar(&a.queueFactor, "queue-factor", DefaultSidecarQueueFactor, "the waiting queue, as a multiple of the number of requests let through at once (0-64)")
+	fs.IntVar(&a.minInflight, "min-inflight", 2, "fewest requests let through to the upstream at once, however high its latency (2 keeps a one-thread upstream busy while the next arrives)")
+	fs.Float64Var(&a.tolerance, "tolerance", triagegrpc.DefaultProxyTolerance, "how far the upstream's latency may rise above its recent best before fewer requests are let through at once (> 1)")
+}
+
+// check returns what is wrong with the flags, or "".
+func (a *admissionFlags) check() string {
+	switch {
+	case a.maxWait <= 0 || a.queueFactor < 0 || a.queueFactor > 64 || !(a.tolerance > 1) || a.tolerance > 100:
+		return "-max-wait must be positive, -queue-factor between 0 and 64, -tolerance in (1, 100]"
+	case a.minInflight < 1 || a.minInflight > admission.DefaultMaxLimit:
+		return fmt.Sprintf("-min-inflight must be between 1 and %d", admission.DefaultMaxLimit)
+	}
+	return ""
+}
+
+// controller returns the admission controller, registered with m and
+// reg; nil with -no-admission.
+func (a *admissionFlags) controller(m *triageprom.Metrics, reg *prometheus.Registry) (*admission.Controller, error) {
+	if a.off {
+		return nil, nil
+	}
+	ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
+		admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
+		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit))
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(triageprom.AdmissionState(ctl))
+	return ctl, nil
+}

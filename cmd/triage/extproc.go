@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
+	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/lifecycle"
+	"github.com/triagehq/triage/shadow"
+	"github.com/triagehq/triage/triageextproc"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triageprom"
+)
+
+// DefaultExtprocMaxWait is triage extproc's -max-wait: below Envoy's
+// default message_timeout (200 ms), so that a request waiting for a slot
+// is answered before Envoy gives up on the processor (docs/envoy.md).
+const DefaultExtprocMaxWait = 150 * time.Millisecond
+
+// extprocFlags are triage extproc's flags, parsed and checked.
+type extprocFlags struct {
+	listen, metrics string
+	edge            edgeFlags
+	admission       admissionFlags
+	unauthed        bool
+	drain           time.Duration
+	tls             tlsfiles.Files
+	log             logFlags
+}
+
+// parseExtprocFlags parses args, writing usage and errors to stderr; the
+// int is the exit status when it fails (0 for -help).
+func parseExtprocFlags(args []string, stderr io.Writer) (*extprocFlags, int, bool) {
+	fs := flag.NewFlagSet("triage extproc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	f := &extprocFlags{}
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:7092", "gRPC address Envoy's ext_proc filter calls (envoy.service.ext_proc.v3.ExternalProcessor)")
+	f.edge.register(fs)
+	f.tls.Register(fs, "", "Envoy")
+	fs.BoolVar(&f.unauthed, "unauthenticated", false, "serve Envoy without a verified client certificate beyond loopback")
+	f.admission.register(fs, DefaultExtprocMaxWait)
+	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the processor answers health NOT_SERVING before it stops; streams still open 10 s later are cut")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9093); default none")
+	f.log.register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, 0, false
+		}
+		return nil, 2, false
+	}
+	msg := f.admission.check()
+	if msg == "" {
+		msg = checkServing(f.listen, f.tls, f.unauthed, f.edge.identities)
+	}
+	switch {
+	case msg != "":
+	case fs.NArg() > 0:
+		msg = fmt.Sprintf("unexpected argument %q", fs.Arg(0))
+	case f.drain < 0 || f.drain > time.Hour:
+		msg = "-drain must be between 0 and 1h"
+	}
+	if msg != "" {
+		fmt.Fprintln(stderr, "triage extproc: "+msg)
+		return nil, 2, false
+	}
+	if err := f.edge.build(); err != nil {
+		fmt.Fprintf(stderr, "triage extproc: %v\n", err)
+		return nil, 2, false
+	}
+	return f, 0, true
+}
+
+// runExtproc serves Envoy's external processor until ctx is done, then
+// drains and stops.
+func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f, code, ok := parseExtprocFlags(args, stderr)
+	if !ok {
+		return code
+	}
+	log, err := f.log.logger(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "triage extproc: %v\n", err)
+		return 2
+	}
+	m := triageprom.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	gs, lc, err := f.server(m, reg)
+	if err != nil {
+		log.Error("extproc cannot start", "err", err)
+		return 1
+	}
+	if err := f.edge.watch(ctx, log); err != nil {
+		log.Error("extproc cannot watch its configuration", "err", err)
+		return 1
+	}
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		log.Error("extproc cannot listen", "addr", f.listen, "err", err)
+		return 1
+	}
+	if f.metrics != "" {
+		stopMetrics, err := serveMetrics(f.metrics, reg)
+		if err != nil {
+			lis.Close()
+			log.Error("extproc cannot serve metrics", "addr", f.metrics, "err", err)
+			return 1
+		}
+		defer stopMetrics()
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		log.Info("lame duck, then stop", "drain", f.drain)
+		sctx, cancel := context.WithTimeout(context.Background(), f.drain+10*time.Second)
+		defer cancel()
+		lc.Shutdown(sctx, triagegrpc.GracefulStop(gs))
+	}()
+	fmt.Fprintf(stdout, "ext_proc server listening on %s (envoy.service.ext_proc.v3.ExternalProcessor)\n", lis.Addr())
+	if err := gs.Serve(lis); err != nil {
+		log.Error("extproc stopped", "err", err)
+		return 1
+	}
+	<-stopped
+	log.Info("stopped")
+	return 0
+}
+
+// server builds the gRPC server: the processor, health and lifecycle.
+func (f *extprocFlags) server(m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
+	opts := []intake.Option{intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier)}
+	ctl, err := f.admission.controller(m, reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ctl != nil {
+		opts = append(opts, intake.WithAdmission(ctl))
+	}
+	if f.admission.shadow {
+		opts = append(opts, intake.WithShadow(shadow.All(), m.Shadow()))
+	}
+	ep, err := triageextproc.New(opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	var sopts []grpc.ServerOption
+	if f.tls.Set() {
+		cfg, err := f.tls.Server()
+		if err != nil {
+			return nil, nil, err
+		}
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	gs := grpc.NewServer(sopts...)
+	ep.Register(gs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	lc, err := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(f.drain))
+	if err != nil {
+		return nil, nil, err
+	}
+	return gs, lc, nil
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/triagehq/triage/internal/testkit/loopback"
+	"github.com/triagehq/triage/internal/testkit/testcert"
+)
+
+// echo answers with the criticality it was sent and its name.
+func echo(name string) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, name+":"+r.Header.Get("Triage-Criticality")+":"+r.URL.Path)
+	}))
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().String()
+}
+
+func get(t *testing.T, url string, header ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// The sidecar forwards with the criticality its edge gave, answers its
+// probes itself, forwards the service's own calls through -egress, reads
+// its -config again when it changes, and stops on cancel.
+func TestSidecarCommand(t *testing.T) {
+	up, other := echo("upstream"), echo("other")
+	defer up.Close()
+	defer other.Close()
+	cfg := filepath.Join(t.TempDir(), "edge.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(cfg, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("trust:\n  networks: [127.0.0.1/32]\ncriticality:\n  rules:\n    - header: true\n    - path_prefix: /batch\n      criticality: SHEDDABLE\n")
+	egressAddr := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, done, errb := startCommand(t, ctx, "sidecar", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-config", cfg,
+		"-egress", egressAddr+"="+other.URL, "-drain", "0s")
+	base := "http://" + addr
+	if code, body := get(t, base+"/a", "Triage-Criticality", "SHEDDABLE_PLUS"); code != 200 || body != "upstream:SHEDDABLE_PLUS:/a" {
+		t.Errorf("through the sidecar: %d %q", code, body)
+	}
+	if code, body := get(t, base+"/batch/x"); code != 200 || body != "upstream:SHEDDABLE:/batch/x" {
+		t.Errorf("the path rule: %d %q", code, body)
+	}
+	for _, p := range []string{"/triage/ready", "/triage/live"} {
+		if code, _ := get(t, base+p); code != 200 {
+			t.Errorf("%s: %d", p, code)
+		}
+	}
+	if code, body := get(t, "http://"+egressAddr+"/b", "Triage-Criticality", "CRITICAL_PLUS"); code != 200 || body != "other:CRITICAL_PLUS:/b" {
+		t.Errorf("through the egress: %d %q", code, body)
+	}
+	write("trust:\n  networks: [127.0.0.1/32]\ncriticality:\n  rules:\n    - header: true\n    - path_prefix: /batch\n      criticality: SHEDDABLE_PLUS\n")
+	loopback.WaitFor(t, "the new rule", func() bool {
+		_, body := get(t, base+"/batch/x")
+		return body == "upstream:SHEDDABLE_PLUS:/batch/x"
+	})
+	cancel()
+	waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
+}
+
+func TestSidecarFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sidecar"}, "-upstream is required"},
+		{[]string{"sidecar", "-upstream", "ftp://127.0.0.1:1"}, "scheme"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1"}, "HOST:PORT"},
+		{[]string{"sidecar", "-upstream", "http://192.0.2.1:80"}, "beyond loopback in the clear"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-listen", "0.0.0.0:1"}, "-unauthenticated"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-egress", "127.0.0.1:1"}, "LISTEN=URL"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-egress", "0.0.0.0:1=http://127.0.0.1:2"}, "only on loopback"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-min-inflight", "0"}, "-min-inflight"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-tolerance", "1"}, "-tolerance"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-config", "x.yaml", "-trust", "127.0.0.1/32"}, "-config names whom to trust"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-config", "/nonexistent.yaml"}, "nonexistent"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-upstream-tls-ca", "ca.pem"}, "https upstream"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-egress", "127.0.0.1:2=http://192.0.2.1:80"}, "-insecure-egress"},
+		{[]string{"extproc", "-listen", "0.0.0.0:1"}, "-unauthenticated"},
+		{[]string{"extproc", "-max-wait", "0s"}, "-max-wait"},
+		{[]string{"extproc", "-trust", "300.0.0.1/8"}, "-trust"},
+		{[]string{"extproc", "extra"}, "unexpected argument"},
+	} {
+		var o, e strings.Builder
+		if code := run(context.Background(), tc.args, &o, &e); code != 2 || !strings.Contains(e.String(), tc.want) {
+			t.Errorf("%q: exit %d, stderr %q, want 2 and %q", tc.args, code, e.String(), tc.want)
+		}
+	}
+}
+
+// triage extproc answers Envoy's ext_proc protocol and gRPC health.
+func TestExtprocCommand(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, done, errb := startCommand(t, ctx, "extproc", "-listen", "127.0.0.1:0", "-trust", "127.0.0.1/32", "-drain", "0s")
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer hcancel()
+	if h, err := healthpb.NewHealthClient(cc).Check(hctx, &healthpb.HealthCheckRequest{}); err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v, %v", h, err)
+	}
+	stream, err := extprocv3.NewExternalProcessorClient(cc).Process(hctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs, _ := structpb.NewStruct(map[string]any{"source.address": "127.0.0.1:4000"})
+	err = stream.Send(&extprocv3.ProcessingRequest{
+		Attributes: map[string]*structpb.Struct{"envoy.filters.http.ext_proc": attrs},
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{EndOfStream: true, Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":path", RawValue: []byte("/x")}, {Key: ":authority", RawValue: []byte("shop")}, {Key: "triage-criticality", RawValue: []byte("SHEDDABLE_PLUS")},
+		}}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()
+	if len(set) != 1 || set[0].GetHeader().GetKey() != "triage-criticality" || string(set[0].GetHeader().GetRawValue()) != "SHEDDABLE_PLUS" {
+		t.Errorf("request headers answered %v", resp)
+	}
+	stream.CloseSend()
+	cancel()
+	waitExit(t, done, errb, 15*time.Second, "extproc did not stop")
+}
+
+// triage sidecar with TLS on both sides: callers present certificates the
+// CA verifies, and only -trust-identity's criticality is believed; the
+// upstream is https and requires the sidecar's own certificate.
+func TestSidecarTLS(t *testing.T) {
+	ca, err := testcert.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	caFile := filepath.Join(dir, "ca.pem")
+	os.WriteFile(caFile, ca.PEM(), 0o600)
+	scCert, scKey, _ := writeLeaf(t, ca, dir, "sidecar", "spiffe://test/sidecar")
+	_, _, upPair := writeLeaf(t, ca, dir, "upstream", "spiffe://test/upstream")
+	_, _, frontend := writeLeaf(t, ca, dir, "frontend", "spiffe://test/frontend")
+	_, _, other := writeLeaf(t, ca, dir, "other", "spiffe://test/other")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.PEM())
+
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		peer := ""
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && len(r.TLS.PeerCertificates[0].URIs) > 0 {
+			peer = r.TLS.PeerCertificates[0].URIs[0].String()
+		}
+		io.WriteString(w, peer+" "+r.Header.Get("Triage-Criticality"))
+	}))
+	up.TLS = &tls.Config{Certificates: []tls.Certificate{upPair}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	up.StartTLS()
+	defer up.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, done, errb := startCommand(t, ctx, "sidecar", "-listen", "127.0.0.1:0", "-upstream", "https://"+up.Listener.Addr().String(),
+		"-tls-cert", scCert, "-tls-key", scKey, "-tls-ca", caFile, "-trust-identity", "spiffe://test/frontend",
+		"-upstream-tls-ca", caFile, "-upstream-tls-cert", scCert, "-upstream-tls-key", scKey, "-drain", "0s")
+	call := func(cert *tls.Certificate) (string, error) {
+		cfg := &tls.Config{RootCAs: pool}
+		if cert != nil {
+			cfg.Certificates = []tls.Certificate{*cert}
+		}
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+		req, _ := http.NewRequest("GET", "https://"+addr+"/x", nil)
+		req.Header.Set("Triage-Criticality", "SHEDDABLE_PLUS")
+		resp, err := c.Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b), nil
+	}
+	if got, err := call(&frontend); err != nil || got != "spiffe://test/sidecar SHEDDABLE_PLUS" {
+		t.Errorf("trusted identity: %q, %v; want the sidecar's certificate upstream and SHEDDABLE_PLUS", got, err)
+	}
+	if got, err := call(&other); err != nil || got != "spiffe://test/sidecar CRITICAL" {
+		t.Errorf("another identity: %q, %v; want its claim stripped (CRITICAL)", got, err)
+	}
+	if got, err := call(nil); err == nil {
+		t.Errorf("no client certificate: answered %q", got)
+	}
+	cancel()
+	waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
+}

@@ -1,0 +1,327 @@
+// Package triageextproc is triage as an Envoy external processor: a gRPC
+// server of envoy.service.ext_proc.v3.ExternalProcessor that an Envoy
+// proxy consults on each HTTP request (its ext_proc HTTP filter), so that
+// a mesh of services in any language gets triage's edge and admission
+// control without linking it.
+//
+// For each request Envoy opens a stream and sends the request headers;
+// the Server runs them through the same intake as the library's adapters
+// (trust, edge rules, criticality, decay, customer, client type, quotas,
+// admission), waiting for an execution slot if admission says so, and
+// answers either
+//
+//   - continue, with the request's triage headers set (criticality, and
+//     its decay, customer and attempt counter when it has them) and an
+//     untrusted peer's triage headers removed; or
+//   - an immediate response: 503 (task overloaded, overloaded; don't
+//     retry) or 429 (out of quota) with Triage-Outcome and Retry-After,
+//     and for a gRPC request the gRPC status triagegrpc gives the outcome.
+//
+// The request's execution slot is held until Envoy sends the response
+// headers (processing_mode response_header_mode SEND, Envoy's default)
+// or the stream ends (the request finished or was reset), so that
+// admission measures the upstream's latency and counts what it is doing.
+// Request and response bodies and trailers, if Envoy is configured to
+// send them, are passed through unchanged.
+//
+// The caller is the peer Envoy names in the request attribute
+// source.address (and connection.uri_san_peer_certificate for its
+// identity); configure the filter's request_attributes with them. A
+// request without them comes from an unknown peer, whose triage headers
+// are never believed. The Server trusts whoever can open a stream to it:
+// serve it to Envoy only (loopback, or mTLS).
+//
+// A Server is safe for concurrent use; it keeps nothing per stream beyond
+// the stream's own goroutine, and is bounded by its admission
+// controller's queue. Docs: docs/envoy.md.
+package triageextproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/netip"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/grpcwire"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/trust"
+	"github.com/triagehq/triage/wire"
+)
+
+// Attributes the Server reads from a request, when Envoy sends them
+// (the ext_proc filter's request_attributes).
+const (
+	SourceAddressAttribute = "source.address"
+	PeerURISANAttribute    = "connection.uri_san_peer_certificate"
+)
+
+// MaxHeaders bounds the request headers the Server reads: a request with
+// more is refused as bad input (InvalidArgument on the stream, which
+// Envoy answers as its failure mode says).
+const MaxHeaders = 256
+
+// Server is the external processor. Make one with New and register it
+// on a grpc.Server with Register.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+	in   *intake.Intake
+	keys *egress.Caller // what an admitted request carries on: egress.Call.Keys
+}
+
+// New returns a Server that runs each request through an intake made
+// with opts (intake.WithTrust, intake.WithClassifier,
+// intake.WithAdmission, intake.WithQuota, ...). Without admission it
+// assigns criticality and refuses nothing but quota.
+func New(opts ...intake.Option) (*Server, error) {
+	in, err := intake.New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := egress.New(egress.WithoutPolicy(), egress.WithInternal("*"))
+	if err != nil {
+		return nil, err
+	}
+	return &Server{in: in, keys: keys}, nil
+}
+
+// Register registers s on gs as Envoy's ExternalProcessor.
+func (s *Server) Register(gs *grpc.Server) { extprocv3.RegisterExternalProcessorServer(gs, s) }
+
+// Process serves one HTTP request's stream, as Envoy sends it.
+func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
+	var h *intake.Handle
+	defer func() {
+		if h != nil {
+			h.Finish()
+		}
+	}()
+	for {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
+			return nil // the request is over, or Envoy reset it
+		}
+		if err != nil {
+			return err
+		}
+		var resp *extprocv3.ProcessingResponse
+		switch r := req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			if h != nil {
+				return status.Error(codes.InvalidArgument, "triageextproc: request headers twice on one stream")
+			}
+			var refused bool
+			resp, h, refused, err = s.requestHeaders(stream.Context(), req, r.RequestHeaders)
+			if err != nil {
+				return err
+			}
+			if refused {
+				return stream.Send(resp) // Envoy answers the client and ends the stream
+			}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			if h != nil {
+				h.Finish()
+				h = nil
+			}
+			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
+		default:
+			resp = passThrough(req)
+		}
+		if resp == nil {
+			continue // observability mode or a message that needs no answer
+		}
+		if err := stream.Send(resp); err != nil {
+			return err
+		}
+	}
+}
+
+// passThrough answers a body or trailers message unchanged; nil for a
+// message that takes no answer.
+func passThrough(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	if req.ObservabilityMode {
+		return nil
+	}
+	switch req.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+	}
+	return nil
+}
+
+// requestHeaders decides on a request: the response to send, the
+// admitted request's Handle (nil if refused), and whether it was
+// refused.
+func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, *intake.Handle, bool, error) {
+	ir, err := requestOf(req, hh)
+	if err != nil {
+		return nil, nil, false, status.Error(codes.InvalidArgument, err.Error())
+	}
+	sent := triageKeys(ir.Header)
+	grpcReq := strings.HasPrefix(first(ir.Header, "content-type"), "application/grpc")
+	if d, ok := grpcwire.ParseTimeout(first(ir.Header, "grpc-timeout")); ok && grpcReq {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
+	h, err := s.in.Accept(ctx, &ir)
+	if err == nil {
+		err = h.Start()
+	}
+	if err != nil { // Accept refused, or Start finished the request
+		if oe, ok := outcome.As(err); ok && oe.Kind.Overload() {
+			return refusal(oe, grpcReq), nil, true, nil
+		}
+		return nil, nil, false, status.FromContextError(err).Err() // Envoy reset the stream while it waited
+	}
+	call := s.keys.Begin(h, ir.Host)
+	k, _ := call.Keys(h)
+	call.End()
+	k.Attempt = attempt.Incoming(h)
+	return admitted(k, sent, ir.Header), h, false, nil
+}
+
+// requestOf builds the intake's Request from Envoy's headers and
+// attributes.
+func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (intake.Request, error) {
+	ir := intake.Request{Case: intake.LowerCase, Header: map[string][]string{}}
+	if hh.GetHeaders() != nil && len(hh.Headers.Headers) > MaxHeaders {
+		return ir, errors.New("triageextproc: more than 256 request headers")
+	}
+	for _, hv := range hh.GetHeaders().GetHeaders() {
+		v := hv.Value
+		if len(hv.RawValue) > 0 {
+			v = string(hv.RawValue)
+		}
+		k := strings.ToLower(hv.Key)
+		switch k {
+		case ":authority":
+			ir.Host = v
+		case ":path":
+			ir.Path, _, _ = strings.Cut(v, "?")
+		}
+		if !strings.HasPrefix(k, ":") {
+			ir.Header[k] = append(ir.Header[k], v)
+		}
+	}
+	if ir.Host == "" {
+		ir.Host = first(ir.Header, "host")
+	}
+	ir.Peer = peerOf(req.Attributes, hh.Attributes)
+	return ir, nil
+}
+
+// peerOf reads the downstream peer from Envoy's attributes.
+func peerOf(sets ...map[string]*structpb.Struct) trust.Peer {
+	var p trust.Peer
+	for _, attrs := range sets {
+		for _, st := range attrs {
+			f := st.GetFields()
+			if v := f[SourceAddressAttribute].GetStringValue(); v != "" {
+				if ap, err := netip.ParseAddrPort(v); err == nil {
+					p.Addr = ap.Addr().Unmap()
+				} else if a, err := netip.ParseAddr(v); err == nil {
+					p.Addr = a.Unmap()
+				}
+			}
+			if v := f[PeerURISANAttribute].GetStringValue(); v != "" {
+				p.Identities = append(p.Identities, v)
+			}
+		}
+	}
+	return p
+}
+
+// triageKeys returns the triage header names in h.
+func triageKeys(h map[string][]string) []string {
+	var out []string
+	for k := range h {
+		if wire.IsTriage(k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+func first(h map[string][]string, k string) string {
+	if v := h[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// admitted is the answer that lets a request through: the triage
+// headers intake removed are removed, and the request's own set.
+func admitted(k egress.Keys, sent []string, after map[string][]string) *extprocv3.ProcessingResponse {
+	m := &extprocv3.HeaderMutation{}
+	for _, k := range sent {
+		if _, kept := after[k]; !kept {
+			m.RemoveHeaders = append(m.RemoveHeaders, k)
+		}
+	}
+	set := func(k, v string) {
+		m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{
+			Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		})
+	}
+	set(wire.CriticalityKey, k.Level.String())
+	if k.Decay != "" {
+		set(wire.DecayKey, k.Decay)
+	}
+	if k.Customer != "" {
+		set(wire.CustomerKey, k.Customer)
+	}
+	if k.Attempt > 0 {
+		set(wire.AttemptKey, attempt.Format(k.Attempt))
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: m},
+	}}}
+}
+
+// refusal is the immediate response of an overload outcome.
+func refusal(oe *outcome.Error, grpcReq bool) *extprocv3.ProcessingResponse {
+	code := typev3.StatusCode_ServiceUnavailable
+	if oe.Kind == outcome.OutOfQuota {
+		code = typev3.StatusCode_TooManyRequests
+	}
+	hv := func(k, v string) *corev3.HeaderValueOption {
+		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}
+	}
+	ir := &extprocv3.ImmediateResponse{
+		Status: &typev3.HttpStatus{Code: code},
+		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+			hv(wire.OutcomeKey, oe.Kind.Token()),
+			hv("retry-after", outcome.FormatRetryAfterSeconds(oe.RetryAfter)),
+		}},
+		Body:    []byte(oe.Error() + "\n"),
+		Details: "triage_" + strings.ReplaceAll(oe.Kind.Token(), "-", "_"),
+	}
+	if grpcReq {
+		// Envoy answers a gRPC request with this status, the body as its
+		// message: the compact form triagegrpc reads.
+		ir.GrpcStatus = &extprocv3.GrpcStatus{Status: uint32(triagegrpc.Code(oe.Kind))}
+		ir.Body = []byte(oe.Error())
+	}
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: ir}}
+}

@@ -1,0 +1,383 @@
+// Package triagesidecar puts triage in front of a service written in any
+// language, and behind its outgoing calls, over HTTP.
+//
+// Ingress is a reverse proxy to one local upstream: every request runs
+// through triagehttp's middleware (trust, edge rules, criticality, decay,
+// customer, client type, quota, admission) and is forwarded with the
+// criticality, attempt counter and deadline it was given. Egress is a
+// reverse proxy from the service to one service it calls, with the client
+// side of the book: adaptive throttling, the retry budget and the attempt
+// counter (an egress.Caller and triagehttp.Transport).
+//
+// Both speak HTTP/1.1, HTTP/2 over TLS and cleartext HTTP/2 (h2c) as the
+// server they are given allows, and so gRPC: a request whose Content-Type
+// is application/grpc gets a refusal as the gRPC status triagegrpc gives
+// it (in the compact form, without details, that triagegrpc reads), its
+// grpc-timeout becomes its deadline, and what is left of that deadline is
+// forwarded. An HTTP request's deadline is its context's (WithTimeout).
+//
+// The upstream's CPU is another process's: give Ingress's middleware an
+// admission.Controller in its latency mode (admission.WithTolerance, as
+// the batch proxy does), so that the sidecar forwards as many requests at
+// once as keep the upstream's latency near its best.
+//
+// An Ingress or Egress handler is safe for concurrent use. It holds no
+// state of its own beyond its options'; what bounds it is its
+// admission.Controller's queue and the server's limits.
+package triagesidecar
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync/atomic"
+	"time"
+
+	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/grpcwire"
+	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagehttp"
+)
+
+// DefaultEgressBody is how much of a request body Egress keeps so that a
+// retry can send it again: 64 KiB. A longer body is sent once.
+const DefaultEgressBody = 64 << 10
+
+// Option configures Ingress or Egress.
+type Option interface{ apply(*config) }
+
+type config struct {
+	transport  http.RoundTripper
+	middleware []triagehttp.Option
+	timeout    time.Duration
+	grace      time.Duration
+	egressBody int
+}
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithTransport sets the round tripper that reaches the upstream.
+// Default: Transport(upstream, nil).
+func WithTransport(rt http.RoundTripper) Option {
+	return optionFunc(func(c *config) { c.transport = rt })
+}
+
+// WithMiddleware adds options for the triagehttp middleware in front of
+// the proxy (trust, classifier, admission, lifecycle, quota, shadow,
+// health-check paths). Ingress's default is triagehttp's: nobody trusted,
+// no admission. Egress's middleware trusts loopback, where the service
+// that calls through it runs, and has no admission.
+func WithMiddleware(opts ...triagehttp.Option) Option {
+	return optionFunc(func(c *config) { c.middleware = append(c.middleware, opts...) })
+}
+
+// WithTimeout sets the deadline of a request that comes without one
+// (an HTTP request, or a gRPC call without grpc-timeout). Default 0:
+// none, beyond the caller's going away.
+func WithTimeout(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.timeout = d })
+}
+
+// WithAbandonGrace sets how long Ingress keeps waiting for the upstream
+// after a caller went away before it cancels the upstream's request.
+// An upstream in most languages does not notice that a connection
+// closed and finishes the request anyway: until it does, the request
+// keeps its execution slot, so that admission counts what the upstream
+// is really doing. A request whose deadline passed is cancelled at once
+// (its deadline was forwarded). Default DefaultAbandonGrace.
+func WithAbandonGrace(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.grace = d })
+}
+
+// DefaultAbandonGrace is how long Ingress waits for the upstream after
+// the caller went away: 10 s.
+const DefaultAbandonGrace = 10 * time.Second
+
+// WithEgressBody sets how much of a request's body Egress keeps for
+// retries (0 to 16 MiB). Default DefaultEgressBody.
+func WithEgressBody(n int) Option {
+	return optionFunc(func(c *config) { c.egressBody = n })
+}
+
+func newConfig(upstream *url.URL, opts []Option) (config, error) {
+	c := config{egressBody: DefaultEgressBody, grace: DefaultAbandonGrace}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	switch {
+	case upstream == nil || upstream.Host == "":
+		return c, errors.New("triagesidecar: the upstream needs a host")
+	case upstream.Scheme != "http" && upstream.Scheme != "https" && upstream.Scheme != "h2c":
+		return c, fmt.Errorf("triagesidecar: upstream scheme %q: want http, https or h2c", upstream.Scheme)
+	case c.timeout < 0 || c.grace < 0:
+		return c, fmt.Errorf("triagesidecar: negative timeout %v or abandon grace %v", c.timeout, c.grace)
+	case c.egressBody < 0 || c.egressBody > 16<<20:
+		return c, fmt.Errorf("triagesidecar: egress body buffer %d: want 0 to 16 MiB", c.egressBody)
+	}
+	if c.transport == nil {
+		rt, err := Transport(upstream, nil)
+		if err != nil {
+			return c, err
+		}
+		c.transport = rt
+	}
+	return c, nil
+}
+
+// Transport returns an http.Transport for upstream's scheme: http speaks
+// HTTP/1.1, h2c cleartext HTTP/2 (with prior knowledge, as gRPC
+// upstreams need), https HTTP/2 or HTTP/1.1 over TLS with tlsConfig (nil:
+// the system roots).
+func Transport(upstream *url.URL, tlsConfig *tls.Config) (*http.Transport, error) {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	t.TLSClientConfig = tlsConfig
+	t.MaxIdleConnsPerHost = 256
+	var p http.Protocols
+	switch upstream.Scheme {
+	case "http":
+		p.SetHTTP1(true)
+	case "h2c":
+		p.SetUnencryptedHTTP2(true)
+	case "https":
+		p.SetHTTP1(true)
+		p.SetHTTP2(true)
+	default:
+		return nil, fmt.Errorf("triagesidecar: upstream scheme %q: want http, https or h2c", upstream.Scheme)
+	}
+	t.Protocols = &p
+	return t, nil
+}
+
+// target is upstream as net/http dials it: h2c is http on the wire.
+func target(upstream *url.URL) *url.URL {
+	u := *upstream
+	if u.Scheme == "h2c" {
+		u.Scheme = "http"
+	}
+	return &u
+}
+
+// Ingress returns a reverse proxy to upstream (http://, https:// or
+// h2c:// for cleartext HTTP/2) behind triagehttp's middleware. A request
+// the middleware admits is forwarded with the Host and path it came with
+// (joined to upstream's path), the X-Forwarded headers, its criticality,
+// decay, customer and the attempt counter it came with, and for gRPC the
+// time left before its deadline. An upstream that cannot be reached is
+// answered 502 (gRPC: UNAVAILABLE), a deadline that passed 504 (gRPC:
+// DEADLINE_EXCEEDED); the upstream's own answers, refusals included,
+// pass through unchanged.
+func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
+	c, err := newConfig(upstream, opts)
+	if err != nil {
+		return nil, err
+	}
+	mw, err := triagehttp.Middleware(append(c.middleware, triagehttp.WithErrorWriter(WriteError))...)
+	if err != nil {
+		return nil, fmt.Errorf("triagesidecar: %w", err)
+	}
+	// Every request the sidecar forwards goes to its own service: the
+	// upstream is internal, and its attempt is the caller's.
+	keys, err := egress.New(egress.WithoutPolicy(), egress.WithInternal("*"))
+	if err != nil {
+		return nil, err
+	}
+	to := target(upstream)
+	rp := &httputil.ReverseProxy{
+		Transport: c.transport,
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(to)
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+			ctx := pr.In.Context()
+			call := keys.Begin(ctx, to.Host)
+			k, _ := call.Keys(ctx)
+			call.End()
+			k.Attempt = attempt.Incoming(ctx)
+			triagehttp.SetKeys(pr.Out.Header, k)
+			setTimeout(pr.Out, ctx)
+		},
+		ErrorHandler: upstreamError,
+	}
+	return withDeadline(mw(finishing(rp, c.grace)), c.timeout), nil
+}
+
+// finishing runs next with a context the caller's going away does not
+// cancel for grace: the upstream's request, and the execution slot, last
+// until the upstream answers (see WithAbandonGrace). The context keeps
+// the request's values and its deadline.
+func finishing(next http.Handler, grace time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		up, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		if dl, ok := ctx.Deadline(); ok {
+			up, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
+		}
+		var t atomic.Pointer[time.Timer]
+		stop := context.AfterFunc(ctx, func() {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				cancel()
+				return
+			}
+			t.Store(time.AfterFunc(grace, cancel))
+		})
+		defer func() {
+			stop()
+			cancel()
+			if tm := t.Load(); tm != nil {
+				tm.Stop() // a timer stored after this fires cancel again: harmless
+			}
+		}()
+		next.ServeHTTP(w, r.WithContext(up))
+	})
+}
+
+// Egress returns a reverse proxy from a local service to upstream, one
+// service it calls: the service sends its requests to Egress's listener
+// instead, with the triage headers of the request it is serving (the
+// criticality, decay and customer Ingress gave it; Egress trusts
+// loopback by default). Each request is made through
+// triagehttp.Transport with caller's policy (adaptive throttling, up to
+// three attempts, the retry budget) and the attempt counter; a request
+// the client side gives up on is answered with its outcome, as
+// triagehttp.WriteError (gRPC: a status) writes it, so the service passes
+// "overloaded; don't retry" up rather than retrying.
+func Egress(upstream *url.URL, caller *egress.Caller, opts ...Option) (http.Handler, error) {
+	c, err := newConfig(upstream, append([]Option{WithMiddleware(triagehttp.WithTrust(loopbackTrust()))}, opts...))
+	if err != nil {
+		return nil, err
+	}
+	if caller == nil {
+		return nil, errors.New("triagesidecar: Egress needs an egress.Caller")
+	}
+	mw, err := triagehttp.Middleware(append(c.middleware, triagehttp.WithErrorWriter(WriteError))...)
+	if err != nil {
+		return nil, fmt.Errorf("triagesidecar: %w", err)
+	}
+	to := target(upstream)
+	rp := &httputil.ReverseProxy{
+		Transport: &triagehttp.Transport{Base: c.transport, Caller: caller},
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(to)
+			pr.SetXForwarded()
+			setTimeout(pr.Out, pr.In.Context())
+		},
+		ErrorHandler: upstreamError,
+	}
+	return withDeadline(mw(replayable(rp, c.egressBody)), c.timeout), nil
+}
+
+// replayable reads up to limit bytes of a request's body ahead so that a
+// retry can send it again (GetBody); a longer body is sent once.
+func replayable(next http.Handler, limit int) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || limit == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		buf, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
+		if err != nil {
+			http.Error(w, "triagesidecar: reading the request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if len(buf) > limit {
+			r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
+			next.ServeHTTP(w, r)
+			return
+		}
+		r.Body.Close()
+		r.ContentLength = int64(len(buf))
+		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+		r.Body, _ = r.GetBody()
+		next.ServeHTTP(w, r)
+	})
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// withDeadline gives each request the deadline its grpc-timeout names,
+// or def when it has none (0: none).
+func withDeadline(next http.Handler, def time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d, ok := time.Duration(0), false
+		if isGRPC(r) {
+			d, ok = grpcwire.ParseTimeout(r.Header.Get("Grpc-Timeout"))
+		}
+		if !ok && def > 0 {
+			d, ok = def, true
+		}
+		if ok {
+			ctx, cancel := context.WithTimeout(r.Context(), d)
+			defer cancel()
+			r = r.WithContext(ctx)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// setTimeout writes what is left of ctx's deadline as out's grpc-timeout,
+// for a gRPC request.
+func setTimeout(out *http.Request, ctx context.Context) {
+	if !isGRPC(out) {
+		return
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		out.Header.Set("Grpc-Timeout", grpcwire.FormatTimeout(time.Until(dl)))
+	}
+}
+
+// upstreamError answers a request the upstream did not: its deadline
+// passed (504), its caller went away (nothing to answer), or the upstream
+// could not be reached or broke off (502).
+func upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if WriteError(w, r, err) {
+		return
+	}
+	switch {
+	case errors.Is(r.Context().Err(), context.DeadlineExceeded):
+		writeFailure(w, r, http.StatusGatewayTimeout, codeDeadlineExceeded, "triagesidecar: deadline exceeded before the upstream answered")
+	case r.Context().Err() != nil:
+		// The caller is gone: nobody reads an answer.
+	default:
+		writeFailure(w, r, http.StatusBadGateway, codeUnavailable, "triagesidecar: upstream: "+err.Error())
+	}
+}
+
+// WriteError writes err, an overload outcome, for r and reports whether it
+// did: for a gRPC request as a gRPC status in a trailers-only response,
+// otherwise as triagehttp.WriteError does. It is the sidecar's
+// triagehttp.WithErrorWriter.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) bool {
+	if !isGRPC(r) {
+		return triagehttp.WriteError(w, err)
+	}
+	oe, ok := outcome.As(outcome.Upward(err))
+	if !ok || !oe.Kind.Overload() {
+		return false
+	}
+	writeStatus(w, int(triagegrpc.Code(oe.Kind)), oe.Error())
+	return true
+}
+
+// writeFailure answers r with an HTTP status, or for gRPC with a gRPC
+// code.
+func writeFailure(w http.ResponseWriter, r *http.Request, httpStatus, grpcCode int, msg string) {
+	if isGRPC(r) {
+		writeStatus(w, grpcCode, msg)
+		return
+	}
+	http.Error(w, msg, httpStatus)
+}
