@@ -103,6 +103,21 @@ func TestIngressForwardsWhatTheEdgeDecided(t *testing.T) {
 	}
 }
 
+// grpcUpstream serves srv's TestService over cleartext HTTP/2 on
+// loopback, as a gRPC upstream without TLS, and returns its h2c URL.
+func grpcUpstream(t *testing.T, srv testgrpc.TestServiceServer) *url.URL {
+	t.Helper()
+	gs := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(gs, srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	return mustURL(t, "h2c://"+lis.Addr().String())
+}
+
 // recorder is a gRPC upstream that records what each call arrived with.
 type recorder struct {
 	testgrpc.UnimplementedTestServiceServer
@@ -125,14 +140,7 @@ func (r *recorder) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.
 // reads (task overloaded), not as an HTTP error.
 func TestIngressSpeaksGRPC(t *testing.T) {
 	rec := &recorder{}
-	gs := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(gs, rec)
-	glis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(glis)
-	defer gs.Stop()
+	up := grpcUpstream(t, rec)
 
 	ctl, err := admission.New(admission.WithTolerance(1.2))
 	if err != nil {
@@ -142,8 +150,7 @@ func TestIngressSpeaksGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	in, err := triagesidecar.Ingress(mustURL(t, "h2c://"+glis.Addr().String()),
-		triagesidecar.WithMiddleware(triagehttp.WithTrust(pol), triagehttp.WithAdmission(ctl)))
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithTrust(pol), triagehttp.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,19 +324,12 @@ func (echoStream) FullDuplexCall(s testgrpc.TestService_FullDuplexCallServer) er
 // read-ahead takes the first message, not the whole stream (it would
 // wait out the message timeout and answer 408).
 func TestIngressBidiStream(t *testing.T) {
-	gs := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(gs, echoStream{})
-	glis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(glis)
-	defer gs.Stop()
+	up := grpcUpstream(t, echoStream{})
 	ctl, err := admission.New(admission.WithTolerance(1.2), admission.WithMessageTimeout(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := triagesidecar.Ingress(mustURL(t, "h2c://"+glis.Addr().String()), triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl)))
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}

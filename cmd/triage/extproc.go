@@ -106,37 +106,10 @@ func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		log.Error("extproc cannot watch its configuration", "err", err)
 		return 1
 	}
-	lis, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		log.Error("extproc cannot listen", "addr", f.listen, "err", err)
-		return 1
-	}
-	if f.metrics != "" {
-		stopMetrics, err := serveMetrics(f.metrics, reg)
-		if err != nil {
-			lis.Close()
-			log.Error("extproc cannot serve metrics", "addr", f.metrics, "err", err)
-			return 1
-		}
-		defer stopMetrics()
-	}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		<-ctx.Done()
-		log.Info("lame duck, then stop", "drain", f.drain)
-		sctx, cancel := context.WithTimeout(context.Background(), f.drain+10*time.Second)
-		defer cancel()
-		lc.Shutdown(sctx, triagegrpc.GracefulStop(gs))
-	}()
-	fmt.Fprintf(stdout, "ext_proc server listening on %s (envoy.service.ext_proc.v3.ExternalProcessor)\n", lis.Addr())
-	if err := gs.Serve(lis); err != nil {
-		log.Error("extproc stopped", "err", err)
-		return 1
-	}
-	<-stopped
-	log.Info("stopped")
-	return 0
+	svc := grpcService{name: "extproc", listen: f.listen, metrics: f.metrics, reg: reg, gs: gs, lc: lc, drain: f.drain, log: log}
+	return svc.run(ctx, stdout, func(a net.Addr) string {
+		return fmt.Sprintf("ext_proc server listening on %s (envoy.service.ext_proc.v3.ExternalProcessor)", a)
+	})
 }
 
 // server builds the gRPC server: the processor, health and lifecycle.

@@ -169,37 +169,10 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	defer cc.Close()
-	lis, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		log.Error("proxy cannot listen", "addr", f.listen, "err", err)
-		return 1
-	}
-	if f.metrics != "" {
-		stopMetrics, err := serveMetrics(f.metrics, reg)
-		if err != nil {
-			lis.Close()
-			log.Error("proxy cannot serve metrics", "addr", f.metrics, "err", err)
-			return 1
-		}
-		defer stopMetrics()
-	}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		<-ctx.Done()
-		log.Info("lame duck, then stop", "drain", f.drain)
-		sctx, cancel := context.WithTimeout(context.Background(), f.drain+10*time.Second)
-		defer cancel()
-		lc.Shutdown(sctx, triagegrpc.GracefulStop(gs))
-	}()
-	fmt.Fprintf(stdout, "batch proxy listening on %s: %d backends, %s\n", lis.Addr(), len(f.addrs), f.lbConfig)
-	if err := gs.Serve(lis); err != nil {
-		log.Error("proxy stopped", "err", err)
-		return 1
-	}
-	<-stopped
-	log.Info("stopped")
-	return 0
+	svc := grpcService{name: "proxy", listen: f.listen, metrics: f.metrics, reg: reg, gs: gs, lc: lc, drain: f.drain, log: log}
+	return svc.run(ctx, stdout, func(a net.Addr) string {
+		return fmt.Sprintf("batch proxy listening on %s: %d backends, %s", a, len(f.addrs), f.lbConfig)
+	})
 }
 
 // build dials the backends through triage's balancer and builds the
