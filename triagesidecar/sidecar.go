@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/grpcwire"
 	"github.com/triagehq/triage/outcome"
@@ -60,6 +61,7 @@ type config struct {
 	timeout    time.Duration
 	grace      time.Duration
 	egressBody int
+	clock      clock.Clock
 }
 
 type optionFunc func(*config)
@@ -99,6 +101,10 @@ func WithAbandonGrace(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.grace = d })
 }
 
+// WithClock sets the clock of the abandon grace (WithAbandonGrace).
+// Default: the real clock.
+func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
+
 // DefaultAbandonGrace is how long Ingress waits for the upstream after
 // the caller went away: 10 s.
 const DefaultAbandonGrace = 10 * time.Second
@@ -114,6 +120,7 @@ func newConfig(upstream *url.URL, opts []Option) (config, error) {
 	for _, o := range opts {
 		o.apply(&c)
 	}
+	c.clock = clock.OrReal(c.clock)
 	switch {
 	case upstream == nil || upstream.Host == "":
 		return c, errors.New("triagesidecar: the upstream needs a host")
@@ -209,33 +216,34 @@ func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
 		},
 		ErrorHandler: upstreamError,
 	}
-	return withDeadline(mw(finishing(rp, c.grace)), c.timeout), nil
+	return withDeadline(mw(finishing(rp, c.clock, c.grace)), c.timeout), nil
 }
 
 // finishing runs next with a context the caller's going away does not
 // cancel for grace: the upstream's request, and the execution slot, last
 // until the upstream answers (see WithAbandonGrace). The context keeps
 // the request's values and its deadline.
-func finishing(next http.Handler, grace time.Duration) http.Handler {
+func finishing(next http.Handler, clk clock.Clock, grace time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		up, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		if dl, ok := ctx.Deadline(); ok {
 			up, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
 		}
-		var t atomic.Pointer[time.Timer]
+		var t atomic.Pointer[clock.Timer]
 		stop := context.AfterFunc(ctx, func() {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				cancel()
 				return
 			}
-			t.Store(time.AfterFunc(grace, cancel))
+			tm := clock.AfterFunc(clk, grace, cancel)
+			t.Store(&tm)
 		})
 		defer func() {
 			stop()
 			cancel()
 			if tm := t.Load(); tm != nil {
-				tm.Stop() // a timer stored after this fires cancel again: harmless
+				(*tm).Stop() // a timer stored after this fires cancel again: harmless
 			}
 		}()
 		next.ServeHTTP(w, r.WithContext(up))

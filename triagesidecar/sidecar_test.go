@@ -21,9 +21,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
@@ -357,4 +359,48 @@ func TestIngressBidiStream(t *testing.T) {
 	if _, err := stream.Recv(); err != io.EOF {
 		t.Errorf("end of stream: %v", err)
 	}
+}
+
+// A caller that goes away does not free its execution slot while the
+// upstream still works on its request (an upstream in most languages
+// finishes it anyway): admission keeps counting it, and the upstream's
+// request is cancelled only after the abandon grace.
+func TestIngressHoldsTheSlotUntilTheUpstreamAnswers(t *testing.T) {
+	arrived, upstreamCancelled := make(chan struct{}, 1), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-r.Context().Done() // like Python, it would finish; here it waits to see when the sidecar gives up on it
+		close(upstreamCancelled)
+	}))
+	defer up.Close()
+	ctl, err := admission.New(admission.WithTolerance(1.2), admission.WithLimits(1, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := clock.NewFake(time.Unix(0, 0))
+	in, err := triagesidecar.Ingress(mustURL(t, up.URL), triagesidecar.WithClock(fake),
+		triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+serve(t, in)+"/", nil)
+	go func() {
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	cancel()
+	// The sidecar notices the caller left and starts the grace, unless it
+	// cancels the upstream's request at once.
+	if !fake.BlockUntil(1, upstreamCancelled) {
+		t.Fatal("the upstream's request was cancelled as soon as the caller left: its slot was freed while the upstream worked")
+	}
+	if s := ctl.Stats(); s.Executing != 1 {
+		t.Fatalf("after the caller left, %d executing, want 1: the upstream still works", s.Executing)
+	}
+	fake.Advance(triagesidecar.DefaultAbandonGrace)
+	<-upstreamCancelled
+	loopback.WaitFor(t, "the slot freed after the grace", func() bool { return ctl.Stats().Executing == 0 })
 }
