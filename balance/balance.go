@@ -279,7 +279,8 @@ type Balancer struct {
 	now      atomic.Int64  // ns since start, refreshed every 64 picks
 	errEpoch atomic.Int64  // the error window of the last decay
 
-	update     sync.Mutex // held while recomputing weights
+	update     sync.Mutex // held while recomputing weights or changing the set or a state
+	stale      atomic.Bool // a recomputation was asked for while update was held
 	nextUpdate atomic.Int64
 	// lameDucks is at least the number of endpoints in LameDuck or
 	// Unresponsive (exact after each expireLameDucks): while it is 0,
@@ -348,7 +349,7 @@ func (b *Balancer) SetEndpoints(ids []string) ([]*Endpoint, error) {
 		return nil, fmt.Errorf("balance: %d endpoints, at most %d", len(ids), math.MaxUint16)
 	}
 	b.update.Lock()
-	defer b.update.Unlock()
+	defer b.unlockUpdate()
 	old := map[string]*Endpoint{}
 	for _, e := range b.set.Load().eps {
 		old[e.id] = e
@@ -847,7 +848,7 @@ func (e *Endpoint) setState(s State, from State) {
 func (e *Endpoint) setStateIf(s State, ok func(State) bool) {
 	e.b.update.Lock() // orders state changes with their bit
 	if !ok(State(e.state.Load())) {
-		e.b.update.Unlock()
+		e.b.unlockUpdate()
 		return
 	}
 	old := State(e.state.Swap(uint32(s)))
@@ -861,7 +862,7 @@ func (e *Endpoint) setStateIf(s State, ok func(State) bool) {
 			break
 		}
 	}
-	e.b.update.Unlock()
+	e.b.unlockUpdate()
 	if old != s {
 		e.b.cfg.obs.StateChanged(e, old, s)
 	}
@@ -1057,15 +1058,30 @@ const maxScore = 1e12
 // without waiting for the period.
 func (b *Balancer) UpdateWeights() { b.updateWeights(b.readClock()) }
 
+// updateWeights recomputes the weights, or, when another goroutine holds
+// b.update, leaves the recomputation to it: a report that arrives during
+// another's recomputation is weighed when that one ends, not at the next
+// report.
 func (b *Balancer) updateWeights(now int64) {
-	if !b.update.TryLock() {
-		return
+	b.stale.Store(true)
+	for b.stale.Load() && b.update.TryLock() {
+		b.stale.Store(false)
+		b.nextUpdate.Store(now + int64(b.cfg.period))
+		s := b.set.Load()
+		b.set.Store(&endpointSet{eps: s.eps, ws: s.ws, sched: b.schedule(s.eps, now)})
+		b.cfg.obs.WeightsUpdated(b)
+		b.update.Unlock()
+		now = b.readClock()
 	}
-	defer b.update.Unlock()
-	b.nextUpdate.Store(now + int64(b.cfg.period))
-	s := b.set.Load()
-	b.set.Store(&endpointSet{eps: s.eps, ws: s.ws, sched: b.schedule(s.eps, now)})
-	b.cfg.obs.WeightsUpdated(b)
+}
+
+// unlockUpdate releases b.update and does the recomputation asked for
+// while it was held.
+func (b *Balancer) unlockUpdate() {
+	b.update.Unlock()
+	if b.stale.Load() {
+		b.updateWeights(b.readClock())
+	}
 }
 
 // schedule computes the weights and returns the WeightedRoundRobin

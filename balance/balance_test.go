@@ -915,3 +915,38 @@ func TestConnectedKeepsLameDuck(t *testing.T) {
 		t.Fatalf("lame duck, then connected: %v, want lame duck", s)
 	}
 }
+
+// reportDuring delivers one report to e while the balancer recomputes its
+// weights for the first time (WeightsUpdated is called with the update
+// in progress), as a second backend's out-of-band report does when it
+// arrives while the first one's is being weighed.
+type reportDuring struct {
+	Nop
+	e    *Endpoint
+	done bool
+}
+
+func (r *reportDuring) WeightsUpdated(*Balancer) {
+	if !r.done {
+		r.done = true
+		report(r.e, 100, 0, 0.5)
+	}
+}
+
+// A report that arrives while the weights are being recomputed is not
+// lost: the update in progress runs again with it. Two backends' first
+// out-of-band reports arrive at once; the client's weights must hold
+// both, not wait for the next report (10 s away) to see the second.
+func TestReportDuringUpdateIsWeighed(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	obs := &reportDuring{}
+	_, eps := newBalancer(t, clk, 2, WithPolicy(WeightedRoundRobin), WithBlackout(0), WithObserver(obs))
+	obs.e = eps[1]
+	report(eps[0], 400, 0, 0.5)
+	if !obs.done {
+		t.Fatal("the first report did not update the weights")
+	}
+	if eps[0].Weight() != 800 || eps[1].Weight() != 200 {
+		t.Fatalf("weights %v and %v, want 800 and 200: the report that came during the update was lost", eps[0].Weight(), eps[1].Weight())
+	}
+}
