@@ -279,7 +279,7 @@ type Balancer struct {
 	now      atomic.Int64  // ns since start, refreshed every 64 picks
 	errEpoch atomic.Int64  // the error window of the last decay
 
-	update     sync.Mutex // held while recomputing weights or changing the set or a state
+	update     sync.Mutex  // held while recomputing weights or changing the set or a state
 	stale      atomic.Bool // a recomputation was asked for while update was held
 	nextUpdate atomic.Int64
 	// lameDucks is at least the number of endpoints in LameDuck or
