@@ -314,3 +314,41 @@ func RejectionOf(err error) (r Reason, dontRetry, ok bool) {
 	}
 	return 0, false, false
 }
+
+// Tee returns an Observer that tells each of obs, nil ones skipped: to
+// report to two exporters at once.
+func Tee(obs ...Observer) Observer {
+	var out tee
+	for _, o := range obs {
+		if o != nil {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+type tee []Observer
+
+func (t tee) Admitted(l criticality.Level) {
+	for _, o := range t {
+		o.Admitted(l)
+	}
+}
+
+func (t tee) Rejected(l criticality.Level, r Reason, dontRetry bool) {
+	for _, o := range t {
+		o.Rejected(l, r, dontRetry)
+	}
+}
+
+func (t tee) LimitChanged(limit int) {
+	for _, o := range t {
+		o.LimitChanged(limit)
+	}
+}
+
+func (t tee) Degraded(l criticality.Level) {
+	for _, o := range t {
+		o.Degraded(l)
+	}
+}

@@ -437,3 +437,30 @@ func (Nop) Stripped(string)     {}
 // Observer returns the classifier's observer, so adapters report stripped
 // keys to the same place.
 func (c *Classifier) Observer() Observer { return c.obs }
+
+// Tee returns an Observer that tells each of obs, nil ones skipped: to
+// report to two exporters at once (triageprom and triageotel while
+// moving from one to the other).
+func Tee(obs ...Observer) Observer {
+	var out tee
+	for _, o := range obs {
+		if o != nil {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+type tee []Observer
+
+func (t tee) Classified(d Decision) {
+	for _, o := range t {
+		o.Classified(d)
+	}
+}
+
+func (t tee) Stripped(key string) {
+	for _, o := range t {
+		o.Stripped(key)
+	}
+}

@@ -30,6 +30,7 @@ type Handle struct {
 	parent         context.Context
 	customer       string
 	x              *admitted // nil without admission control, quotas and a decay to cancel
+	tr             *traced   // nil without a Tracer
 	level, attempt uint8
 }
 
@@ -187,16 +188,22 @@ func (h *Handle) Holds() bool {
 func (h *Handle) Start() error {
 	x := h.x
 	if x == nil {
+		h.traceStart(0, nil)
 		return nil
 	}
 	if !x.begun.CompareAndSwap(false, true) {
 		return context.Canceled // abandoned: the transport dropped the request
 	}
 	x.conn.leaveWaiting()
+	var began time.Time
+	if h.tr != nil && x.ctl != nil {
+		began = x.clk.Now()
+	}
 	if x.ctl != nil && x.shadow != nil {
 		x.startShadow(h)
 	} else if x.ctl != nil {
 		if err := x.ctl.Start(h, &x.ticket); err != nil {
+			h.traceStart(x.since(began), err)
 			x.conn.leave()
 			x.penaliseLate(h, err)
 			x.ctl.Done(&x.ticket)
@@ -214,7 +221,16 @@ func (h *Handle) Start() error {
 		}
 		x.cost.StartWith(x.meter, b)
 	}
+	h.traceStart(x.since(began), nil)
 	return nil
+}
+
+// since is the time from t (zero: not measured) to now.
+func (x *admitted) since(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return x.clk.Now().Sub(t)
 }
 
 // startShadow is Start with admission in shadow: the request takes a
@@ -277,6 +293,11 @@ func (h *Handle) Finish() {
 		}
 		if x.meter != nil {
 			x.quota.Done(h.customer, criticality.Level(h.level), x.reserved, used)
+			if h.tr != nil {
+				e := h.event(Charged)
+				e.CPU = used
+				h.tr.t.Trace(h.tr.ctx, e)
+			}
 		}
 	}
 	h.stop()

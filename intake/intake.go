@@ -66,6 +66,7 @@ type Intake struct {
 	// shadow mode (WithShadow)
 	shadow    shadow.Set
 	shadowObs shadow.Observer
+	tracer    Tracer // WithTracer; nil: none
 }
 
 // Option configures an Intake.
@@ -236,6 +237,7 @@ func (r *Request) single(k keySpelling) string {
 type facts struct {
 	attempt            int
 	customer           string
+	clientType         string
 	decay              string
 	trusted, probation bool
 	// shadowed: a mechanism in shadow would have refused the request
@@ -289,6 +291,20 @@ func dropFolded(h map[string][]string, obs edge.Observer) {
 // A refused request needs nothing more.
 func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	var f facts
+	l := criticality.Default
+	h, err := in.accept(ctx, r, &f, &l)
+	if in.tracer != nil {
+		if err != nil {
+			in.traceRefusal(ctx, r, l, &f, err)
+		} else {
+			h.tr = &traced{t: in.tracer, ctx: ctx, path: r.Path, clientType: f.clientType, trusted: f.trusted}
+		}
+	}
+	return h, err
+}
+
+// accept is Accept, filling f and the request's level as it learns them.
+func (in *Intake) accept(ctx context.Context, r *Request, f *facts, lvl *criticality.Level) (*Handle, error) {
 	slow := false // a slow sender's request, refused in shadow
 	if r.Conn != nil && in.admission != nil && !r.HealthCheck {
 		var err error
@@ -303,7 +319,7 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	er := edge.Request{Trusted: f.trusted, Host: r.Host, Path: r.Path, Group: r.Group}
 	if f.trusted {
 		dropFolded(r.Header, in.classifier.Observer())
-		r.trustedFacts(&er, &f)
+		r.trustedFacts(&er, f)
 	} else {
 		strip(r.Header, in.classifier.Observer())
 	}
@@ -311,14 +327,16 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 		f.customer = quota.Customer(r.Peer.Identities[0])
 	}
 	d := in.classifier.Classify(&er)
+	*lvl = d.Level
 	if r.HealthCheck {
-		return newHandle(ctx, d.Level, f), nil
+		return newHandle(ctx, d.Level, *f), nil
 	}
 	if slow {
 		in.shadows(shadow.Connection, "slow-sender", d.Level, &f.shadowed)
 	}
 	if in.iso != nil {
 		if ct := in.iso.ClientFor(r.Host); ct != "" {
+			f.clientType = ct
 			if in.iso.RouteOf(ct) == isolate.BlackHole && !in.shadows(shadow.Isolation, "black-hole", d.Level, &f.shadowed) {
 				return nil, ErrBlackHoled
 			}
@@ -328,8 +346,9 @@ func (in *Intake) Accept(ctx context.Context, r *Request) (*Handle, error) {
 	level, cancel := d.Level, context.CancelFunc(nil)
 	if d.Decay.After > 0 || f.decay != "" {
 		ctx, cancel, level = in.decay(ctx, d, f.decay)
+		*lvl = level
 	}
-	h, err := in.admit(ctx, level, f, r, cancel != nil)
+	h, err := in.admit(ctx, level, *f, r, cancel != nil)
 	if err != nil {
 		if cancel != nil {
 			cancel()

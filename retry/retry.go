@@ -112,6 +112,7 @@ type config struct {
 	obs              Observer
 	shadow           shadow.Set
 	shadowObs        shadow.Observer
+	tracer           Tracer
 }
 
 // WithMaxAttempts sets the attempts per request, 1 to attempt.MaxAttempts
@@ -199,6 +200,7 @@ type Policy struct {
 	quotas           *quotaThrottles // with a throttle: per customer, for out of quota
 	shadow           shadow.Set      // Throttle and RetryBudget only
 	shadowObs        shadow.Observer
+	tracer           Tracer // nil: none
 }
 
 // now reads the clock once (monotonic only, for the real clock); the
@@ -231,6 +233,7 @@ func New(opts ...Option) (*Policy, error) {
 		clock:       clock.OrReal(c.clock),
 		random:      c.random,
 		obs:         c.obs,
+		tracer:      c.tracer,
 		shadow:      c.shadow & shadow.Of(shadow.Throttle, shadow.RetryBudget),
 		shadowObs:   c.shadowObs,
 	}
@@ -333,6 +336,7 @@ func (p *Policy) do(ctx context.Context, call Call, max int) error {
 			var ok bool
 			if tk, ok = p.allow(ctx, l, now); !ok && !p.shadows(shadow.Throttle, l, &shadowed) {
 				p.obs.Throttled(l)
+				p.trace(ctx, Throttled, l, n, 0, nil)
 				return &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 			}
 		}
@@ -361,6 +365,7 @@ func (p *Policy) do(ctx context.Context, call Call, max int) error {
 		if n+1 >= max {
 			if max > 1 {
 				p.obs.Exhausted(l)
+				p.trace(ctx, Exhausted, l, n, 0, err)
 			}
 			return giveUp(err, "attempts exhausted")
 		}
@@ -409,6 +414,7 @@ func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, la
 	}
 	if p.budget != nil && !*shadowed && !p.budget.tryRetry(now.UnixNano(), l) && !p.shadows(shadow.RetryBudget, l, shadowed) {
 		p.obs.BudgetRefused(l)
+		p.trace(ctx, BudgetRefused, l, n, 0, last)
 		return giveUp(last, "retry budget exhausted")
 	}
 	if wait > 0 {
@@ -421,6 +427,7 @@ func (p *Policy) beforeRetry(ctx context.Context, l criticality.Level, n int, la
 		}
 	}
 	p.obs.Retried(l)
+	p.trace(ctx, Retried, l, n, wait, last)
 	return nil
 }
 
@@ -471,6 +478,7 @@ func (p *Policy) Start(ctx context.Context) (Single, error) {
 		var ok bool
 		if s.tk, ok = p.allow(ctx, l, now); !ok && !p.shadows(shadow.Throttle, l, new(bool)) {
 			p.obs.Throttled(l)
+			p.trace(ctx, Throttled, l, 0, 0, nil)
 			return Single{}, &outcome.Error{Kind: outcome.DontRetry, Local: true, Reason: "throttled locally"}
 		}
 	}
@@ -486,4 +494,54 @@ func (s Single) Finish(err error) {
 	kind := outcome.Classify(err)
 	s.tk.done(kind)
 	s.p.obs.Answered(s.l, !kind.Overload())
+}
+
+// Tee returns an Observer that tells each of obs, nil ones skipped: to
+// report to two exporters at once.
+func Tee(obs ...Observer) Observer {
+	var out tee
+	for _, o := range obs {
+		if o != nil {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+type tee []Observer
+
+func (t tee) Requested(l criticality.Level) {
+	for _, o := range t {
+		o.Requested(l)
+	}
+}
+
+func (t tee) Answered(l criticality.Level, accepted bool) {
+	for _, o := range t {
+		o.Answered(l, accepted)
+	}
+}
+
+func (t tee) Throttled(l criticality.Level) {
+	for _, o := range t {
+		o.Throttled(l)
+	}
+}
+
+func (t tee) Retried(l criticality.Level) {
+	for _, o := range t {
+		o.Retried(l)
+	}
+}
+
+func (t tee) BudgetRefused(l criticality.Level) {
+	for _, o := range t {
+		o.BudgetRefused(l)
+	}
+}
+
+func (t tee) Exhausted(l criticality.Level) {
+	for _, o := range t {
+		o.Exhausted(l)
+	}
 }

@@ -127,6 +127,12 @@ func WithShadow(s shadow.Set, o shadow.Observer) ServerOption {
 // by it (lb.WithIsolation). Default: none.
 func WithServerIsolation(t *isolate.Table) ServerOption { return withIntake(intake.WithIsolation(t)) }
 
+// WithTracer sets the tracer told of each request's decisions, on the
+// request's span (intake.WithTracer; triageotel.Tracer.Intake). A request
+// refused in the tap has no span yet: grpc-go runs stats handlers
+// (otelgrpc's) after the tap. Default: none.
+func WithTracer(t intake.Tracer) ServerOption { return withIntake(intake.WithTracer(t)) }
+
 // WithCustomerFromIdentity makes the peer's verified mTLS identity the
 // customer of requests without a trusted triage-customer
 // (intake.WithCustomerFromIdentity). Default: off.
@@ -473,6 +479,7 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if err != nil {
 			return nil, err
 		}
+		h.TraceIn(ctx)
 		if err := h.Start(); err != nil {
 			return nil, s.rejection(err)
 		}
@@ -502,6 +509,7 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 		if err != nil {
 			return err
 		}
+		h.TraceIn(c)
 		if err := h.Start(); err != nil {
 			return s.rejection(err)
 		}

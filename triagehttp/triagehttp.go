@@ -204,6 +204,12 @@ func WithHealthCheck(paths ...string) Option {
 	return optionFunc(func(c *config) { c.health = paths })
 }
 
+// WithTracer sets the tracer told of each request's decisions, on the
+// span in the request's context (intake.WithTracer; triageotel.Tracer.Intake):
+// wrap the Middleware in otelhttp's handler for the span to exist.
+// Default: none.
+func WithTracer(t intake.Tracer) Option { return withIntake(intake.WithTracer(t)) }
+
 // WithConnShare sets how many of a connection's requests may be accepted
 // and not yet started before its next is over the connection's share, and
 // how many requests without their body a slow sender's connection may

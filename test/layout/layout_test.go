@@ -6,6 +6,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -27,7 +28,7 @@ func notCore(rel string) bool {
 			return true
 		}
 	}
-	return strings.HasPrefix(rel, "triage") || rel == "deploy" // deploy: operator files; its tests run promtool
+	return strings.HasPrefix(rel, "triage") || rel == "deploy" || strings.HasPrefix(rel, "deploy/") // deploy: operator files and their checks
 }
 
 // corePackages walks the module (not bench/, its own module) and returns
@@ -61,6 +62,30 @@ func corePackages(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return core
+}
+
+// The module's packages (every one `go test ./...` builds, tests
+// included) import nothing of OpenTelemetry or Kubernetes: those live in
+// modules of their own (triageotel, deploy/kubernetes/check), so that a
+// user of the library never downloads them.
+func TestNoOpenTelemetryOrKubernetesInTheModule(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "-test", "./...")
+	cmd.Dir = filepath.Join("..", "..")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	pkgs := strings.Fields(string(out))
+	if !slices.Contains(pkgs, module+"/intake") {
+		t.Fatalf("go list -deps lists no %s/intake: the listing is broken", module)
+	}
+	for _, p := range pkgs {
+		for _, heavy := range []string{"go.opentelemetry.io/", "k8s.io/", "sigs.k8s.io/"} {
+			if strings.HasPrefix(p, heavy) {
+				t.Errorf("%s is in the module's build: OpenTelemetry and Kubernetes belong to modules of their own", p)
+			}
+		}
+	}
 }
 
 func TestCoreImportsOnlyStdlibAndCore(t *testing.T) {

@@ -1,0 +1,150 @@
+package triageotel
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/criticality"
+)
+
+// admissionInstruments are admission control's instruments.
+type admissionInstruments struct {
+	admitted, rejected, degraded metric.Int64Counter
+	limit                        metric.Int64Gauge
+	// read at collection (AdmissionState)
+	pending, pendingCap, executing, queued, away, stalled metric.Int64ObservableGauge
+	service, retryShare, signal, forced                   metric.Float64ObservableGauge
+	attempts                                              metric.Int64ObservableCounter
+}
+
+func newAdmissionInstruments(m metric.Meter, counter func(name, unit, desc string) metric.Int64Counter, errs *[]error) admissionInstruments {
+	var a admissionInstruments
+	add := func(err error) { *errs = append(*errs, err) }
+	a.admitted = counter("triage.admission.admitted", "{request}", "Requests given an execution slot by admission control, by criticality.")
+	a.rejected = counter("triage.admission.rejections", "{request}", "Requests rejected by admission control, by criticality, reason (concurrency, utilization, deadline) and answer (task-overloaded, overloaded-dont-retry).")
+	a.degraded = counter("triage.admission.degraded", "{request}", "Requests told by admission control to serve a degraded answer, by criticality.")
+	var err error
+	a.limit, err = m.Int64Gauge("triage.admission.limit", metric.WithUnit("{request}"), metric.WithDescription("Execution limit found by admission control."))
+	add(err)
+	gauge := func(name, desc string) metric.Int64ObservableGauge {
+		g, err := m.Int64ObservableGauge(name, metric.WithUnit("{request}"), metric.WithDescription(desc))
+		add(err)
+		return g
+	}
+	fgauge := func(name, unit, desc string) metric.Float64ObservableGauge {
+		g, err := m.Float64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		add(err)
+		return g
+	}
+	a.pending = gauge("triage.admission.pending", "Requests admitted and not done (not yet started, waiting, running).")
+	a.pendingCap = gauge("triage.admission.pending_cap", "Current bound on admitted requests (before criticality headroom), found by the controller.")
+	a.executing = gauge("triage.admission.executing", "Requests holding an execution slot.")
+	a.queued = gauge("triage.admission.queued", "Requests waiting for an execution slot.")
+	a.away = gauge("triage.admission.away", "Running requests waiting on a downstream call, without an execution slot (in pending).")
+	a.stalled = gauge("triage.admission.stalled", "Running requests waiting on their own client, without an execution slot (not in pending).")
+	a.service = fgauge("triage.admission.service_time", "s", "Mean service time of the last interval.")
+	a.retryShare = fgauge("triage.admission.retry_share", "1", "Share of retries among recent requests (the attempt histogram).")
+	a.signal = fgauge("triage.admission.signal.utilization", "1", "Utilization signal value as a fraction of its target, by signal.")
+	a.forced = fgauge("triage.admission.forced_shed", "1", "Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).")
+	a.attempts, err = m.Int64ObservableCounter("triage.admission.attempts", metric.WithUnit("{request}"),
+		metric.WithDescription("Requests that arrived, by criticality and attempt counter (0: first attempt; 2: second retry or later): the attempt histogram the don't-retry rule reads (SRE book Figure 21-1)."))
+	add(err)
+	return a
+}
+
+// AdmissionObserver is an admission.Observer for one Controller, returned
+// by Metrics.Admission. Its attribute sets are resolved once.
+type AdmissionObserver struct {
+	in       *admissionInstruments
+	admitted [criticality.NumLevels]metric.AddOption
+	degraded [criticality.NumLevels]metric.AddOption
+	rejected [criticality.NumLevels][admission.NumReasons][2]metric.AddOption
+}
+
+// Admission returns the observer to pass to admission.WithObserver:
+// triage.admission.admitted{triage.criticality},
+// triage.admission.rejections{triage.criticality, triage.reason,
+// triage.answer}, triage.admission.degraded{triage.criticality} and the
+// gauge triage.admission.limit. Register the controller's state with
+// AdmissionState once it exists.
+func (m *Metrics) Admission() *AdmissionObserver {
+	o := &AdmissionObserver{in: &m.adm}
+	for _, l := range criticality.All() {
+		c := keyCriticality.String(l.String())
+		o.admitted[l] = addSet(c)
+		o.degraded[l] = addSet(c)
+		for r := admission.Reason(0); r < admission.NumReasons; r++ {
+			o.rejected[l][r][0] = addSet(c, keyReason.String(r.String()), keyAnswer.String("task-overloaded"))
+			o.rejected[l][r][1] = addSet(c, keyReason.String(r.String()), keyAnswer.String("overloaded-dont-retry"))
+			o.in.rejected.Add(bg, 0, o.rejected[l][r][0])
+			o.in.rejected.Add(bg, 0, o.rejected[l][r][1])
+		}
+		o.in.admitted.Add(bg, 0, o.admitted[l])
+		o.in.degraded.Add(bg, 0, o.degraded[l])
+	}
+	return o
+}
+
+// Admitted implements admission.Observer.
+func (o *AdmissionObserver) Admitted(l criticality.Level) {
+	o.in.admitted.Add(bg, 1, o.admitted[lvl(l)])
+}
+
+// Rejected implements admission.Observer.
+func (o *AdmissionObserver) Rejected(l criticality.Level, r admission.Reason, dontRetry bool) {
+	if r >= admission.NumReasons {
+		return
+	}
+	i := 0
+	if dontRetry {
+		i = 1
+	}
+	o.in.rejected.Add(bg, 1, o.rejected[lvl(l)][r][i])
+}
+
+// Degraded implements admission.Observer.
+func (o *AdmissionObserver) Degraded(l criticality.Level) {
+	o.in.degraded.Add(bg, 1, o.degraded[lvl(l)])
+}
+
+// LimitChanged implements admission.Observer.
+func (o *AdmissionObserver) LimitChanged(n int) { o.in.limit.Record(bg, int64(n)) }
+
+var _ admission.Observer = (*AdmissionObserver)(nil)
+
+// AdmissionState registers a callback that reads ctl's Stats at each
+// collection: triage.admission.pending, .pending_cap, .executing, .queued,
+// .away, .stalled, .service_time, .retry_share,
+// triage.admission.signal.utilization{triage.signal},
+// triage.admission.forced_shed{triage.criticality} and the attempt
+// histogram triage.admission.attempts{triage.criticality, triage.attempt}.
+// Unregister it when the controller goes away.
+func (m *Metrics) AdmissionState(ctl *admission.Controller) (metric.Registration, error) {
+	a := &m.adm
+	return m.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
+		st := ctl.Stats()
+		ob.ObserveInt64(a.pending, int64(st.Pending))
+		ob.ObserveInt64(a.pendingCap, int64(st.PendingCap))
+		ob.ObserveInt64(a.executing, int64(st.Executing))
+		ob.ObserveInt64(a.queued, int64(st.Queued))
+		ob.ObserveInt64(a.away, int64(st.Away))
+		ob.ObserveInt64(a.stalled, int64(st.Stalled))
+		ob.ObserveFloat64(a.service, st.ServiceTime.Seconds())
+		ob.ObserveFloat64(a.retryShare, st.RetryShare)
+		for _, sv := range st.Signals {
+			ob.ObserveFloat64(a.signal, sv.Utilization, metric.WithAttributes(keySignal.String(sv.Name)))
+		}
+		for l, f := range st.Forced {
+			ob.ObserveFloat64(a.forced, f, metric.WithAttributes(keyCriticality.String(criticality.Level(l).String())))
+		}
+		for l, row := range ctl.Attempts() {
+			for n, v := range row {
+				ob.ObserveInt64(a.attempts, int64(v), metric.WithAttributes(
+					keyCriticality.String(criticality.Level(l).String()), keyAttempt.String(itoa(n))))
+			}
+		}
+		return nil
+	}, a.pending, a.pendingCap, a.executing, a.queued, a.away, a.stalled, a.service, a.retryShare, a.signal, a.forced, a.attempts)
+}
