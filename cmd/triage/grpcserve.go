@@ -37,7 +37,7 @@ func (s grpcService) run(ctx context.Context, stdout io.Writer, banner func(net.
 		return 1
 	}
 	if s.metrics != "" {
-		stopMetrics, err := serveMetrics(s.metrics, s.reg)
+		stopMetrics, err := serveMetrics(s.metrics, s.reg, s.lc)
 		if err != nil {
 			lis.Close()
 			s.log.Error(s.name+" cannot serve metrics", "addr", s.metrics, "err", err)

@@ -27,6 +27,7 @@ import (
 
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/lifecycle"
+	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/quota/grantlog"
 	"github.com/triagehq/triage/triagegrpc"
@@ -37,17 +38,37 @@ import (
 	"github.com/triagehq/triage/triageyaml"
 )
 
-// serveMetrics serves reg's metrics over HTTP on addr until the returned
-// function is called.
-func serveMetrics(addr string, reg *prometheus.Registry) (func(), error) {
+// serveMetrics serves reg's metrics on addr (at every path but the
+// probes'), and with a lifecycle its probes: DefaultReadyPath (200, or
+// 503 in lame duck) and DefaultLivePath (200), or the paths given. An
+// orchestrator's prober (a kubelet) reaches them there without the client
+// certificate the serving address asks for; the metrics listener is
+// meant for the pod's network only.
+func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle, probePaths ...string) (func(), error) {
 	ml, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	hs := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if lc != nil {
+		ready, live := DefaultReadyPath, DefaultLivePath
+		if len(probePaths) == 2 {
+			ready, live = probePaths[0], probePaths[1]
+		}
+		mux.Handle(ready, triagehttp.HealthHandler(lc))
+		mux.Handle(live, triagehttp.LivenessHandler())
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go hs.Serve(ml)
 	return func() { hs.Close() }, nil
 }
+
+// DefaultReadyPath and DefaultLivePath are the probes' paths.
+const (
+	DefaultReadyPath = "/triage/ready"
+	DefaultLivePath  = "/triage/live"
+)
 
 // runQuotaServer serves the quota service (quotapb.Quota) until ctx is
 // done: tasks report usage and get leases; the policy file is reloaded
@@ -286,7 +307,7 @@ func (q *quotaServer) serve(ctx context.Context, f *quotaServerFlags, stdout io.
 	if f.metrics != "" {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(q.metrics...)
-		stopMetrics, err := serveMetrics(f.metrics, reg)
+		stopMetrics, err := serveMetrics(f.metrics, reg, lc)
 		if err != nil {
 			lis.Close()
 			return err

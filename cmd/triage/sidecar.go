@@ -70,8 +70,8 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 	f.admission.register(fs, triagegrpc.DefaultProxyMaxWait)
 	fs.DurationVar(&f.timeout, "timeout", 0, "deadline of a request that comes without one (gRPC's grpc-timeout is honoured); 0: none")
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the sidecar answers readiness 503 (lame duck) before it stops; requests still running 10 s later are cut")
-	fs.StringVar(&f.readyPath, "ready-path", "/triage/ready", "readiness probe, answered by the sidecar (503 in lame duck)")
-	fs.StringVar(&f.livePath, "live-path", "/triage/live", "liveness probe, answered by the sidecar")
+	fs.StringVar(&f.readyPath, "ready-path", DefaultReadyPath, "readiness probe, answered by the sidecar on -listen and -metrics (503 in lame duck)")
+	fs.StringVar(&f.livePath, "live-path", DefaultLivePath, "liveness probe, answered by the sidecar on -listen and -metrics")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9092); default none")
 	f.log.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -201,7 +201,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return 1
 	}
 	if f.metrics != "" {
-		stopMetrics, err := serveMetrics(f.metrics, reg)
+		stopMetrics, err := serveMetrics(f.metrics, reg, lc, f.readyPath, f.livePath)
 		if err != nil {
 			log.Error("sidecar cannot serve metrics", "addr", f.metrics, "err", err)
 			return 1

@@ -71,11 +71,11 @@ func TestSidecarCommand(t *testing.T) {
 		}
 	}
 	write("trust:\n  networks: [127.0.0.1/32]\ncriticality:\n  rules:\n    - header: true\n    - path_prefix: /batch\n      criticality: SHEDDABLE\n")
-	egressAddr := freePort(t)
+	egressAddr, metricsAddr := freePort(t), freePort(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addr, done, errb := startCommand(t, ctx, "sidecar", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-config", cfg,
-		"-egress", egressAddr+"="+other.URL, "-drain", "0s")
+		"-egress", egressAddr+"="+other.URL, "-drain", "0s", "-metrics", metricsAddr)
 	base := "http://" + addr
 	if code, body := get(t, base+"/a", "Triage-Criticality", "SHEDDABLE_PLUS"); code != 200 || body != "upstream:SHEDDABLE_PLUS:/a" {
 		t.Errorf("through the sidecar: %d %q", code, body)
@@ -87,6 +87,14 @@ func TestSidecarCommand(t *testing.T) {
 		if code, _ := get(t, base+p); code != 200 {
 			t.Errorf("%s: %d", p, code)
 		}
+		// The metrics listener answers the probes too: a kubelet cannot
+		// present the client certificate the serving address asks for.
+		if code, body := get(t, "http://"+metricsAddr+p); code != 200 || strings.Contains(body, "triage_") {
+			t.Errorf("%s on the metrics listener: %d %.40q", p, code, body)
+		}
+	}
+	if code, body := get(t, "http://"+metricsAddr+"/metrics"); code != 200 || !strings.Contains(body, "triage_edge_requests_total") {
+		t.Errorf("/metrics: %d %.60q", code, body)
 	}
 	if code, body := get(t, "http://"+egressAddr+"/b", "Triage-Criticality", "CRITICAL_PLUS"); code != 200 || body != "other:CRITICAL_PLUS:/b" {
 		t.Errorf("through the egress: %d %q", code, body)
@@ -134,7 +142,13 @@ func TestSidecarFlags(t *testing.T) {
 func TestExtprocCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addr, done, errb := startCommand(t, ctx, "extproc", "-listen", "127.0.0.1:0", "-trust", "127.0.0.1/32", "-drain", "0s")
+	metricsAddr := freePort(t)
+	addr, done, errb := startCommand(t, ctx, "extproc", "-listen", "127.0.0.1:0", "-trust", "127.0.0.1/32", "-drain", "0s", "-metrics", metricsAddr)
+	for _, p := range []string{"/triage/ready", "/triage/live"} {
+		if code, body := get(t, "http://"+metricsAddr+p); code != 200 || strings.Contains(body, "triage_") {
+			t.Errorf("%s on the metrics listener: %d %.40q", p, code, body)
+		}
+	}
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
