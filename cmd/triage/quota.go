@@ -27,13 +27,13 @@ import (
 
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/lifecycle"
-	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/quota/grantlog"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
+	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/triageyaml"
 )
