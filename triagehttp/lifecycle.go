@@ -8,6 +8,14 @@ import (
 	"github.com/triagehq/triage/lifecycle"
 )
 
+// ReadyPath and LivePath are where triage's commands answer an
+// orchestrator's probes (HealthHandler and LivenessHandler): on their
+// metrics listener, and the sidecar on its serving address too.
+const (
+	ReadyPath = "/triage/ready"
+	LivePath  = "/triage/live"
+)
+
 // HealthHandler answers a health check from l's state: 200 "serving", or
 // 503 "lame duck" with Triage-Lame-Duck: 1 while the task is in lame duck,
 // so that load balancers and probes send new requests elsewhere. Mount it

@@ -39,8 +39,8 @@ import (
 )
 
 // serveMetrics serves reg's metrics on addr (at every path but the
-// probes'), and with a lifecycle its probes: DefaultReadyPath (200, or
-// 503 in lame duck) and DefaultLivePath (200), or the paths given. An
+// probes'), and with a lifecycle its probes: triagehttp.ReadyPath (200,
+// or 503 in lame duck) and triagehttp.LivePath (200), or the paths given. An
 // orchestrator's prober (a kubelet) reaches them there without the client
 // certificate the serving address asks for; the metrics listener is
 // meant for the pod's network only.
@@ -52,7 +52,7 @@ func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if lc != nil {
-		ready, live := DefaultReadyPath, DefaultLivePath
+		ready, live := triagehttp.ReadyPath, triagehttp.LivePath
 		if len(probePaths) == 2 {
 			ready, live = probePaths[0], probePaths[1]
 		}
@@ -63,12 +63,6 @@ func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle
 	go hs.Serve(ml)
 	return func() { hs.Close() }, nil
 }
-
-// DefaultReadyPath and DefaultLivePath are the probes' paths.
-const (
-	DefaultReadyPath = "/triage/ready"
-	DefaultLivePath  = "/triage/live"
-)
 
 // runQuotaServer serves the quota service (quotapb.Quota) until ctx is
 // done: tasks report usage and get leases; the policy file is reloaded

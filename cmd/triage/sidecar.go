@@ -70,8 +70,8 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 	f.admission.register(fs, triagegrpc.DefaultProxyMaxWait)
 	fs.DurationVar(&f.timeout, "timeout", 0, "deadline of a request that comes without one (gRPC's grpc-timeout is honoured); 0: none")
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the sidecar answers readiness 503 (lame duck) before it stops; requests still running 10 s later are cut")
-	fs.StringVar(&f.readyPath, "ready-path", DefaultReadyPath, "readiness probe, answered by the sidecar on -listen and -metrics (503 in lame duck)")
-	fs.StringVar(&f.livePath, "live-path", DefaultLivePath, "liveness probe, answered by the sidecar on -listen and -metrics")
+	fs.StringVar(&f.readyPath, "ready-path", triagehttp.ReadyPath, "readiness probe, answered by the sidecar on -listen and -metrics (503 in lame duck)")
+	fs.StringVar(&f.livePath, "live-path", triagehttp.LivePath, "liveness probe, answered by the sidecar on -listen and -metrics")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9092); default none")
 	f.log.register(fs)
 	if err := fs.Parse(args); err != nil {

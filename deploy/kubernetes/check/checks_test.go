@@ -1,0 +1,655 @@
+package check
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/triagehq/triage/triagehttp"
+	"github.com/triagehq/triage/triageyaml"
+)
+
+// The checks, run on each overlay's build.
+var checks = []struct {
+	name string
+	f    func(*testing.T, *built)
+}{
+	{"triage containers' flags", checkFlags},
+	{"probes", checkProbes},
+	{"grace period", checkGrace},
+	{"references and selectors", checkReferences},
+	{"resources and security", checkResources},
+	{"autoscaling metric", checkAutoscaling},
+	{"prometheus rules", checkRules},
+	{"dashboard", checkDashboard},
+	{"edge configuration", checkEdge},
+}
+
+func TestKit(t *testing.T) {
+	for overlay, ns := range overlays {
+		t.Run(overlay, func(t *testing.T) {
+			b := build(t, overlay, ns)
+			kinds := map[string]int{}
+			for _, o := range b.objects {
+				kinds[o.kind]++
+			}
+			t.Logf("%s: %d objects decoded strictly: %v", overlay, len(b.objects), kinds)
+			for _, want := range []string{"Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "PrometheusRule", "ServiceMonitor", "Secret", "ConfigMap"} {
+				if kinds[want] == 0 {
+					t.Errorf("no %s in the build", want)
+				}
+			}
+			for _, c := range checks {
+				t.Run(c.name, func(t *testing.T) { c.f(t, b) })
+			}
+		})
+	}
+}
+
+// triageContainer is a container running the triage image.
+type triageContainer struct {
+	w       workload
+	c       corev1.Container
+	command string
+	flags   map[string]string // -name=value as given (names without the dash)
+}
+
+func (b *built) triageContainers(t *testing.T) []triageContainer {
+	var out []triageContainer
+	for _, w := range b.workloads() {
+		for _, c := range w.pod.Spec.Containers {
+			if !strings.HasPrefix(c.Image, "ghcr.io/triagehq/triage:") {
+				continue
+			}
+			if len(c.Args) == 0 {
+				t.Fatalf("%s/%s: no command in args", w.name, c.Name)
+			}
+			tc := triageContainer{w: w, c: c, command: c.Args[0], flags: map[string]string{}}
+			for _, a := range c.Args[1:] {
+				name, value, ok := strings.Cut(strings.TrimPrefix(a, "-"), "=")
+				if !strings.HasPrefix(a, "-") || !ok {
+					t.Errorf("%s/%s: argument %q is not -flag=value", w.name, c.Name, a)
+				}
+				tc.flags[name] = value
+			}
+			out = append(out, tc)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no container runs the triage image")
+	}
+	return out
+}
+
+// Every triage container's arguments parse as its command's flags: the
+// command, given them and -h, parses them all and stops (a flag it does
+// not have, or a value it cannot parse, exits 2 instead of 0). Variables
+// the kubelet expands ($(POD_NAME)) are given a value first.
+func checkFlags(t *testing.T, b *built) {
+	for _, tc := range b.triageContainers(t) {
+		args := make([]string, 0, len(tc.c.Args)+1)
+		for _, a := range tc.c.Args {
+			for _, e := range tc.c.Env {
+				a = strings.ReplaceAll(a, "$("+e.Name+")", tc.w.name+"-0")
+			}
+			if strings.Contains(a, "$(") {
+				t.Errorf("%s/%s: %q names a variable the container does not define", tc.w.name, tc.c.Name, a)
+			}
+			args = append(args, a)
+		}
+		cmd := exec.Command(triageBinary, append(args, "-h")...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("%s/%s: triage %s does not accept its arguments (%v):\n%s", tc.w.name, tc.c.Name, tc.command, err, lastLines(string(out), 3))
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// portOf is the port number in an address flag ("0.0.0.0:9092").
+func portOf(addr string) string {
+	i := strings.LastIndex(addr, ":")
+	if i < 0 {
+		return ""
+	}
+	return addr[i+1:]
+}
+
+// The probes of every triage container are the paths its command
+// answers them at (-ready-path and -live-path's defaults or values for
+// the sidecar, triagehttp.ReadyPath and LivePath for the others), on the
+// container port that is its -metrics listener's.
+func checkProbes(t *testing.T, b *built) {
+	for _, tc := range b.triageContainers(t) {
+		flags := help(t, tc.command)
+		ready, live := triagehttp.ReadyPath, triagehttp.LivePath
+		if _, ok := flags["ready-path"]; ok {
+			ready, live = defaultOf(flags["ready-path"]), defaultOf(flags["live-path"])
+			if v, ok := tc.flags["ready-path"]; ok {
+				ready = v
+			}
+			if v, ok := tc.flags["live-path"]; ok {
+				live = v
+			}
+		}
+		metrics := portOf(tc.flags["metrics"])
+		if metrics == "" {
+			t.Errorf("%s/%s: no -metrics listener, where the probes are answered", tc.w.name, tc.c.Name)
+			continue
+		}
+		for _, p := range []struct {
+			what  string
+			probe *corev1.Probe
+			path  string
+		}{{"readiness", tc.c.ReadinessProbe, ready}, {"liveness", tc.c.LivenessProbe, live}} {
+			if p.probe == nil || p.probe.HTTPGet == nil {
+				t.Errorf("%s/%s: no HTTP %s probe", tc.w.name, tc.c.Name, p.what)
+				continue
+			}
+			if p.probe.HTTPGet.Path != p.path {
+				t.Errorf("%s/%s: %s probe on %q, the command answers %q", tc.w.name, tc.c.Name, p.what, p.probe.HTTPGet.Path, p.path)
+			}
+			if got := containerPort(tc.c, p.probe.HTTPGet.Port.String()); got != metrics {
+				t.Errorf("%s/%s: %s probe on port %s (%q), -metrics listens on %s", tc.w.name, tc.c.Name, p.what, got, p.probe.HTTPGet.Port.String(), metrics)
+			}
+		}
+	}
+}
+
+// containerPort resolves a port name or number to the number.
+func containerPort(c corev1.Container, port string) string {
+	for _, p := range c.Ports {
+		if p.Name == port {
+			return itoa(p.ContainerPort)
+		}
+	}
+	return port
+}
+
+func itoa(n int32) string { return strconv.Itoa(int(n)) }
+
+// The pod's grace period outlasts what the command may take after
+// SIGTERM: its -drain (or the default) plus the bound after which it cuts
+// calls still running (its -drain usage says "N s later"); another
+// container's preStop sleep lasts at least as long (it keeps serving
+// while the sidecar drains) and ends within the grace period.
+func checkGrace(t *testing.T, b *built) {
+	for _, tc := range b.triageContainers(t) {
+		flags := help(t, tc.command)
+		usage, ok := flags["drain"]
+		if !ok {
+			t.Errorf("triage %s has no -drain flag", tc.command)
+			continue
+		}
+		drain := defaultOf(usage)
+		if v, ok := tc.flags["drain"]; ok {
+			drain = v
+		}
+		d, err := time.ParseDuration(drain)
+		if err != nil {
+			t.Errorf("%s/%s: -drain %q: %v", tc.w.name, tc.c.Name, drain, err)
+			continue
+		}
+		m := regexp.MustCompile(`(\d+) s later`).FindStringSubmatch(usage)
+		if m == nil {
+			t.Fatalf("triage %s -drain's usage names no bound on the stop: %q", tc.command, usage)
+		}
+		stop, _ := time.ParseDuration(m[1] + "s")
+		grace := time.Duration(30) * time.Second
+		if g := tc.w.pod.Spec.TerminationGracePeriodSeconds; g != nil {
+			grace = time.Duration(*g) * time.Second
+		}
+		if grace <= d+stop {
+			t.Errorf("%s: terminationGracePeriodSeconds %v, not more than -drain %v + %v", tc.w.name, grace, d, stop)
+		}
+		for _, c := range tc.w.pod.Spec.Containers {
+			if c.Name == tc.c.Name || c.Lifecycle == nil || c.Lifecycle.PreStop == nil {
+				continue
+			}
+			if s := c.Lifecycle.PreStop.Sleep; s != nil {
+				sleep := time.Duration(s.Seconds) * time.Second
+				if sleep < d+stop || sleep >= grace {
+					t.Errorf("%s/%s: preStop sleeps %v: want at least -drain + %v (%v) and less than the grace period %v", tc.w.name, c.Name, sleep, stop, d+stop, grace)
+				}
+			}
+		}
+		t.Logf("%s: grace %v > -drain %v + %v", tc.w.name, grace, d, stop)
+	}
+}
+
+// Every Secret, ConfigMap and ServiceAccount a pod names exists; every
+// Service, PodDisruptionBudget and ServiceMonitor selects pods or
+// Services, and the ports they name exist; a StatefulSet's service is a
+// headless Service; the HPA scales a workload that exists.
+func checkReferences(t *testing.T, b *built) {
+	for _, w := range b.workloads() {
+		spec := w.pod.Spec
+		if !selects(w.selector, w.pod.Labels) {
+			t.Errorf("%s %s: its selector %v does not select its pods %v", w.kind, w.name, w.selector, w.pod.Labels)
+		}
+		if sa := spec.ServiceAccountName; sa != "" && b.get("ServiceAccount", sa) == nil {
+			t.Errorf("%s: service account %q does not exist", w.name, sa)
+		}
+		for _, v := range spec.Volumes {
+			if v.Secret != nil && b.get("Secret", v.Secret.SecretName) == nil {
+				t.Errorf("%s: volume %s: Secret %q does not exist", w.name, v.Name, v.Secret.SecretName)
+			}
+			if v.ConfigMap != nil && b.get("ConfigMap", v.ConfigMap.Name) == nil {
+				t.Errorf("%s: volume %s: ConfigMap %q does not exist", w.name, v.Name, v.ConfigMap.Name)
+			}
+		}
+		for _, c := range spec.Containers {
+			for _, m := range c.VolumeMounts {
+				if !hasVolume(spec, m.Name) && !hasClaim(b, w, m.Name) {
+					t.Errorf("%s/%s: mounts %q, which the pod does not have", w.name, c.Name, m.Name)
+				}
+			}
+		}
+	}
+	for _, o := range b.all("Service") {
+		svc := o.value.(*corev1.Service)
+		pods := b.selected(svc.Spec.Selector)
+		if len(pods) == 0 {
+			t.Errorf("Service %s selects no pods (%v)", o.name, svc.Spec.Selector)
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.TargetPort.String() != "" && !anyContainerPort(pods, p.TargetPort.String()) {
+				t.Errorf("Service %s: port %s targets %q, which its pods do not have", o.name, p.Name, p.TargetPort.String())
+			}
+		}
+	}
+	for _, o := range b.all("StatefulSet") {
+		name := o.name
+		w := b.workload(name)
+		svc, _ := b.get("Service", serviceNameOf(b, name)).(*corev1.Service)
+		if svc == nil || svc.Spec.ClusterIP != corev1.ClusterIPNone || !selects(svc.Spec.Selector, w.pod.Labels) {
+			t.Errorf("StatefulSet %s: its serviceName %q is not a headless Service selecting its pods", name, serviceNameOf(b, name))
+		}
+	}
+	for _, o := range b.all("PodDisruptionBudget") {
+		pdb := o.value.(*policyv1.PodDisruptionBudget)
+		pods := b.selected(pdb.Spec.Selector.MatchLabels)
+		if len(pods) != 1 {
+			t.Errorf("PodDisruptionBudget %s selects %d workloads, want 1", o.name, len(pods))
+			continue
+		}
+		if m := pdb.Spec.MinAvailable; m != nil && int32(m.IntValue()) >= pods[0].replicas {
+			t.Errorf("PodDisruptionBudget %s: minAvailable %v of %d replicas: no pod could ever be evicted", o.name, m, pods[0].replicas)
+		}
+	}
+	for _, o := range b.all("HorizontalPodAutoscaler") {
+		ref := o.value.(*autoscalingv2.HorizontalPodAutoscaler).Spec.ScaleTargetRef
+		if b.get(ref.Kind, ref.Name) == nil {
+			t.Errorf("HPA %s scales %s %s, which does not exist", o.name, ref.Kind, ref.Name)
+		}
+	}
+	for _, o := range b.all("ServiceMonitor") {
+		checkServiceMonitor(t, b, o.name, o.value.(*monitoringv1.ServiceMonitor))
+	}
+}
+
+// checkServiceMonitor: it selects Services, each with the ports it scrapes.
+func checkServiceMonitor(t *testing.T, b *built, name string, sm *monitoringv1.ServiceMonitor) {
+	var matched []string
+	for _, o := range b.all("Service") {
+		svc := o.value.(*corev1.Service)
+		if !matchesSelector(sm.Spec.Selector.MatchLabels, sm.Spec.Selector.MatchExpressions, svc.Labels) {
+			continue
+		}
+		matched = append(matched, o.name)
+		for _, ep := range sm.Spec.Endpoints {
+			if !servicePort(svc, ep.Port) {
+				t.Errorf("ServiceMonitor %s scrapes port %q, which Service %s lacks", name, ep.Port, o.name)
+			}
+		}
+	}
+	if len(matched) == 0 {
+		t.Errorf("ServiceMonitor %s selects no Service", name)
+	}
+}
+
+func servicePort(svc *corev1.Service, name string) bool {
+	for _, p := range svc.Spec.Ports {
+		if p.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func matchesSelector(labels map[string]string, exprs []metav1.LabelSelectorRequirement, of map[string]string) bool {
+	for k, v := range labels {
+		if of[k] != v {
+			return false
+		}
+	}
+	for _, e := range exprs {
+		v, ok := of[e.Key]
+		switch e.Operator {
+		case "In":
+			if !ok || !contains(e.Values, v) {
+				return false
+			}
+		case "NotIn":
+			if ok && contains(e.Values, v) {
+				return false
+			}
+		case "Exists":
+			if !ok {
+				return false
+			}
+		case "DoesNotExist":
+			if ok {
+				return false
+			}
+		}
+	}
+	return len(labels)+len(exprs) > 0
+}
+
+func contains(vs []string, v string) bool {
+	for _, x := range vs {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func hasVolume(spec corev1.PodSpec, name string) bool {
+	for _, v := range spec.Volumes {
+		if v.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func hasClaim(b *built, w workload, name string) bool {
+	if w.kind != "StatefulSet" {
+		return false
+	}
+	for _, o := range b.all("StatefulSet") {
+		if o.name != w.name {
+			continue
+		}
+		for _, c := range o.value.(*appsv1.StatefulSet).Spec.VolumeClaimTemplates {
+			if c.Name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// selected returns the workloads whose pods selector selects.
+func (b *built) selected(selector map[string]string) []workload {
+	var out []workload
+	for _, w := range b.workloads() {
+		if selects(selector, w.pod.Labels) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func (b *built) workload(name string) workload {
+	for _, w := range b.workloads() {
+		if w.name == name {
+			return w
+		}
+	}
+	return workload{}
+}
+
+func serviceNameOf(b *built, statefulSet string) string {
+	if s, ok := b.get("StatefulSet", statefulSet).(*appsv1.StatefulSet); ok {
+		return s.Spec.ServiceName
+	}
+	return ""
+}
+
+func anyContainerPort(ws []workload, port string) bool {
+	for _, w := range ws {
+		for _, c := range w.pod.Spec.Containers {
+			for _, p := range c.Ports {
+				if p.Name == port || itoa(p.ContainerPort) == port {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// Every container has CPU and memory requests and limits, its CPU
+// request equal to its limit (the cgroup's cpu.max, which triage's CPU
+// signal reads, is then what the scheduler reserved, and the HPA's CPU
+// utilization is measured against the same), and runs without root,
+// privilege escalation or a writable root filesystem.
+func checkResources(t *testing.T, b *built) {
+	for _, w := range b.workloads() {
+		sc := w.pod.Spec.SecurityContext
+		if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			t.Errorf("%s: the pod does not set runAsNonRoot", w.name)
+		}
+		for _, c := range w.pod.Spec.Containers {
+			r := c.Resources
+			for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+				if r.Requests.Name(res, "").IsZero() || r.Limits.Name(res, "").IsZero() {
+					t.Errorf("%s/%s: no %s request and limit", w.name, c.Name, res)
+				}
+			}
+			if !r.Requests.Cpu().Equal(*r.Limits.Cpu()) {
+				t.Errorf("%s/%s: CPU request %v, limit %v: want them equal", w.name, c.Name, r.Requests.Cpu(), r.Limits.Cpu())
+			}
+			s := c.SecurityContext
+			if s == nil || s.AllowPrivilegeEscalation == nil || *s.AllowPrivilegeEscalation || s.ReadOnlyRootFilesystem == nil || !*s.ReadOnlyRootFilesystem {
+				t.Errorf("%s/%s: want allowPrivilegeEscalation false and readOnlyRootFilesystem true", w.name, c.Name)
+			}
+		}
+	}
+}
+
+// The HPA's external metric is one the Prometheus adapter's rules serve,
+// from a series triage's recording rules record; its Resource metric is
+// CPU, which every container of the target requests.
+func checkAutoscaling(t *testing.T, b *built) {
+	cm, _ := b.get("ConfigMap", "triage-prometheus-adapter").(*corev1.ConfigMap)
+	if cm == nil {
+		t.Fatal("no ConfigMap triage-prometheus-adapter")
+	}
+	var adapter struct {
+		ExternalRules []struct {
+			SeriesQuery string `json:"seriesQuery"`
+			Resources   struct {
+				Namespaced *bool `json:"namespaced"`
+			} `json:"resources"`
+			Name struct {
+				As string `json:"as"`
+			} `json:"name"`
+			MetricsQuery string `json:"metricsQuery"`
+		} `json:"externalRules"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(cm.Data["config.yaml"]), &adapter); err != nil {
+		t.Fatalf("the adapter's config: %v", err)
+	}
+	served := map[string]string{}
+	for _, r := range adapter.ExternalRules {
+		served[r.Name.As] = r.SeriesQuery
+	}
+	recorded := recordedSeries(t, b)
+	for _, o := range b.all("HorizontalPodAutoscaler") {
+		hpa := o.value.(*autoscalingv2.HorizontalPodAutoscaler)
+		external := 0
+		for _, m := range hpa.Spec.Metrics {
+			switch m.Type {
+			case autoscalingv2.ExternalMetricSourceType:
+				external++
+				q, ok := served[m.External.Metric.Name]
+				if !ok {
+					t.Errorf("HPA %s: external metric %q is not one the adapter serves (%v)", o.name, m.External.Metric.Name, served)
+					continue
+				}
+				series, _, _ := strings.Cut(q, "{")
+				if !recorded[series] {
+					t.Errorf("HPA %s: %q reads %s, which no rule records", o.name, m.External.Metric.Name, series)
+				}
+			case autoscalingv2.ResourceMetricSourceType:
+				w := b.workload(hpa.Spec.ScaleTargetRef.Name)
+				for _, c := range w.pod.Spec.Containers {
+					if c.Resources.Requests.Name(m.Resource.Name, "").IsZero() {
+						t.Errorf("HPA %s: %s utilization, but %s requests none", o.name, m.Resource.Name, c.Name)
+					}
+				}
+			}
+		}
+		if external == 0 {
+			t.Errorf("HPA %s scales on no triage signal", o.name)
+		}
+	}
+}
+
+// recordedSeries are the series the PrometheusRule's rules record.
+func recordedSeries(t *testing.T, b *built) map[string]bool {
+	out := map[string]bool{}
+	for _, o := range b.all("PrometheusRule") {
+		for _, g := range o.value.(*monitoringv1.PrometheusRule).Spec.Groups {
+			for _, r := range g.Rules {
+				if r.Record != "" {
+					out[r.Record] = true
+				}
+			}
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no recording rule in the build")
+	}
+	return out
+}
+
+// The PrometheusRule's groups are deploy/prometheus/triage-rules.yml's,
+// and `promtool check rules` passes them.
+func checkRules(t *testing.T, b *built) {
+	pr, _ := b.get("PrometheusRule", "triage").(*monitoringv1.PrometheusRule)
+	if pr == nil {
+		t.Fatal("no PrometheusRule triage")
+	}
+	raw, err := os.ReadFile(filepath.Join(repo, "deploy", "prometheus", "triage-rules.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file struct {
+		Groups []monitoringv1.RuleGroup `json:"groups"`
+	}
+	if err := yaml.UnmarshalStrict(raw, &file); err != nil {
+		t.Fatalf("triage-rules.yml: %v", err)
+	}
+	if !reflect.DeepEqual(file.Groups, pr.Spec.Groups) {
+		t.Error("the PrometheusRule's groups differ from deploy/prometheus/triage-rules.yml: copy them again")
+	}
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool is needed (Debian's prometheus; .ci/run installs it)")
+	}
+	out, err := yaml.Marshal(struct {
+		Groups []monitoringv1.RuleGroup `json:"groups"`
+	}{pr.Spec.Groups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "rules.yml")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ".", promtool, "check", "rules", path)
+}
+
+// The dashboard ConfigMap holds deploy/grafana/triage-dashboard.json.
+func checkDashboard(t *testing.T, b *built) {
+	cm, _ := b.get("ConfigMap", "triage-dashboard").(*corev1.ConfigMap)
+	if cm == nil || cm.Labels["grafana_dashboard"] != "1" {
+		t.Fatal("no ConfigMap triage-dashboard labelled grafana_dashboard")
+	}
+	want, err := os.ReadFile(filepath.Join(repo, "deploy", "grafana", "triage-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cm.Data["triage-dashboard.json"] != string(want) {
+		t.Error("the dashboard ConfigMap differs from deploy/grafana/triage-dashboard.json: copy it again")
+	}
+	var v map[string]any
+	if err := json.Unmarshal(want, &v); err != nil {
+		t.Error(err)
+	}
+}
+
+// The sidecar's edge configuration parses (triageyaml, as the sidecar
+// reads it), and the identities it trusts are in the overlay's
+// namespace; the app is bench/polyglot/upstream.py.
+func checkEdge(t *testing.T, b *built) {
+	for _, tc := range b.triageContainers(t) {
+		if tc.command != "sidecar" {
+			continue
+		}
+		file := filepath.Base(tc.flags["config"])
+		var cm *corev1.ConfigMap
+		for _, o := range b.all("ConfigMap") {
+			if c := o.value.(*corev1.ConfigMap); c.Data[file] != "" {
+				cm = c
+			}
+		}
+		if cm == nil {
+			t.Fatalf("no ConfigMap holds %s", file)
+		}
+		e, err := triageyaml.ParseEdge([]byte(cm.Data[file]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range e.Trust.Identities {
+			if !strings.Contains(id, "/ns/"+b.namespace+"/") {
+				t.Errorf("the edge trusts %q, not an identity of namespace %s", id, b.namespace)
+			}
+		}
+	}
+	app, _ := b.get("ConfigMap", configMapNamed(b, "shop-app")).(*corev1.ConfigMap)
+	want, err := os.ReadFile(filepath.Join(repo, "bench", "polyglot", "upstream.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if app == nil || app.Data["shop-app.py"] != string(want) {
+		t.Error("base/shop-app.py differs from bench/polyglot/upstream.py: copy it again")
+	}
+}
+
+// configMapNamed finds a generated ConfigMap by its name before the hash.
+func configMapNamed(b *built, prefix string) string {
+	for _, o := range b.all("ConfigMap") {
+		if strings.HasPrefix(o.name, prefix+"-") {
+			return o.name
+		}
+	}
+	return ""
+}
