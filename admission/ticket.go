@@ -22,10 +22,15 @@ type Ticket struct {
 	level           criticality.Level
 	state           uint8
 	sampled         bool // measured: delay before Start, service time
+	queued          bool // Start gave it its slot after a wait in the queue
 }
 
 // Level returns the request's criticality.
 func (t *Ticket) Level() criticality.Level { return t.level }
+
+// Queued reports whether Start gave the request its execution slot after
+// a wait in the queue (rather than at once).
+func (t *Ticket) Queued() bool { return t.queued }
 
 const (
 	ticketPending   uint8 = iota + 1 // arrived, Start not called
@@ -329,6 +334,7 @@ func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
 
 func (c *Controller) started(t *Ticket, waited bool) error {
 	t.state = ticketRunning
+	t.queued = waited
 	if t.sampled && waited {
 		t.started = c.now() // service starts when the slot is given
 	}

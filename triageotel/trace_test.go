@@ -172,6 +172,17 @@ func TestSpansRecordDecisions(t *testing.T) {
 	if c := stringAttr(server[0].Attributes(), "triage.customer"); c != "shop" {
 		t.Errorf("customer %q on the span (WithCustomer)", c)
 	}
+	// Only the request that queued has the event: the holder took its
+	// slot at once.
+	admitted := 0
+	for _, s := range spans {
+		if _, ok := event(s, triageotel.EventAdmitted); ok {
+			admitted++
+		}
+	}
+	if admitted != 1 {
+		t.Errorf("%d spans with %s, want 1 (the request that waited)", admitted, triageotel.EventAdmitted)
+	}
 	// The refused request: three attempts, each a client span with a
 	// server span of triage's under it, refused.
 	refusals := serverSpans(byParent, refSpan.SpanContext().SpanID())
