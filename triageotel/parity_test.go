@@ -110,7 +110,7 @@ func (s slow) SlowSenderRefusals() uint64 { return uint64(s) }
 // The same load through both adapters gives the same value in every
 // Prometheus series and its OpenTelemetry data point: a net/http server
 // over loopback with admission control (one slot, no queue), a quota
-// (one customer over its hard limit), a classifier with a path rule, a
+// (one customer over its hard limit, refused), a classifier with a path rule, a
 // second server with admission in shadow mode, and clients through retry
 // policies; a balancer; a connection listener; the quota service and a
 // replica. Every series triageprom exports has a data point, and every
@@ -135,6 +135,7 @@ func TestParity(t *testing.T) {
 	}
 	pol, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 0.000001, Hard: true}}})
 	usage, _ := quota.NewUsage()
+	usage.Add("ads", criticality.Sheddable, time.Second) // "ads" is over its hard limit: its requests are refused out of quota
 	enf, _ := quota.NewEnforcer(pol, usage)
 	meter, err := cost.New()
 	if err != nil {
