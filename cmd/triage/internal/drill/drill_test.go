@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/triagehq/triage/criticality"
 )
 
 func TestTaskValidate(t *testing.T) {
@@ -198,5 +200,52 @@ func TestPhasesStartOnWholeSeconds(t *testing.T) {
 				t.Errorf("%v: phase %d scheduled from %v, but phase(%v) = %d", d, i, start, start, dr.phase(start))
 			}
 		}
+	}
+}
+
+// Latency is kept per criticality: per second, and per phase with the
+// worst second's p99, and the summary shows CRITICAL's by phase.
+func TestLatencyByCriticality(t *testing.T) {
+	r := newRun("x", true, nil)
+	r.phaseAt("normal", 0)
+	r.phaseAt("surge", 2*time.Second)
+	for sec := range 3 {
+		el := time.Duration(sec) * time.Second
+		for i := 1; i <= 100; i++ {
+			crit := time.Duration(i) * time.Millisecond // 1..100 ms
+			if sec == 2 {
+				crit *= 5 // the surge: 5..500 ms
+			}
+			r.sent(el, criticality.Critical)
+			r.answered(el, criticality.Critical, true, false, "", crit)
+			r.sent(el, criticality.Sheddable)
+			r.answered(el, criticality.Sheddable, true, false, "", 900*time.Millisecond)
+		}
+	}
+	r.finish(3 * time.Second)
+	s := r.Seconds[0].Latency["CRITICAL"]
+	if s.N != 100 || s.P50 != 51 || s.P90 != 91 || s.P99 != 100 || s.Max != 100 {
+		t.Errorf("second 0, CRITICAL: %+v", s)
+	}
+	normal, surge := r.Phases[0].Latency["CRITICAL"], r.Phases[1].Latency["CRITICAL"]
+	if normal.N != 200 || normal.P99 != 100 || normal.WorstSecondP99 != 100 {
+		t.Errorf("normal, CRITICAL: %+v", normal)
+	}
+	if surge.N != 100 || surge.P50 != 255 || surge.Max != 500 || surge.WorstSecondP99 != 500 {
+		t.Errorf("surge, CRITICAL: %+v", surge)
+	}
+	if sh := r.Phases[0].Latency["SHEDDABLE"]; sh.P50 != 900 {
+		t.Errorf("normal, SHEDDABLE: %+v", sh)
+	}
+	if _, ok := r.Phases[0].Latency["CRITICAL_PLUS"]; ok {
+		t.Error("a latency for a criticality nothing was sent at")
+	}
+	sum := (&Result{Runs: []*RunResult{r}}).Summary()
+	if !strings.Contains(sum, "surge") || !strings.Contains(sum, "255 / 500 / 500") {
+		t.Errorf("the summary lacks CRITICAL's surge latency:\n%s", sum)
+	}
+	m := medians([]*RunResult{r, r, r})
+	if got := m[0].Phases[1].Latency["CRITICAL"]; got.P50 != 255 || got.WorstSecondP99 != 500 {
+		t.Errorf("medians: %+v", got)
 	}
 }

@@ -28,7 +28,7 @@ func (r *RunResult) plots(slug string) []sim.Plot {
 		xs = append(xs, float64(i)+0.5)
 	}
 	var out []sim.Plot
-	for _, p := range []sim.Plot{r.goodputPlot(slug, xs), r.latencyPlot(slug, xs), r.rejectionsPlot(slug, xs), r.utilPlot(slug, xs), r.usagePlot(slug, xs)} {
+	for _, p := range []sim.Plot{r.goodputPlot(slug, xs), r.latencyPlot(slug, xs), r.latencyByCriticalityPlot(slug, xs), r.rejectionsPlot(slug, xs), r.utilPlot(slug, xs), r.usagePlot(slug, xs)} {
 		if len(p.Series) > 0 {
 			out = append(out, p)
 		}
@@ -66,6 +66,23 @@ func (r *RunResult) latencyPlot(slug string, xs []float64) sim.Plot {
 	p99 := r.series("p99", xs, func(s *Second) (float64, bool) { return s.P99, s.P99 > 0 })
 	if len(p50.X) > 0 {
 		p.Series = []sim.Series{p50, p99}
+	}
+	return p
+}
+
+// latencyByCriticalityPlot is each criticality's p99 per second: whether
+// CRITICAL pays for the sheddable work admitted beside it.
+func (r *RunResult) latencyByCriticalityPlot(slug string, xs []float64) sim.Plot {
+	p := sim.Plot{Name: "latency-criticality-" + slug, Title: r.Name + ": p99 latency of successful requests, by criticality", XLabel: "time (s)", YLabel: "ms"}
+	for l := criticality.NumLevels - 1; l >= 0; l-- {
+		name := criticality.Level(l).String()
+		se := r.series(name, xs, func(s *Second) (float64, bool) {
+			lat, ok := s.Latency[name]
+			return lat.P99, ok
+		})
+		if len(se.X) > 0 {
+			p.Series = append(p.Series, se)
+		}
 	}
 	return p
 }

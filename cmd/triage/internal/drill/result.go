@@ -86,9 +86,39 @@ func medians(runs []*RunResult) []Median {
 			}
 			ph.GoodputFrac = medianOf(with, func(r *RunResult) float64 { return r.Phases[i].GoodputFrac })
 			ph.GoodputByCriticality = medianByLevel(with, func(r *RunResult) map[string]float64 { return r.Phases[i].GoodputByCriticality })
+			ph.Latency = medianLatency(with, func(r *RunResult) map[string]Latency { return r.Phases[i].Latency })
 			m.Phases = append(m.Phases, ph)
 		}
 		out = append(out, m)
+	}
+	return out
+}
+
+// medianLatency is, per criticality, the median over rs of each figure
+// of f's latencies.
+func medianLatency(rs []*RunResult, f func(*RunResult) map[string]Latency) map[string]Latency {
+	out := map[string]Latency{}
+	for _, l := range criticality.All() {
+		var got []Latency
+		for _, r := range rs {
+			if lat, ok := f(r)[l.String()]; ok {
+				got = append(got, lat)
+			}
+		}
+		if len(got) == 0 {
+			continue
+		}
+		of := func(g func(Latency) float64) float64 {
+			xs := make([]float64, len(got))
+			for i, lat := range got {
+				xs[i] = g(lat)
+			}
+			return median(xs)
+		}
+		out[l.String()] = Latency{N: int(of(func(x Latency) float64 { return float64(x.N) })),
+			P50: of(func(x Latency) float64 { return x.P50 }), P90: of(func(x Latency) float64 { return x.P90 }),
+			P99: of(func(x Latency) float64 { return x.P99 }), Max: of(func(x Latency) float64 { return x.Max }),
+			WorstSecondP99: of(func(x Latency) float64 { return x.WorstSecondP99 })}
 	}
 	return out
 }
@@ -252,6 +282,31 @@ type PhaseResult struct {
 	End                  float64            `json:"end_s"`
 	GoodputFrac          float64            `json:"goodput_frac"`
 	GoodputByCriticality map[string]float64 `json:"goodput_by_criticality"`
+	// Latency is the latency of the phase's successful requests, by
+	// criticality, with the worst of its seconds' p99s.
+	Latency map[string]Latency `json:"latency_by_criticality,omitempty"`
+}
+
+// Latency is a distribution of successful requests' latencies, in ms.
+type Latency struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_ms"`
+	P90 float64 `json:"p90_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+	// WorstSecondP99 is, over a phase, the highest p99 of its seconds
+	// (0 for a second's own Latency).
+	WorstSecondP99 float64 `json:"worst_second_p99_ms,omitempty"`
+}
+
+// latencyOf is the distribution of xs (sorted in place); zero when empty.
+func latencyOf(xs []float64) Latency {
+	if len(xs) == 0 {
+		return Latency{}
+	}
+	sort.Float64s(xs)
+	at := func(q float64) float64 { return xs[min(len(xs)-1, int(q*float64(len(xs))))] }
+	return Latency{N: len(xs), P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: xs[len(xs)-1]}
 }
 
 // Second is what happened in one second of a run (requests by the second
@@ -276,7 +331,11 @@ type Second struct {
 	Refused map[string]int `json:"refused,omitempty"`
 	// Admission is each task's admission state, read at the second's end.
 	Admission map[string]AdmissionStats `json:"admission,omitempty"`
-	lat       []float64
+	// Latency is the latency of this second's successful requests by
+	// criticality.
+	Latency map[string]Latency `json:"latency_by_criticality,omitempty"`
+	lat     []float64
+	latBy   [criticality.NumLevels][]float64 // each bounded by maxLatencies
 }
 
 func newRun(name string, protect bool, tasks []string) *RunResult {
@@ -328,8 +387,12 @@ func (r *RunResult) answered(el time.Duration, l criticality.Level, ok, degraded
 		if degraded {
 			s.Degraded++
 		}
+		ms := float64(took) / float64(time.Millisecond)
 		if len(s.lat) < maxLatencies {
-			s.lat = append(s.lat, float64(took)/float64(time.Millisecond))
+			s.lat = append(s.lat, ms)
+		}
+		if l.Valid() && len(s.latBy[l]) < maxLatencies {
+			s.latBy[l] = append(s.latBy[l], ms)
 		}
 		return
 	}
@@ -448,6 +511,14 @@ func (r *RunResult) finish(el time.Duration) {
 		if len(s.lat) > 0 {
 			s.P50, s.P99 = percentile(s.lat, 0.5), percentile(s.lat, 0.99)
 		}
+		for _, l := range criticality.All() {
+			if len(s.latBy[l]) > 0 {
+				if s.Latency == nil {
+					s.Latency = map[string]Latency{}
+				}
+				s.Latency[l.String()] = latencyOf(s.latBy[l])
+			}
+		}
 	}
 	for i := range r.Phases {
 		end := len(r.Seconds)
@@ -455,9 +526,31 @@ func (r *RunResult) finish(el time.Duration) {
 			end = r.phaseIdx[i+1]
 		}
 		r.Phases[i].End = float64(end)
-		r.Phases[i].GoodputFrac, r.Phases[i].GoodputByCriticality = goodput(r.Seconds[min(r.phaseIdx[i], end):end])
+		ss := r.Seconds[min(r.phaseIdx[i], end):end]
+		r.Phases[i].GoodputFrac, r.Phases[i].GoodputByCriticality = goodput(ss)
+		r.Phases[i].Latency = phaseLatency(ss)
 	}
 	r.GoodputFrac, r.GoodputByCriticality = goodput(r.Seconds)
+}
+
+// phaseLatency is the latency of ss's successful requests by
+// criticality, with the worst second's p99.
+func phaseLatency(ss []Second) map[string]Latency {
+	out := map[string]Latency{}
+	for _, l := range criticality.All() {
+		var xs []float64
+		worst := 0.0
+		for i := range ss {
+			xs = append(xs, ss[i].latBy[l]...)
+			worst = max(worst, ss[i].Latency[l.String()].P99)
+		}
+		if len(xs) > 0 {
+			lat := latencyOf(xs)
+			lat.WorstSecondP99 = worst
+			out[l.String()] = lat
+		}
+	}
+	return out
 }
 
 func goodput(ss []Second) (float64, map[string]float64) {
@@ -543,9 +636,36 @@ func (res *Result) Summary() string {
 			fmt.Fprintf(w, "  %s\t%.2f; %s %s\n", p.Name, p.GoodputFrac, pct(p.GoodputByCriticality, "CRITICAL_PLUS"), pct(p.GoodputByCriticality, "CRITICAL"))
 		}
 		w.Flush()
+		latencySummary(&b, m.Phases)
+	}
+	if len(res.Medians) == 0 {
+		for _, r := range res.Runs {
+			fmt.Fprintf(&b, "\n%s:", r.Name)
+			latencySummary(&b, r.Phases)
+		}
 	}
 	res.shadowSummary(&b)
 	return b.String()
+}
+
+// latencySummary writes, per phase, the latency of CRITICAL_PLUS and
+// CRITICAL successes: p50, p99 and the worst second's p99, in ms.
+func latencySummary(b *strings.Builder, phases []PhaseResult) {
+	b.WriteString("  latency by phase, ms (p50 / p99 / worst second's p99):\n")
+	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "  phase\tCRITICAL_PLUS\tCRITICAL\tSHEDDABLE_PLUS\tSHEDDABLE")
+	for _, p := range phases {
+		fmt.Fprintf(w, "  %s", p.Name)
+		for _, l := range []string{"CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE"} {
+			if lat, ok := p.Latency[l]; ok {
+				fmt.Fprintf(w, "\t%.0f / %.0f / %.0f", lat.P50, lat.P99, lat.WorstSecondP99)
+			} else {
+				fmt.Fprint(w, "\t-")
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	w.Flush()
 }
 
 // shadowSummary writes the shadow comparison, if there is one.
