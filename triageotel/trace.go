@@ -98,7 +98,7 @@ func (it intakeTracer) Trace(ctx context.Context, e *intake.Event) {
 			return
 		}
 		parent := t.prop.Extract(ctx, headerCarrier{h: e.Header, canonical: e.Case == intake.Canonical})
-		_, span = t.tracer.Start(parent, spanName(e.Path), trace.WithSpanKind(trace.SpanKindServer))
+		_, span = t.tracer.Start(parent, spanName(e), trace.WithSpanKind(trace.SpanKindServer))
 		own = true
 	}
 	span.SetAttributes(t.requestAttributes(e)...)
@@ -153,17 +153,20 @@ func refusalAttributes(e *intake.Event) []attribute.KeyValue {
 	}
 }
 
-// spanName is the name otelgrpc gives a method's span ("pkg.Svc/Method"),
-// or the path.
-func spanName(path string) string {
-	if len(path) > 1 && path[0] == '/' {
-		return path[1:]
-	}
-	if path == "" {
+// spanName names the span of a request refused before any span
+// existed: a gRPC method as otelgrpc names it ("pkg.Svc/Method", at most
+// maxSpanName bytes, for a caller chooses it), else "triage.refused": an
+// HTTP path would give every URL a name of its own.
+func spanName(e *intake.Event) string {
+	p := e.Path
+	if e.Case != intake.LowerCase || len(p) < 2 || p[0] != '/' {
 		return "triage.refused"
 	}
-	return path
+	return p[1:min(len(p), maxSpanName)]
 }
+
+// maxSpanName bounds a refused request's span name.
+const maxSpanName = 128
 
 // headerCarrier reads a request's header for a propagator.
 type headerCarrier struct {

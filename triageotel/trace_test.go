@@ -2,7 +2,9 @@ package triageotel_test
 
 import (
 	"context"
+	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/retry"
@@ -245,4 +248,31 @@ func floatAttr(kvs []attribute.KeyValue, key string) float64 {
 		}
 	}
 	return 0
+}
+
+// A request refused before any span exists gets a span named by its gRPC
+// method (bounded), or "triage.refused" for HTTP: a path a caller chooses
+// would give every URL a span name of its own.
+func TestRefusedSpanNames(t *testing.T) {
+	tp, rec := tracing(t)
+	tr, err := triageotel.NewTracer(tp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := "/pkg.Svc/" + strings.Repeat("x", 500)
+	for _, e := range []intake.Event{
+		{Kind: intake.Refused, Path: "/pkg.Svc/Call", Case: intake.LowerCase, Header: map[string][]string{}, Err: errors.New("refused")},
+		{Kind: intake.Refused, Path: long, Case: intake.LowerCase, Header: map[string][]string{}, Err: errors.New("refused")},
+		{Kind: intake.Refused, Path: "/users/4711/orders", Case: intake.Canonical, Header: map[string][]string{}, Err: errors.New("refused")},
+	} {
+		tr.Intake().Trace(context.Background(), &e)
+	}
+	var names []string
+	for _, s := range rec.Ended() {
+		names = append(names, s.Name())
+	}
+	want := []string{"pkg.Svc/Call", long[1:128], "triage.refused"}
+	if strings.Join(names, "|") != strings.Join(want, "|") {
+		t.Errorf("span names %q, want %q", names, want)
+	}
 }
