@@ -1,11 +1,14 @@
 package drill
 
 import (
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/retry"
 )
 
 func TestTaskValidate(t *testing.T) {
@@ -247,5 +250,88 @@ func TestLatencyByCriticality(t *testing.T) {
 	m := medians([]*RunResult{r, r, r})
 	if got := m[0].Phases[1].Latency["CRITICAL"]; got.P50 != 255 || got.WorstSecondP99 != 500 {
 		t.Errorf("medians: %+v", got)
+	}
+}
+
+// TestTimeByTier follows two tasks' cumulative Spent through samples: a
+// restart (sums starting again from zero) and the phase split, into
+// per-tier means and their medians.
+func TestTimeByTier(t *testing.T) {
+	r := newRun("x", true, nil)
+	r.phaseAt("normal", 0)
+	r.phaseAt("surge", 2*time.Second)
+	st := func(role string, n int64, queue, service, down float64) Stats {
+		return Stats{Role: role, Spent: map[string]Spent{"CRITICAL": {N: n, Queue: queue, Service: service, Downstream: down}}}
+	}
+	// Seconds 0 and 1: b-0 and b-1 serve 10 requests each per second, 40
+	// ms downstream each, no queue. Second 2: b-1 restarted, counting 10
+	// requests from zero with 10 ms of queue each.
+	r.sample(time.Second, map[string]Stats{"b-0": st(RoleB, 10, 0, 40, 400), "b-1": st(RoleB, 10, 0, 40, 400)})
+	r.sample(2*time.Second, map[string]Stats{"b-0": st(RoleB, 20, 0, 80, 800), "b-1": st(RoleB, 20, 0, 80, 800)})
+	r.sample(3*time.Second, map[string]Stats{"b-0": st(RoleB, 30, 0, 120, 1200), "b-1": st(RoleB, 10, 100, 40, 400)})
+	r.finish(3 * time.Second)
+	normal, surge := r.Phases[0].TimeByTier[RoleB]["CRITICAL"], r.Phases[1].TimeByTier[RoleB]["CRITICAL"]
+	if normal != (Breakdown{N: 40, Service: 4, Downstream: 40}) {
+		t.Errorf("normal: %+v", normal)
+	}
+	if surge != (Breakdown{N: 20, Queue: 5, Service: 4, Downstream: 40}) {
+		t.Errorf("surge, with b-1 restarted: %+v", surge)
+	}
+	if got := r.Seconds[2].TimeByTier[RoleB]["CRITICAL"]; got != surge {
+		t.Errorf("second 2: %+v", got)
+	}
+	if sum := (&Result{Runs: []*RunResult{r}}).Summary(); !strings.Contains(sum, "5.0 / 0.0 / 4.0 / 40.0 / 0.0") {
+		t.Errorf("the summary lacks B's surge breakdown:\n%s", sum)
+	}
+	if got := medians([]*RunResult{r, r, r})[0].Phases[1].TimeByTier[RoleB]["CRITICAL"]; got != surge {
+		t.Errorf("medians: %+v", got)
+	}
+}
+
+// TestSpendingByCriticality: a task's tracers and handler sum each
+// part by criticality; a request without one is counted unlabelled.
+func TestSpendingByCriticality(t *testing.T) {
+	var s spending
+	s.handled(criticality.Critical)
+	intakeSpent{&s}.Trace(nil, &intake.Event{Kind: intake.Admitted, Level: criticality.Critical, Wait: 3 * time.Millisecond})
+	intakeSpent{&s}.Trace(nil, &intake.Event{Kind: intake.Refused, Level: criticality.Critical, Wait: time.Second})
+	retrySpent{&s}.Trace(nil, &retry.Event{Kind: retry.Retried, Level: criticality.Critical, Backoff: 7 * time.Millisecond})
+	retrySpent{&s}.Trace(nil, &retry.Event{Kind: retry.Throttled, Level: criticality.Critical, Backoff: time.Second})
+	s.add(criticality.Critical, partService, 40*time.Millisecond)
+	s.handled(unlabelled)
+	s.add(unlabelled, partSlot, 2*time.Millisecond)
+	got := s.snapshot()
+	if c := got["CRITICAL"]; c != (Spent{N: 1, Queue: 3, Service: 40, Backoff: 7}) {
+		t.Errorf("CRITICAL: %+v", c)
+	}
+	if u := got[Unlabelled]; u != (Spent{N: 1, Slot: 2}) {
+		t.Errorf("unlabelled: %+v", u)
+	}
+	if len(got) != 2 {
+		t.Errorf("levels without requests reported: %v", got)
+	}
+}
+
+// TestHoldReusesRequestMemory: a task holds RequestMemory of real memory
+// per request, but does not allocate (and zero) it for every request:
+// that cost the drill's host a third of each task's CPU under the surge.
+func TestHoldReusesRequestMemory(t *testing.T) {
+	tk := &task{cfg: Task{MemLimit: 1 << 30}, died: make(chan struct{})}
+	release := tk.hold()
+	if tk.memory.Load() != RequestMemory {
+		t.Fatalf("held %d bytes, want %d", tk.memory.Load(), RequestMemory)
+	}
+	release()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 100 {
+		tk.hold()()
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / 100; per > 1<<10 {
+		t.Errorf("%d bytes allocated per request held and released, want at most 1 KiB", per)
+	}
+	if tk.memory.Load() != 0 {
+		t.Errorf("%d bytes still held", tk.memory.Load())
 	}
 }

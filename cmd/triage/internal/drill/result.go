@@ -87,6 +87,7 @@ func medians(runs []*RunResult) []Median {
 			ph.GoodputFrac = medianOf(with, func(r *RunResult) float64 { return r.Phases[i].GoodputFrac })
 			ph.GoodputByCriticality = medianByLevel(with, func(r *RunResult) map[string]float64 { return r.Phases[i].GoodputByCriticality })
 			ph.Latency = medianLatency(with, func(r *RunResult) map[string]Latency { return r.Phases[i].Latency })
+			ph.TimeByTier = medianSpent(with, func(r *RunResult) map[string]map[string]Breakdown { return r.Phases[i].TimeByTier })
 			m.Phases = append(m.Phases, ph)
 		}
 		out = append(out, m)
@@ -119,6 +120,40 @@ func medianLatency(rs []*RunResult, f func(*RunResult) map[string]Latency) map[s
 			P50: of(func(x Latency) float64 { return x.P50 }), P90: of(func(x Latency) float64 { return x.P90 }),
 			P99: of(func(x Latency) float64 { return x.P99 }), Max: of(func(x Latency) float64 { return x.Max }),
 			WorstSecondP99: of(func(x Latency) float64 { return x.WorstSecondP99 })}
+	}
+	return out
+}
+
+// medianSpent is, per tier and criticality, the median over rs of each
+// part of f's breakdowns.
+func medianSpent(rs []*RunResult, f func(*RunResult) map[string]map[string]Breakdown) map[string]map[string]Breakdown {
+	got := map[string]map[string][]Breakdown{}
+	for _, r := range rs {
+		for role, by := range f(r) {
+			if got[role] == nil {
+				got[role] = map[string][]Breakdown{}
+			}
+			for l, b := range by {
+				got[role][l] = append(got[role][l], b)
+			}
+		}
+	}
+	out := map[string]map[string]Breakdown{}
+	for role, by := range got {
+		out[role] = map[string]Breakdown{}
+		for l, bs := range by {
+			of := func(g func(Breakdown) float64) float64 {
+				xs := make([]float64, len(bs))
+				for i, b := range bs {
+					xs[i] = g(b)
+				}
+				return median(xs)
+			}
+			out[role][l] = Breakdown{N: int64(of(func(b Breakdown) float64 { return float64(b.N) })),
+				Queue: of(func(b Breakdown) float64 { return b.Queue }), Slot: of(func(b Breakdown) float64 { return b.Slot }),
+				Service: of(func(b Breakdown) float64 { return b.Service }), Downstream: of(func(b Breakdown) float64 { return b.Downstream }),
+				Backoff: of(func(b Breakdown) float64 { return b.Backoff })}
+		}
 	}
 	return out
 }
@@ -190,11 +225,12 @@ type RunResult struct {
 	// the run fails unless every task returned to its baseline.
 	Residue []Residue `json:"residue,omitempty"`
 
-	mu       sync.Mutex
-	tasks    []string
-	lastAtt  map[string][4]uint64
-	lastRej  map[string]map[string]int64 // per task, its cumulative refusals at the last sample
-	phaseIdx []int                       // the second each phase starts
+	mu        sync.Mutex
+	tasks     []string
+	lastAtt   map[string][4]uint64
+	lastRej   map[string]map[string]int64 // per task, its cumulative refusals at the last sample
+	lastSpent map[string]map[string]Spent // per task, its Spent at the last sample
+	phaseIdx  []int                       // the second each phase starts
 }
 
 // Ledger is a run's account of its requests (the warm-up's aside), by
@@ -285,6 +321,9 @@ type PhaseResult struct {
 	// Latency is the latency of the phase's successful requests, by
 	// criticality, with the worst of its seconds' p99s.
 	Latency map[string]Latency `json:"latency_by_criticality,omitempty"`
+	// TimeByTier is where the time went in each tier ("frontend", "a",
+	// "b", "db"), by criticality: the mean per request of each part.
+	TimeByTier map[string]map[string]Breakdown `json:"time_by_tier,omitempty"`
 }
 
 // Latency is a distribution of successful requests' latencies, in ms.
@@ -334,12 +373,17 @@ type Second struct {
 	// Latency is the latency of this second's successful requests by
 	// criticality.
 	Latency map[string]Latency `json:"latency_by_criticality,omitempty"`
-	lat     []float64
-	latBy   [criticality.NumLevels][]float64 // each bounded by maxLatencies
+	// TimeByTier is where this second's requests spent their time in
+	// each tier, by criticality (from the tasks' stats read at its end).
+	TimeByTier map[string]map[string]Breakdown `json:"time_by_tier,omitempty"`
+	spent      tierSpent
+	lat        []float64
+	latBy      [criticality.NumLevels][]float64 // each bounded by maxLatencies
 }
 
 func newRun(name string, protect bool, tasks []string) *RunResult {
-	return &RunResult{Name: name, Protection: protect, tasks: tasks, lastAtt: map[string][4]uint64{}, lastRej: map[string]map[string]int64{}}
+	return &RunResult{Name: name, Protection: protect, tasks: tasks, lastAtt: map[string][4]uint64{}, lastRej: map[string]map[string]int64{},
+		lastSpent: map[string]map[string]Spent{}}
 }
 
 // maxLatencies bounds the latencies kept per second.
@@ -456,6 +500,7 @@ func (r *RunResult) sample(el time.Duration, stats map[string]Stats) {
 			s.Limit[c] += l
 		}
 		r.refused(s, name, st)
+		r.spentSince(s, name, st)
 		if st.Admission != nil {
 			if s.Admission == nil {
 				s.Admission = map[string]AdmissionStats{}
@@ -498,6 +543,21 @@ func (r *RunResult) refused(s *Second, name string, st Stats) {
 	r.lastRej[name] = st.Rejected
 }
 
+// spentSince adds where a task's requests spent their time since its
+// last sample to s, under its tier.
+func (r *RunResult) spentSince(s *Second, name string, st Stats) {
+	last := r.lastSpent[name]
+	for l, v := range st.Spent {
+		if d := v.since(last[l]); d.N > 0 {
+			if s.spent == nil {
+				s.spent = tierSpent{}
+			}
+			s.spent.add(st.Role, l, d)
+		}
+	}
+	r.lastSpent[name] = st.Spent
+}
+
 // finish computes the headline figures.
 func (r *RunResult) finish(el time.Duration) {
 	r.mu.Lock()
@@ -511,6 +571,7 @@ func (r *RunResult) finish(el time.Duration) {
 		if len(s.lat) > 0 {
 			s.P50, s.P99 = percentile(s.lat, 0.5), percentile(s.lat, 0.99)
 		}
+		s.TimeByTier = s.spent.means()
 		for _, l := range criticality.All() {
 			if len(s.latBy[l]) > 0 {
 				if s.Latency == nil {
@@ -529,8 +590,23 @@ func (r *RunResult) finish(el time.Duration) {
 		ss := r.Seconds[min(r.phaseIdx[i], end):end]
 		r.Phases[i].GoodputFrac, r.Phases[i].GoodputByCriticality = goodput(ss)
 		r.Phases[i].Latency = phaseLatency(ss)
+		r.Phases[i].TimeByTier = phaseSpent(ss)
 	}
 	r.GoodputFrac, r.GoodputByCriticality = goodput(r.Seconds)
+}
+
+// phaseSpent is where ss's requests spent their time, by tier and
+// criticality.
+func phaseSpent(ss []Second) map[string]map[string]Breakdown {
+	sum := tierSpent{}
+	for i := range ss {
+		for role, by := range ss[i].spent {
+			for l, sp := range by {
+				sum.add(role, l, sp)
+			}
+		}
+	}
+	return sum.means()
 }
 
 // phaseLatency is the latency of ss's successful requests by
@@ -637,11 +713,13 @@ func (res *Result) Summary() string {
 		}
 		w.Flush()
 		latencySummary(&b, m.Phases)
+		spentSummary(&b, m.Phases)
 	}
 	if len(res.Medians) == 0 {
 		for _, r := range res.Runs {
 			fmt.Fprintf(&b, "\n%s:", r.Name)
 			latencySummary(&b, r.Phases)
+			spentSummary(&b, r.Phases)
 		}
 	}
 	res.shadowSummary(&b)
@@ -662,6 +740,32 @@ func latencySummary(b *strings.Builder, phases []PhaseResult) {
 			} else {
 				fmt.Fprint(w, "\t-")
 			}
+		}
+		fmt.Fprintln(w)
+	}
+	w.Flush()
+}
+
+// spentSummary writes, per phase and tier, where CRITICAL requests spent
+// their time (a tier without triage past the frontend: all its
+// requests, unlabelled), in mean ms per request.
+func spentSummary(b *strings.Builder, phases []PhaseResult) {
+	b.WriteString("  where CRITICAL's time went, mean ms per request (queue / machine slot / service / downstream / backoff):\n")
+	w := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	roles := []string{RoleFrontend, RoleA, RoleB, RoleDB}
+	fmt.Fprintf(w, "  phase\t%s\n", strings.Join(roles, "\t"))
+	for _, p := range phases {
+		fmt.Fprintf(w, "  %s", p.Name)
+		for _, role := range roles {
+			sp, ok := p.TimeByTier[role]["CRITICAL"]
+			if !ok {
+				sp, ok = p.TimeByTier[role][Unlabelled]
+			}
+			if !ok {
+				fmt.Fprint(w, "\t-")
+				continue
+			}
+			fmt.Fprintf(w, "\t%.1f / %.1f / %.1f / %.1f / %.1f", sp.Queue, sp.Slot, sp.Service, sp.Downstream, sp.Backoff)
 		}
 		fmt.Fprintln(w)
 	}

@@ -168,6 +168,9 @@ type Stats struct {
 	// Admission is the task's admission controller (with triage): its
 	// pending cap, the requests it holds and its execution limit.
 	Admission *AdmissionStats `json:"admission,omitempty"`
+	// Spent is where the task's requests spent their time, by
+	// criticality, summed since the task started.
+	Spent map[string]Spent `json:"spent,omitempty"`
 }
 
 // AdmissionStats is a task's admission state when its stats are read.
@@ -294,6 +297,8 @@ type task struct {
 	served   atomic.Uint64
 	degraded atomic.Uint64
 	attempts [4]atomic.Uint64
+	spent    spending
+	bufs     sync.Pool // of *[]byte, RequestMemory each: see hold
 	rejMu    sync.Mutex
 	rejected map[string]int64
 	ctl      *admission.Controller
@@ -350,16 +355,25 @@ func (t *task) shadowing() (shadow.Set, shadow.Observer) {
 	return shadow.All(), shadowObserver{t}
 }
 
-// hold takes a request's memory; past the limit the task dies.
+// hold takes a request's memory; past the limit the task dies. The
+// memory is real (a buffer of RequestMemory bytes per request held), but
+// reused from request to request: allocating and zeroing 256 KiB per
+// request cost the host about a third of each task's CPU under the surge,
+// which made the drill's two cores, not the emulated machines, its
+// bottleneck (docs/drill-latency.md).
 func (t *task) hold() func() {
 	if t.memory.Add(RequestMemory) > t.cfg.MemLimit {
 		t.dieOnce.Do(func() { close(t.died) })
 	}
-	buf := make([]byte, RequestMemory)
-	buf[0], buf[len(buf)-1] = 1, 1
+	buf, _ := t.bufs.Get().(*[]byte)
+	if buf == nil {
+		b := make([]byte, RequestMemory)
+		buf = &b
+	}
+	(*buf)[0], (*buf)[len(*buf)-1] = 1, 1
 	return func() {
 		t.memory.Add(-RequestMemory)
-		_ = buf[0]
+		t.bufs.Put(buf)
 	}
 }
 
@@ -493,7 +507,7 @@ func (t *task) dial() (*grpc.ClientConn, error) {
 		// Besides "task overloaded", retry a call whose connection failed
 		// (a task killed or restarting): within the budget, on another task.
 		set, obs := t.shadowing()
-		pol, err := retry.New(retry.WithObserver(observer{t: t}), retry.WithShadow(set, obs), retry.WithRetryable(func(err error) bool {
+		pol, err := retry.New(retry.WithObserver(observer{t: t}), retry.WithShadow(set, obs), retry.WithTracer(retrySpent{&t.spent}), retry.WithRetryable(func(err error) bool {
 			_, overload := outcome.As(err)
 			return !overload && status.Code(err) == codes.Unavailable
 		}))
@@ -564,7 +578,8 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		lc.Ready()
 	}()
 	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})),
-		triagegrpc.WithAdmission(t.ctl), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc), triagegrpc.WithShadow(t.shadowing()))
+		triagegrpc.WithAdmission(t.ctl), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc), triagegrpc.WithShadow(t.shadowing()),
+		triagegrpc.WithTracer(intakeSpent{&t.spent}))
 	if err != nil {
 		return nil, err
 	}
@@ -607,6 +622,11 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 			}
 		}
 		t.attempts[min(max(n, 0), 3)].Add(1)
+		level := criticality.Of(ctx)
+		if !t.cfg.Protect { // nothing told this task the request's criticality
+			level = unlabelled
+		}
+		t.spent.handled(level)
 		// Near its limit, the DB answers sheddable requests from part of
 		// the corpus, at half the work: a degraded answer.
 		work, out := t.cfg.Work*time.Duration(t.slowdown()), body
@@ -631,7 +651,10 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 		}
 		// A customer is charged the slot-seconds its request held, not its
 		// wait for a slot: quotas are in CPU.
+		began := time.Now()
 		held, err := t.mach.run(ctx, work)
+		t.spent.add(level, partSlot, time.Since(began)-held)
+		t.spent.add(level, partService, held)
 		if enf != nil {
 			enf.Done(customer, criticality.Of(ctx), res, held)
 		}
@@ -641,7 +664,10 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 		}
 		if next != nil {
 			var err error
-			if out, err = relay.Invoke(ctx, next, body); err != nil {
+			began := time.Now()
+			out, err = relay.Invoke(ctx, next, body)
+			t.spent.add(level, partDownstream, time.Since(began))
+			if err != nil {
 				t.reject("downstream")
 				return "", err
 			}
@@ -682,7 +708,11 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		if c := apiKeys[r.Header.Get("X-Api-Key")]; c != "" {
 			ctx = quota.NewContext(ctx, c)
 		}
+		l := criticality.Of(ctx)
+		t.spent.handled(l)
+		began := time.Now()
 		out, err := relay.Invoke(ctx, next, "full")
+		t.spent.add(l, partDownstream, time.Since(began))
 		if err != nil {
 			t.reject(reasonOf(err))
 			if !triagehttp.WriteError(w, err) {
@@ -708,7 +738,8 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		if err != nil {
 			return nil, err
 		}
-		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithAdmission(ctl), triagehttp.WithShadow(t.shadowing()))
+		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithAdmission(ctl), triagehttp.WithShadow(t.shadowing()),
+			triagehttp.WithTracer(intakeSpent{&t.spent}))
 		if err != nil {
 			return nil, err
 		}
@@ -813,13 +844,14 @@ func (t *task) serveFault(w http.ResponseWriter, r *http.Request) {
 
 func (t *task) serveStats(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("gc") == "1" {
+		runtime.GC() // twice: the first moves the buffers hold keeps for reuse aside, the second frees them
 		runtime.GC()
 	}
 	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
 	metrics.Read(live)
 	s := Stats{ID: t.cfg.ID, Role: t.cfg.Role, Slots: t.cfg.Slots, Busy: t.mach.utilization() * float64(t.cfg.Slots),
 		Served: t.served.Load(), Degraded: t.degraded.Load(), Memory: t.memory.Load(), Rejected: map[string]int64{},
-		Goroutines: runtime.NumGoroutine()}
+		Goroutines: runtime.NumGoroutine(), Spent: t.spent.snapshot()}
 	if live[0].Value.Kind() == metrics.KindUint64 {
 		s.LiveHeap = live[0].Value.Uint64()
 	}
