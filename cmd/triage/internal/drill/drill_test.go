@@ -70,7 +70,8 @@ func TestReportIsSelfContained(t *testing.T) {
 	for i := range 5 {
 		s := Second{Sent: [4]int{1, 1, 1, 1}, OK: [4]int{1, 1, 1, 1}, lat: []float64{float64(i + 1)},
 			Rejected: map[string]int{"task-overloaded": i}, Util: map[string]float64{"a-0": 0.5, "db-0": 0.9},
-			Usage: map[string]float64{"gmail": 1}, Limit: map[string]float64{"gmail": 2}}
+			Usage: map[string]float64{"gmail": 1}, Limit: map[string]float64{"gmail": 2},
+			spent: tierSpent{RoleFrontend: {"CRITICAL": {N: 1, Downstream: 50}}, RoleDB: {"CRITICAL": {N: 1, Queue: 2, Service: 40}}}}
 		r.Seconds = append(r.Seconds, s)
 	}
 	r.phaseAt("normal", 0)
@@ -81,8 +82,11 @@ func TestReportIsSelfContained(t *testing.T) {
 		t.Fatal(err)
 	}
 	page := string(html)
-	if n := strings.Count(page, "<svg"); n != 6 {
-		t.Errorf("%d figures, want 6 (attempts, goodput, latency, failures, utilization, usage)", n)
+	if n := strings.Count(page, "<svg"); n != 7 {
+		t.Errorf("%d figures, want 7 (attempts, goodput, latency, time by tier, failures, utilization, usage)", n)
+	}
+	if !strings.Contains(page, "where CRITICAL&#39;s time went") || !strings.Contains(page, "between the tiers") {
+		t.Error("no figure of where CRITICAL's time went")
 	}
 	for _, ext := range []string{"<script src", "<link", "<img", `href="http`, "url(http", "@import"} {
 		if strings.Contains(page, ext) {

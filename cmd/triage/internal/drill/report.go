@@ -28,7 +28,7 @@ func (r *RunResult) plots(slug string) []sim.Plot {
 		xs = append(xs, float64(i)+0.5)
 	}
 	var out []sim.Plot
-	for _, p := range []sim.Plot{r.goodputPlot(slug, xs), r.latencyPlot(slug, xs), r.latencyByCriticalityPlot(slug, xs), r.rejectionsPlot(slug, xs), r.utilPlot(slug, xs), r.usagePlot(slug, xs)} {
+	for _, p := range []sim.Plot{r.goodputPlot(slug, xs), r.latencyPlot(slug, xs), r.latencyByCriticalityPlot(slug, xs), r.timeByTierPlot(slug, xs), r.rejectionsPlot(slug, xs), r.utilPlot(slug, xs), r.usagePlot(slug, xs)} {
 		if len(p.Series) > 0 {
 			out = append(out, p)
 		}
@@ -83,6 +83,47 @@ func (r *RunResult) latencyByCriticalityPlot(slug string, xs []float64) sim.Plot
 		if len(se.X) > 0 {
 			p.Series = append(p.Series, se)
 		}
+	}
+	return p
+}
+
+// timeByTierPlot is where CRITICAL requests spent their time per second:
+// each tier's own time (its queue, machine slot, service and backoffs),
+// and the rest of the frontend's call, between the tiers (the transport,
+// and each process waiting for the host's CPU).
+func (r *RunResult) timeByTierPlot(slug string, xs []float64) sim.Plot {
+	p := sim.Plot{Name: "time-by-tier-" + slug, Title: r.Name + ": where CRITICAL's time went, mean per request", XLabel: "time (s)", YLabel: "ms"}
+	own := func(b Breakdown) float64 { return b.Queue + b.Slot + b.Service + b.Backoff }
+	at := func(s *Second, role string) (Breakdown, bool) {
+		b, ok := s.TimeByTier[role]["CRITICAL"]
+		if !ok {
+			b, ok = s.TimeByTier[role][Unlabelled]
+		}
+		return b, ok
+	}
+	for _, role := range []string{RoleDB, RoleB, RoleA, RoleFrontend} {
+		se := r.series(role, xs, func(s *Second) (float64, bool) {
+			b, ok := at(s, role)
+			return own(b), ok
+		})
+		if len(se.X) > 0 {
+			p.Series = append(p.Series, se)
+		}
+	}
+	between := r.series("between the tiers", xs, func(s *Second) (float64, bool) {
+		f, ok := at(s, RoleFrontend)
+		if !ok {
+			return 0, false
+		}
+		rest := f.Downstream
+		for _, role := range []string{RoleA, RoleB, RoleDB} {
+			b, _ := at(s, role)
+			rest -= own(b)
+		}
+		return max(rest, 0), true
+	})
+	if len(between.X) > 0 {
+		p.Series = append(p.Series, between)
 	}
 	return p
 }
