@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"context"
 	"runtime"
 	"strings"
 	"testing"
@@ -337,5 +338,20 @@ func TestHoldReusesRequestMemory(t *testing.T) {
 	}
 	if tk.memory.Load() != 0 {
 		t.Errorf("%d bytes still held", tk.memory.Load())
+	}
+}
+
+// A request is charged the work it did on the machine, never the time a
+// frozen process (the storm fault's SIGSTOP) or a busy host kept it
+// holding its slot: charged 5 s of CPU for a 40 ms request, every
+// customer with a request running when the DB tier stopped was out of
+// quota for seconds after it came back.
+func TestMachineChargesTheWorkDone(t *testing.T) {
+	at := time.Unix(1000, 0)
+	m := newMachine(1, time.Nanosecond)
+	m.now = func() time.Time { at = at.Add(5 * time.Second); return at } // frozen between any two readings
+	held, err := m.run(context.Background(), time.Nanosecond)
+	if err != nil || held != time.Nanosecond {
+		t.Errorf("held %v (%v), want the 1ns of work", held, err)
 	}
 }

@@ -239,7 +239,10 @@ func (m *machine) reported() float64 {
 }
 
 // run holds a slot for d (waiting for one first, until ctx ends). It
-// returns how long it held the slot: the request's CPU on this machine.
+// returns the request's CPU on this machine: how long it held the slot,
+// but never more than d, the work it did. A process frozen meanwhile
+// (SIGSTOP) or a host too busy to fire the timer on time holds the slot
+// longer, and does no more work for it.
 func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, error) {
 	select {
 	case m.slots <- struct{}{}:
@@ -247,15 +250,15 @@ func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, erro
 		return 0, ctx.Err()
 	}
 	m.account(+1)
-	began := time.Now()
+	began := m.now()
 	defer func() { m.account(-1); <-m.slots }()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return time.Since(began), nil
+		return min(m.now().Sub(began), d), nil
 	case <-ctx.Done():
-		return time.Since(began), ctx.Err()
+		return min(m.now().Sub(began), d), ctx.Err()
 	}
 }
 
