@@ -53,7 +53,9 @@
 //     of its own dependency that ended, say), not an overload starting,
 //     and the whole window decides: alone, the short window would let the
 //     client double what it sends only once per short window, about 10 s
-//     from the 95% cap, while the backend accepts all of it.
+//     from the 95% cap, while the backend accepts all of it. That the
+//     backend answers again may be told by any level's requests: a level
+//     throttled at the cap sends too few to tell it soon.
 //
 // This package is the transport-free core; retry.Policy calls Allow before
 // each attempt and Done with its answer, and the gRPC and HTTP adapters
@@ -398,15 +400,23 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 }
 
 // acceptingAll reports whether the backend accepted every request of lv
-// answered in the last second, and some: then the short window's
-// rejections are history (an outage that ended), not an onset, and the
-// whole window decides.
+// answered in the last second, and accepted some request of any level in
+// it: then the short window's rejections are history (an outage that
+// ended), not an onset, and the whole window decides. Any level's
+// acceptance says that the backend answers again: a level throttled at
+// the cap sends too few requests to say it soon (a level of 10 requests a
+// second, one every 2 s), and its own refusals in the last second still
+// say whether it is being shed.
 func (t *Throttle) acceptingAll(lv *level, ns int64) bool {
 	if refused, _ := lv.refused.Latest(ns, t.latest); refused > 0 {
 		return false
 	}
-	p, _ := lv.LatestPair(ns, t.latest)
-	return p.B > 0
+	for i := range t.levels {
+		if p, _ := t.levels[i].LatestPair(ns, t.latest); p.B > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // recentRate returns the requests per ns of the last second, plus two
