@@ -58,9 +58,12 @@ type config struct {
 	cost     time.Duration
 	rounds   int
 	capacity float64
-	stats    bool
-	rows     string
-	attacker string
+	// perOK and perRefusal are the server's CPU-seconds per OK call and
+	// per refusal, as measured.
+	perOK, perRefusal float64
+	stats             bool
+	rows              string
+	attacker          string
 }
 
 func main() {
@@ -115,60 +118,92 @@ func run(c config) error {
 	runtime.GOMAXPROCS(1)
 	c.rounds = burn.Calibrate(c.cost)
 	capacity := c.capacity
-	if capacity <= 0 {
-		var err error
-		if capacity, err = measureCapacity(c); err != nil {
+	if capacity <= 0 || c.scenario == "table" {
+		measured, perOK, err := measureCapacity(c)
+		if err != nil {
 			return err
 		}
-		fmt.Printf("capacity C = %.0f OK calls/s (ghz closed loop, 50 workers, unprotected backend, cost %v, median of %d)\n\n", capacity, c.cost, c.repeats)
-	} else {
-		fmt.Printf("capacity C = %.0f OK calls/s (given)\n\n", capacity)
+		fmt.Printf("capacity: %.0f OK calls/s, %.1f µs of server CPU each (ghz closed loop, 50 workers, unprotected backend, cost %v, median of %d)\n", measured, perOK*1e6, c.cost, c.repeats)
+		if capacity <= 0 {
+			capacity = measured
+		}
+		c.perOK = perOK
 	}
+	fmt.Printf("capacity C = %.0f OK calls/s\n\n", capacity)
 	if c.scenario != "table" {
 		return attackScenario(c, capacity)
+	}
+	if err := measureRefusal(&c, capacity); err != nil {
+		return err
 	}
 	rows, err := stockrows.Parse(c.rows)
 	if err != nil {
 		return fmt.Errorf("-rows: %v", err)
 	}
-	fmt.Printf("%-8s %8s %8s %10s %7s %12s %9s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "SERVER_CPU", "GHZ_CPU", "runs (OK/s @ server CPU)")
+	fmt.Println("ALLOWS: the OK calls/s one CPU allows after the refusals' own cost, (1 s - REFUSED/s x refusal) / OK call")
+	fmt.Printf("%-8s %8s %8s %10s %7s %10s %8s %8s %12s %9s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "REFUSED/s", "ALLOWS", "OK/ALL", "SERVER_CPU", "GHZ_CPU", "runs (OK/s @ server CPU)")
 	for _, row := range rows {
 		rate := int(row.Load * capacity)
-		var ok, cpu, gcpu []float64
+		var ok, refused, allows, cpu, gcpu []float64
 		var runs []string
 		for i := 0; i < c.repeats; i++ {
 			r, err := ghzRun(c, true, "--rps", strconv.Itoa(rate), "-c", strconv.Itoa(row.Workers))
 			if err != nil {
 				return err
 			}
-			ok, cpu, gcpu = append(ok, r.okPerSec), append(cpu, r.serverCPU), append(gcpu, r.ghzCPU)
+			ok, refused, cpu, gcpu = append(ok, r.okPerSec), append(refused, r.refusedPerSec), append(cpu, r.serverCPU), append(gcpu, r.ghzCPU)
+			allows = append(allows, (1-r.refusedPerSec*c.perRefusal)/c.perOK)
 			runs = append(runs, fmt.Sprintf("%.0f@%.0f%%", r.okPerSec, 100*r.serverCPU))
 		}
-		fmt.Printf("%-8s %8d %8d %10.0f %7.2f %11.0f%% %8.0f%%  %s\n", fmt.Sprintf("~%gx", row.Load), rate, row.Workers,
-			median(ok), median(ok)/capacity, 100*median(cpu), 100*median(gcpu), strings.Join(runs, " "))
+		fmt.Printf("%-8s %8d %8d %10.0f %7.2f %10.0f %8.0f %8.2f %11.0f%% %8.0f%%  %s\n", fmt.Sprintf("~%gx", row.Load), rate, row.Workers,
+			median(ok), median(ok)/capacity, median(refused), median(allows), median(ok)/median(allows), 100*median(cpu), 100*median(gcpu), strings.Join(runs, " "))
 	}
 	return nil
 }
 
-func measureCapacity(c config) (float64, error) {
-	var xs []float64
+// measureRefusal measures what one refusal costs the server: ghz at 20x C
+// with 3,000 workers against a backend that refuses every call at
+// arrival, the server's CPU over the refusals answered.
+func measureRefusal(c *config, capacity float64) error {
+	var per, rate, cpu []float64
+	for i := 0; i < c.repeats; i++ {
+		r, err := ghzRunOn(*c, true, []string{"-refuse-all"}, nil, "--rps", strconv.Itoa(int(20*capacity)), "-c", "3000")
+		if err != nil {
+			return err
+		}
+		if r.refusedPerSec <= 0 {
+			return fmt.Errorf("the refusing backend refused nothing: %v", r.codes)
+		}
+		per, rate, cpu = append(per, r.serverCPU/r.refusedPerSec), append(rate, r.refusedPerSec), append(cpu, r.serverCPU)
+	}
+	c.perRefusal = median(per)
+	fmt.Printf("refusal: %.1f µs of server CPU each (%.0f refusals/s at %.0f%% server CPU: ghz at 20x C, 3,000 workers, a backend refusing every call at arrival, median of %d)\n\n",
+		c.perRefusal*1e6, median(rate), 100*median(cpu), c.repeats)
+	return nil
+}
+
+// measureCapacity returns the unprotected backend's OK calls/s in a
+// closed loop of 50 workers, and the server's CPU-seconds per OK call.
+func measureCapacity(c config) (float64, float64, error) {
+	var xs, per []float64
 	for i := 0; i < c.repeats; i++ {
 		r, err := ghzRun(c, false, "-c", "50")
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		xs = append(xs, r.okPerSec)
+		xs, per = append(xs, r.okPerSec), append(per, r.serverCPU/r.okPerSec)
 	}
-	return median(xs), nil
+	return median(xs), median(per), nil
 }
 
-func startBackend(c config, protect bool) (*child.Process, error) {
-	return child.Start("0", "server", "-rounds", strconv.Itoa(c.rounds), "-protect="+strconv.FormatBool(protect), "-stats="+strconv.FormatBool(c.stats && protect))
+func startBackend(c config, protect bool, extra ...string) (*child.Process, error) {
+	return child.Start("0", append([]string{"server", "-rounds", strconv.Itoa(c.rounds), "-protect=" + strconv.FormatBool(protect), "-stats=" + strconv.FormatBool(c.stats && protect)}, extra...)...)
 }
 
 // ghzResult is one ghz run.
 type ghzResult struct {
 	okPerSec, success    float64
+	refusedPerSec        float64 // calls answered with another code than OK
 	p99                  time.Duration
 	serverCPU, ghzCPU    float64
 	codes                map[string]int
@@ -195,8 +230,14 @@ func ghzRun(c config, protect bool, args ...string) (ghzResult, error) {
 // ghzRunWith is ghzRun with beside, if not nil, running against the same
 // backend from before ghz starts until it ends.
 func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr string), args ...string) (ghzResult, error) {
+	return ghzRunOn(c, protect, nil, beside, args...)
+}
+
+// ghzRunOn is ghzRunWith on a backend started with the extra server
+// flags.
+func ghzRunOn(c config, protect bool, extra []string, beside func(ctx context.Context, addr string), args ...string) (ghzResult, error) {
 	var r ghzResult
-	b, err := startBackend(c, protect)
+	b, err := startBackend(c, protect, extra...)
 	if err != nil {
 		return r, err
 	}
@@ -248,6 +289,7 @@ func ghzRunWith(c config, protect bool, beside func(ctx context.Context, addr st
 	}
 	r.codes = rep.StatusCodes
 	r.okPerSec = float64(rep.StatusCodes["OK"]) / (float64(rep.Total) / 1e9)
+	r.refusedPerSec = float64(rep.Count-int64(rep.StatusCodes["OK"])) / (float64(rep.Total) / 1e9)
 	r.success = float64(rep.StatusCodes["OK"]) / float64(rep.Count)
 	for _, p := range rep.LatencyDistr {
 		if p.Percentage == 99 {

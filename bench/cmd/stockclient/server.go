@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -29,6 +30,10 @@ import (
 type service struct {
 	testgrpc.UnimplementedTestServiceServer
 	rounds int
+	// first, if set, runs once, after the first call (refuse-all's
+	// ForceShed: ghz makes one call before its run and stops if it fails).
+	first     func()
+	firstOnce sync.Once
 }
 
 var sink atomic.Uint64
@@ -39,6 +44,9 @@ func (s *service) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, 
 		sum = sha256.Sum256(sum[:])
 	}
 	sink.Add(uint64(sum[0]))
+	if s.first != nil {
+		s.firstOnce.Do(s.first)
+	}
 	return &testgrpc.Empty{}, nil
 }
 
@@ -72,16 +80,21 @@ func serverCommand(args []string) error {
 	measure := fs.String("measure", "scheduler", "the controller's queueing delay measure: scheduler or arrival (admission.WithDelayMeasure)")
 	target := fs.Duration("target", admission.DefaultTargetDelay, "the controller's target delay (admission.WithTargetDelay)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole serving time to this file")
+	refuseAll := fs.Bool("refuse-all", false, "with -protect: refuse every call after the first at arrival (admission's ForceShed at every level), to measure what one refusal costs")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if err := loopbackFlag("listen", *listen); err != nil {
 		return err
 	}
+	if *refuseAll && !*protect {
+		return fmt.Errorf("-refuse-all needs -protect")
+	}
 	if *rounds <= 0 {
 		*rounds = burn.Calibrate(*cost)
 	}
 	var opts []grpc.ServerOption
+	svc := &service{rounds: *rounds}
 	if *protect {
 		obs := &reasons{}
 		m := admission.SchedulerDelay
@@ -96,6 +109,13 @@ func serverCommand(args []string) error {
 		if err != nil {
 			return err
 		}
+		if *refuseAll {
+			svc.first = func() {
+				for _, l := range criticality.All() {
+					ctl.ForceShed(l, 1, admission.MaxForceShed) // valid arguments: no error
+				}
+			}
+		}
 		srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
 		if err != nil {
 			return err
@@ -106,7 +126,7 @@ func serverCommand(args []string) error {
 		}
 	}
 	s := grpc.NewServer(opts...)
-	testgrpc.RegisterTestServiceServer(s, &service{rounds: *rounds})
+	testgrpc.RegisterTestServiceServer(s, svc)
 	reflection.Register(s)
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
