@@ -13,8 +13,9 @@ import (
 // Spent is where one task's requests of one criticality spent their time,
 // summed since the task started, in ms: the wait in admission control's
 // queue for an execution slot (Queue), the wait for a slot of the
-// emulated machine (Slot: none with triage, whose execution slots are the
-// machine's), the machine's work (Service), the call to the next tier
+// emulated machine and the host's lateness in ending its work (Slot: no
+// wait with triage, whose execution slots are the machine's), the
+// machine's work (Service), the call to the next tier
 // (Downstream, its retries and their backoffs included) and the backoffs
 // before this task's retries to the next tier (Backoff). N counts the
 // requests that reached the task's handler; Queue is summed over the same
