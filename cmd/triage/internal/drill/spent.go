@@ -109,15 +109,9 @@ func (t retrySpent) Trace(_ context.Context, e *retry.Event) {
 }
 
 // Breakdown is the mean time a tier's requests of one criticality spent
-// in each part, in ms, over the N requests that reached its handlers.
-type Breakdown struct {
-	N          int64   `json:"n"`
-	Queue      float64 `json:"queue_ms"`
-	Slot       float64 `json:"slot_ms"`
-	Service    float64 `json:"service_ms"`
-	Downstream float64 `json:"downstream_ms"`
-	Backoff    float64 `json:"backoff_ms"`
-}
+// in each part of Spent, in ms per request, over the N requests that
+// reached its handlers.
+type Breakdown Spent
 
 // plus adds b's sums to s.
 func (s Spent) plus(b Spent) Spent {
