@@ -335,9 +335,14 @@ func TestHoldReusesRequestMemory(t *testing.T) {
 	}
 	runtime.ReadMemStats(&after)
 	// A collection empties the pool, and the next request allocates a
-	// buffer again: a few in a thousand, not one each.
-	if per := (after.TotalAlloc - before.TotalAlloc) / n; per > RequestMemory/16 {
-		t.Errorf("%d bytes allocated per request held and released, want at most %d (a buffer every 16 requests)", per, RequestMemory/16)
+	// buffer again: a few in a thousand, not one each. Under the race
+	// detector the pool drops a quarter of the buffers put back.
+	every := int64(16)
+	if raceEnabled {
+		every = 2
+	}
+	if per := int64(after.TotalAlloc-before.TotalAlloc) / n; per > RequestMemory/every {
+		t.Errorf("%d bytes allocated per request held and released, want at most %d (a buffer every %d requests)", per, RequestMemory/every, every)
 	}
 	if tk.memory.Load() != 0 {
 		t.Errorf("%d bytes still held", tk.memory.Load())

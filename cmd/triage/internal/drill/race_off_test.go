@@ -1,0 +1,5 @@
+//go:build !race
+
+package drill
+
+const raceEnabled = false
