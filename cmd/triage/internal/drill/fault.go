@@ -304,6 +304,10 @@ type netns struct {
 	commandTimeout time.Duration
 }
 
+// partitionNet holds every address setupPartition gives: the drill's own,
+// on this machine, trusted by its tasks as loopback is (taskTrust).
+const partitionNet = "10.201.0.0/16"
+
 // setupPartition creates the namespace and its link: the host's side
 // 10.201.N.1, the namespace's 10.201.N.2 (N from the drill's process id).
 // Both addresses are on this machine; the namespace has no other route.

@@ -3,9 +3,12 @@ package drill
 import (
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/triagehq/triage/trust"
 )
 
 // A class runs at its normal rate at load 1, its peak at peakLoad, and in
@@ -139,5 +142,21 @@ func TestSlowKnob(t *testing.T) {
 	}
 	if code := post("slow=1&for=1s"); code != http.StatusOK || tk.slowdown() != 1 {
 		t.Fatalf("slow=1: %d, slowdown %d", code, tk.slowdown())
+	}
+}
+
+// A DB task in the partition faults' namespace sees tier B at the host's
+// end of the veth pair, 10.201.N.1: it must trust it as it trusts
+// loopback, or every request reaches it without its customer (quota's
+// "(other)", over its limit whenever the DB sheds).
+func TestTasksTrustThePartitionsHostSide(t *testing.T) {
+	tr := taskTrust()
+	for _, a := range []string{"127.0.0.1", "10.201.0.1", "10.201.249.1"} {
+		if !tr.Trusted(trust.Peer{Addr: netip.MustParseAddr(a)}) {
+			t.Errorf("%s not trusted", a)
+		}
+	}
+	if tr.Trusted(trust.Peer{Addr: netip.MustParseAddr("10.202.0.1")}) {
+		t.Error("an address outside the drill's trusted")
 	}
 }
