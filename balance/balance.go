@@ -193,7 +193,9 @@ const (
 
 // WithEjection sets when a backend that does not answer is ejected: after
 // n of the client's requests in a row ended at their deadlines without
-// an answer (Endpoint.DoneUnanswered), for d, doubled with each ejection
+// an answer (Endpoint.DoneUnanswered) while another backend of the
+// subset answered (a subset silent as a whole ejects no one), for d,
+// doubled with each ejection
 // in a row (an ejected backend gets requests again after it, and one more
 // unanswered ejects it again) up to MaxEjection; an answer ends the
 // series. n 0 disables ejection. Default DefaultEjectAfter and
@@ -472,12 +474,7 @@ func (b *Balancer) stalled(e *Endpoint) bool {
 		return false
 	}
 	now := max(b.readClock(), 1)
-	others := uint64(0)
-	for _, x := range b.set.Load().eps {
-		if x != e {
-			others += x.answered.Load()
-		}
-	}
+	others := b.othersAnswered(e)
 	since := e.suspect.Load()
 	if since == 0 {
 		if e.suspect.CompareAndSwap(0, now) {
@@ -490,6 +487,18 @@ func (b *Balancer) stalled(e *Endpoint) bool {
 	}
 	e.eject()
 	return true
+}
+
+// othersAnswered sums the answer marks of e's fellow endpoints: it grows
+// when one of them answers a request picked since its last answer.
+func (b *Balancer) othersAnswered(e *Endpoint) uint64 {
+	var sum uint64
+	for _, x := range b.set.Load().eps {
+		if x != e {
+			sum += x.answered.Load()
+		}
+	}
+	return sum
 }
 
 // pick is Pick without counting the request.
@@ -769,6 +778,10 @@ type Endpoint struct {
 	misses       atomic.Uint32
 	ejections    atomic.Uint32
 	ejectedUntil atomic.Int64
+	// missOthers is othersAnswered at the first miss of the series: the
+	// misses eject only once another endpoint answered since (an outlier,
+	// not an outage of the whole subset).
+	missOthers atomic.Uint64
 }
 
 // SetValue attaches v to the endpoint, for the adapter (the gRPC adapter
@@ -916,7 +929,21 @@ func (b *Balancer) decayErrors(eps []*Endpoint, epoch int64) {
 // the answer is an error that counts against the backend (not, say, the
 // caller's cancellation). An answer ends an ejected endpoint's probation,
 // unless it is an error: then the endpoint is ejected again for as long.
-func (e *Endpoint) Done(failed bool) {
+func (e *Endpoint) Done(failed bool) { e.done(failed, failed) }
+
+// Refused ends a request picked on e that the backend refused on its own
+// account: "task overloaded", its own "overloaded; don't retry", or the
+// caller out of quota, not a failure relayed from its dependencies. It
+// counts as an error, as Done(true) does, but it comes from a backend
+// that answers: it ends an ejected endpoint's probation, as Done(false)
+// does. After an outage every backend has a backlog to refuse; ejecting
+// each again for its first refusal would send all the traffic to
+// whichever answered first with a success.
+func (e *Endpoint) Refused() { e.done(true, false) }
+
+// done ends an answered request; failed counts it as an error, and
+// unproven keeps an endpoint on probation (ejected again).
+func (e *Endpoint) done(failed, unproven bool) {
 	e.w.Add(^uint64(oneActive - 1)) // minus oneActive
 	e.answered.Store(e.picks.Load())
 	if e.suspect.Load() != 0 {
@@ -927,7 +954,7 @@ func (e *Endpoint) Done(failed bool) {
 	}
 	if e.misses.Load() != 0 || e.ejections.Load() != 0 {
 		e.misses.Store(0)
-		if failed && e.ejections.Load() != 0 && e.State() == Healthy {
+		if unproven && e.ejections.Load() != 0 && e.State() == Healthy {
 			// On probation, an error is no proof of service (a backend
 			// whose own dependencies are gone fails fast): ejected again,
 			// for as long.
@@ -945,9 +972,10 @@ func (e *Endpoint) Release() { e.w.Add(^uint64(oneActive - 1)) }
 
 // DoneUnanswered ends a request picked on e that reached its deadline
 // with no answer from the backend: an error, and a miss. After
-// WithEjection's count of misses in a row, the endpoint is Unresponsive
-// for the ejection time (doubled for each ejection in a row); after it,
-// one more miss ejects it again.
+// WithEjection's count of misses in a row, if another endpoint answered
+// since the first of them, the endpoint is Unresponsive for the ejection
+// time (doubled for each ejection in a row); after it, one more miss
+// ejects it again, on the same condition.
 func (e *Endpoint) DoneUnanswered() {
 	e.w.Add(^uint64(oneActive - 1))
 	e.addError()
@@ -956,10 +984,13 @@ func (e *Endpoint) DoneUnanswered() {
 		return
 	}
 	m := e.misses.Load()
+	if m == 0 {
+		e.missOthers.Store(e.b.othersAnswered(e))
+	}
 	if m < n {
 		m = e.misses.Add(1)
 	}
-	if m < n || e.State() != Healthy {
+	if m < n || e.State() != Healthy || e.b.othersAnswered(e) == e.missOthers.Load() && len(e.b.set.Load().eps) > 1 {
 		return
 	}
 	e.eject()

@@ -691,6 +691,104 @@ func TestFailedProbeEjectsAgain(t *testing.T) {
 	}
 }
 
+// An outage of the whole subset (every backend stopped, as the drill's
+// storm stops a whole tier) is no outlier: with no backend answering,
+// ejecting one moves nothing to another, and ejections doubled through
+// the outage would keep a backend out for seconds after it, while the
+// others take its share. No one is ejected; once the backends answer
+// again, each takes its share at once. A request ends unanswered at its
+// deadline, a second after its pick; the outage lasts 5 s.
+func TestOutageOfTheWholeSubsetEjectsNoOne(t *testing.T) {
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin, LeastLoaded} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 3, WithPolicy(p))
+		type call struct {
+			e  *Endpoint
+			at time.Duration
+		}
+		var inFlight []call
+		start := clk.Now()
+		now := func() time.Duration { return clk.Now().Sub(start) }
+		const tick = 10 * time.Millisecond
+		for now() < 5*time.Second {
+			for len(inFlight) > 0 && now()-inFlight[0].at >= time.Second {
+				inFlight[0].e.DoneUnanswered()
+				inFlight = inFlight[1:]
+			}
+			e, err := b.Pick()
+			if err != nil {
+				t.Fatalf("%v: %v", p, err)
+			}
+			inFlight = append(inFlight, call{e, now()})
+			clk.Advance(tick)
+		}
+		for _, e := range eps {
+			if e.State() != Healthy {
+				t.Errorf("%v: %s is %v after an outage of every backend", p, e.ID(), e.State())
+			}
+		}
+		for _, c := range inFlight { // the backlog: refused once the backends run again
+			c.e.Refused()
+		}
+		clk.Advance(2 * time.Second) // least-loaded forgets the errors
+		got := map[*Endpoint]int{}
+		for range 300 {
+			e, _ := b.Pick()
+			got[e]++
+			e.Done(false)
+			clk.Advance(time.Millisecond)
+		}
+		for _, e := range eps {
+			if got[e] < 60 {
+				t.Errorf("%v: %s took %d of the 300 requests after the outage, want its share", p, e.ID(), got[e])
+			}
+		}
+	}
+}
+
+// Refused (the backend refused on its own account) counts as an error
+// but is an answer: it ends the probation, as a success does, where
+// Done(true) ejects the backend again.
+func TestRefusalEndsTheProbation(t *testing.T) {
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin, LeastLoaded} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 2, WithPolicy(p))
+		busy := eps[0]
+		eject(busy)
+		clk.Advance(DefaultEjection + time.Millisecond)
+		for range 200 {
+			e, err := b.Pick()
+			if err != nil {
+				t.Fatalf("%v: %v", p, err)
+			}
+			if e == busy {
+				errs := e.RecentErrors()
+				e.Refused()
+				if e.RecentErrors() <= errs {
+					t.Errorf("%v: a refusal did not count as an error (%d, then %d)", p, errs, e.RecentErrors())
+				}
+				break
+			}
+			e.Done(false)
+		}
+		if busy.State() != Healthy {
+			t.Fatalf("%v: a refused probe left the backend %v", p, busy.State())
+		}
+		clk.Advance(2 * time.Second) // least-loaded halves its recent errors each second (WithErrorWindow)
+		n := 0
+		for range 200 {
+			e, _ := b.Pick()
+			if e == busy {
+				n++
+			}
+			e.Done(false)
+		}
+		if n < 60 {
+			t.Errorf("%v: %d of 200 requests to the backend after its refused probe, want its share", p, n)
+		}
+	}
+}
+
 // A backend that stops answering is ejected before its requests reach
 // their deadlines: picked DefaultStallPicks times since its last answer,
 // then nothing from it for DefaultStallAfter while the others answer.
@@ -888,12 +986,24 @@ func TestBlackoutCountsFromTheBackendsStart(t *testing.T) {
 	}
 }
 
-// eject leaves DefaultEjectAfter requests to e unanswered in a row, which
-// ejects it.
+// eject leaves DefaultEjectAfter requests to e unanswered in a row while
+// the others answer, which ejects it.
 func eject(e *Endpoint) {
-	for range DefaultEjectAfter {
+	for i := range DefaultEjectAfter {
 		e.w.Add(oneActive)
 		e.DoneUnanswered()
+		if i > 0 {
+			continue
+		}
+		// The others answer meanwhile: e is an outlier, not part of an
+		// outage of the whole subset, which ejects no one.
+		for _, x := range e.b.set.Load().eps {
+			if x != e {
+				x.w.Add(oneActive)
+				x.picks.Add(1)
+				x.Done(false)
+			}
+		}
 	}
 }
 

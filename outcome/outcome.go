@@ -24,6 +24,7 @@ package outcome
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -183,11 +184,25 @@ func Upward(err error) error {
 	if oe.Kind == OutOfQuota {
 		return &Error{Kind: OutOfQuota, RetryAfter: oe.RetryAfter, Reason: oe.Reason}
 	}
-	reason := "downstream " + oe.Kind.Token()
+	reason := relayedDownstream + oe.Kind.Token()
 	if oe.Local {
-		reason = "throttled locally"
+		reason = relayedLocal
 	}
 	return &Error{Kind: DontRetry, RetryAfter: oe.RetryAfter, Reason: reason}
+}
+
+// The reasons Upward gives the outcomes it relays.
+const (
+	relayedDownstream = "downstream "
+	relayedLocal      = "throttled locally"
+)
+
+// Relayed reports whether e is an outcome a server relayed from its own
+// dependencies or its own client-side throttling (Upward's "overloaded;
+// don't retry" with reason "downstream ..." or "throttled locally"),
+// rather than a refusal it made on its own account.
+func (e *Error) Relayed() bool {
+	return e.Kind == DontRetry && (strings.HasPrefix(e.Reason, relayedDownstream) || e.Reason == relayedLocal)
 }
 
 // As returns the first *Error in err's chain.

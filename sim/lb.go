@@ -448,7 +448,7 @@ func runLB(cfg LBConfig, policy balance.Policy) (LBRow, error) {
 			b.queue = append(b.queue, r)
 		} else {
 			failed++
-			e.Done(true)
+			e.Refused() // the backend's own refusal: its queue is full
 		}
 		// Backends back from a restart: healthy again for every client.
 		if !cfg.NoRestarts && n%1024 == 0 {

@@ -829,6 +829,8 @@ func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool, lame fun
 		e.DoneUnanswered()
 	case !di.BytesReceived && (c == codes.Canceled || c == codes.DeadlineExceeded):
 		e.Release() // given up early: no answer, and no evidence of none
+	case refusedOnItsOwn(di.Err):
+		e.Refused()
 	default:
 		e.Done(backenderr.Failed(di.Err))
 	}
@@ -842,6 +844,17 @@ func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool, lame fun
 			lame()
 		}
 	}
+}
+
+// refusedOnItsOwn says err is a triage refusal the backend made on its
+// own account (it was overloaded, or the caller out of quota), not one
+// relayed from its dependencies: an answer from a live backend.
+func refusedOnItsOwn(err error) bool {
+	if err == nil {
+		return false
+	}
+	oe, ok := triagegrpc.FromStatus(status.Convert(err))
+	return ok && !oe.Relayed()
 }
 
 // loadOf reads an ORCA load report: the application utilization, else the
