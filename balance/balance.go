@@ -194,7 +194,7 @@ const (
 // WithEjection sets when a backend that does not answer is ejected: after
 // n of the client's requests in a row ended at their deadlines without
 // an answer (Endpoint.DoneUnanswered) while another backend of the
-// subset answered (a subset silent as a whole ejects no one), for d,
+// subset served (a subset silent or failing as a whole ejects no one), for d,
 // doubled with each ejection
 // in a row (an ejected backend gets requests again after it, and one more
 // unanswered ejects it again) up to MaxEjection; an answer ends the
@@ -215,8 +215,10 @@ const (
 // WithStall sets when a backend that stopped answering is ejected before
 // its requests' deadlines: once it has been picked n times since its last
 // answer, and then for d nothing came from it while another endpoint
-// answered (so a subset that only holds long streams, where nobody
-// answers, ejects no one). The ejection is WithEjection's, doubled with
+// served, answering with no failure (so a subset that only holds long
+// streams, where nobody answers, ejects no one, and neither does one
+// whose other backends only fail, as they do when a dependency they
+// share is gone). The ejection is WithEjection's, doubled with
 // each in a row. After an ejection, until it answers, the backend is on
 // probation: one request at a time, and ejected again when that one
 // ends unanswered at its deadline or gets nothing back for d while
@@ -386,10 +388,10 @@ func (b *Balancer) SetEndpoints(ids []string) ([]*Endpoint, error) {
 		if e == nil {
 			e = &Endpoint{id: id, b: b}
 			if lines != nil {
-				e.w, e.picks, e.answered = &lines[0].w, &lines[0].picks, &lines[0].answered
+				e.w, e.picks, e.answered, e.served = &lines[0].w, &lines[0].picks, &lines[0].answered, &lines[0].served
 				lines = lines[1:]
 			} else {
-				e.w, e.picks, e.answered = &block[0], &e.ownPicks, &e.ownAnswered
+				e.w, e.picks, e.answered, e.served = &block[0], &e.ownPicks, &e.ownAnswered, &e.ownServed
 				block = block[1:]
 			}
 			e.w.Store(notHealthy) // Refusing until the adapter says otherwise
@@ -466,15 +468,15 @@ func (b *Balancer) skip(e *Endpoint, critical bool) bool {
 }
 
 // stalled reports whether e, picked stallPicks times since its last
-// answer, has been suspect for stallAfter while others answered, and
+// answer, has been suspect for stallAfter while others served, and
 // ejects it if so. It is the slow path of a pick: it reads the clock and
-// sums the other endpoints' answer marks.
+// sums the other endpoints' service marks.
 func (b *Balancer) stalled(e *Endpoint) bool {
 	if e.State() != Healthy {
 		return false
 	}
 	now := max(b.readClock(), 1)
-	others := b.othersAnswered(e)
+	others := b.othersServed(e)
 	since := e.suspect.Load()
 	if since == 0 {
 		if e.suspect.CompareAndSwap(0, now) {
@@ -489,13 +491,14 @@ func (b *Balancer) stalled(e *Endpoint) bool {
 	return true
 }
 
-// othersAnswered sums the answer marks of e's fellow endpoints: it grows
-// when one of them answers a request picked since its last answer.
-func (b *Balancer) othersAnswered(e *Endpoint) uint64 {
+// othersServed sums the service marks of e's fellow endpoints: it grows
+// when one of them answers, with no failure, a request picked since its
+// last such answer.
+func (b *Balancer) othersServed(e *Endpoint) uint64 {
 	var sum uint64
 	for _, x := range b.set.Load().eps {
 		if x != e {
-			sum += x.answered.Load()
+			sum += x.served.Load()
 		}
 	}
 	return sum
@@ -736,7 +739,8 @@ type endpointLine struct {
 	w        packed
 	picks    atomic.Uint64
 	answered atomic.Uint64
-	_        [104]byte
+	served   atomic.Uint64
+	_        [96]byte
 }
 
 // Endpoint is one backend of the subset.
@@ -757,9 +761,15 @@ type Endpoint struct {
 	// endpointLine, or ownAnswered): picks less answered is how many
 	// times it was picked since. suspect is when a pick found it stalled
 	// (ns since the Balancer's start, 0: not suspect), suspectOthers the
-	// other endpoints' answer marks then.
+	// other endpoints' service marks then. served is the pick count at
+	// its last answer that was no failure (a success, or a refusal of its
+	// own), in its endpointLine or ownServed: the proof that it serves,
+	// which a failure (one relayed from a dependency the subset shares,
+	// say) is not.
 	answered      *atomic.Uint64
 	ownAnswered   atomic.Uint64
+	served        *atomic.Uint64
+	ownServed     atomic.Uint64
 	suspect       atomic.Int64
 	suspectOthers atomic.Uint64
 	id            string
@@ -778,8 +788,8 @@ type Endpoint struct {
 	misses       atomic.Uint32
 	ejections    atomic.Uint32
 	ejectedUntil atomic.Int64
-	// missOthers is othersAnswered at the first miss of the series: the
-	// misses eject only once another endpoint answered since (an outlier,
+	// missOthers is othersServed at the first miss of the series: the
+	// misses eject only once another endpoint served since (an outlier,
 	// not an outage of the whole subset).
 	missOthers atomic.Uint64
 }
@@ -946,6 +956,9 @@ func (e *Endpoint) Refused() { e.done(true, false) }
 func (e *Endpoint) done(failed, unproven bool) {
 	e.w.Add(^uint64(oneActive - 1)) // minus oneActive
 	e.answered.Store(e.picks.Load())
+	if !unproven {
+		e.served.Store(e.picks.Load())
+	}
 	if e.suspect.Load() != 0 {
 		e.suspect.Store(0)
 	}
@@ -962,6 +975,11 @@ func (e *Endpoint) done(failed, unproven bool) {
 			return
 		}
 		e.ejections.Store(0)
+		if !unproven && e.State() == Unresponsive {
+			// It serves again (a request it held through the ejection
+			// was answered): the ejection predicted silence, and ends.
+			e.expire(Unresponsive)
+		}
 	}
 }
 
@@ -972,8 +990,8 @@ func (e *Endpoint) Release() { e.w.Add(^uint64(oneActive - 1)) }
 
 // DoneUnanswered ends a request picked on e that reached its deadline
 // with no answer from the backend: an error, and a miss. After
-// WithEjection's count of misses in a row, if another endpoint answered
-// since the first of them, the endpoint is Unresponsive for the ejection
+// WithEjection's count of misses in a row, if another endpoint served
+// (answered with no failure) since the first of them, the endpoint is Unresponsive for the ejection
 // time (doubled for each ejection in a row); after it, one more miss
 // ejects it again, on the same condition.
 func (e *Endpoint) DoneUnanswered() {
@@ -985,12 +1003,12 @@ func (e *Endpoint) DoneUnanswered() {
 	}
 	m := e.misses.Load()
 	if m == 0 {
-		e.missOthers.Store(e.b.othersAnswered(e))
+		e.missOthers.Store(e.b.othersServed(e))
 	}
 	if m < n {
 		m = e.misses.Add(1)
 	}
-	if m < n || e.State() != Healthy || e.b.othersAnswered(e) == e.missOthers.Load() && len(e.b.set.Load().eps) > 1 {
+	if m < n || e.State() != Healthy || e.b.othersServed(e) == e.missOthers.Load() && len(e.b.set.Load().eps) > 1 {
 		return
 	}
 	e.eject()

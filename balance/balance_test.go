@@ -746,6 +746,75 @@ func TestOutageOfTheWholeSubsetEjectsNoOne(t *testing.T) {
 	}
 }
 
+// When a dependency the whole subset shares is gone, the backends whose
+// calls to it hang are silent, and those that know it is gone fail fast
+// (their throttle, "overloaded; don't retry" relayed from below): a
+// failure is no proof that the others serve, so the silent ones are not
+// stall-ejected as outliers, to be kept out for seconds after the
+// dependency returns while the ones that failed take all the traffic.
+func TestFailingOthersEjectNoOne(t *testing.T) {
+	const step = 10 * time.Millisecond
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin, LeastLoaded} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		b, eps := newBalancer(t, clk, 3, WithPolicy(p))
+		failing := eps[1]
+		for range 300 { // 3 s
+			clk.Advance(step)
+			e, err := b.Pick()
+			if err != nil {
+				t.Fatalf("%v: %v", p, err)
+			}
+			if e == failing {
+				e.Done(true)
+			} // the others hold their requests: silent
+		}
+		for _, e := range eps {
+			if e.State() != Healthy {
+				t.Errorf("%v: %s is %v; only another's failures came back", p, e.ID(), e.State())
+			}
+		}
+	}
+}
+
+// An ejected backend that serves again (it answers a request it held,
+// with a success or a refusal of its own, as a task resumed after a pause
+// answers its backlog) is back at once, not at the end of an ejection
+// doubled while it was silent.
+func TestServiceEndsTheEjection(t *testing.T) {
+	for _, p := range []Policy{RoundRobin, WeightedRoundRobin, LeastLoaded} {
+		for _, refused := range []bool{false, true} {
+			clk := clock.NewFake(time.Unix(0, 0))
+			b, eps := newBalancer(t, clk, 2, WithPolicy(p))
+			paused := eps[0]
+			eject(paused)
+			held, _ := b.Pick() // picked while ejected: the other
+			held.Done(false)
+			paused.w.Add(oneActive) // a request it held through the pause
+			clk.Advance(DefaultEjection / 4)
+			if refused {
+				paused.Refused()
+			} else {
+				paused.Done(false)
+			}
+			if paused.State() != Healthy {
+				t.Fatalf("%v (refused %v): %v after it answered again", p, refused, paused.State())
+			}
+			clk.Advance(4 * time.Second) // least-loaded forgets the misses
+			n := 0
+			for range 200 {
+				e, _ := b.Pick()
+				if e == paused {
+					n++
+				}
+				e.Done(false)
+			}
+			if n < 60 {
+				t.Errorf("%v (refused %v): %d of 200 requests after it answered again, want its share", p, refused, n)
+			}
+		}
+	}
+}
+
 // Refused (the backend refused on its own account) counts as an error
 // but is an answer: it ends the probation, as a success does, where
 // Done(true) ejects the backend again.
