@@ -800,15 +800,7 @@ func TestServiceEndsTheEjection(t *testing.T) {
 				t.Fatalf("%v (refused %v): %v after it answered again", p, refused, paused.State())
 			}
 			clk.Advance(4 * time.Second) // least-loaded forgets the misses
-			n := 0
-			for range 200 {
-				e, _ := b.Pick()
-				if e == paused {
-					n++
-				}
-				e.Done(false)
-			}
-			if n < 60 {
+			if n := shareOf(b, paused, 200); n < 60 {
 				t.Errorf("%v (refused %v): %d of 200 requests after it answered again, want its share", p, refused, n)
 			}
 		}
@@ -844,15 +836,7 @@ func TestRefusalEndsTheProbation(t *testing.T) {
 			t.Fatalf("%v: a refused probe left the backend %v", p, busy.State())
 		}
 		clk.Advance(2 * time.Second) // least-loaded halves its recent errors each second (WithErrorWindow)
-		n := 0
-		for range 200 {
-			e, _ := b.Pick()
-			if e == busy {
-				n++
-			}
-			e.Done(false)
-		}
-		if n < 60 {
+		if n := shareOf(b, busy, 200); n < 60 {
 			t.Errorf("%v: %d of 200 requests to the backend after its refused probe, want its share", p, n)
 		}
 	}
@@ -1053,6 +1037,20 @@ func TestBlackoutCountsFromTheBackendsStart(t *testing.T) {
 	if eps[1].Load() != before {
 		t.Fatal("a report with a negative span was taken")
 	}
+}
+
+// shareOf makes n picks, each answered at once, and returns how many
+// went to e.
+func shareOf(b *Balancer, e *Endpoint, n int) int {
+	got := 0
+	for range n {
+		x, _ := b.Pick()
+		if x == e {
+			got++
+		}
+		x.Done(false)
+	}
+	return got
 }
 
 // eject leaves DefaultEjectAfter requests to e unanswered in a row while

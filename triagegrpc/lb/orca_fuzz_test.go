@@ -33,17 +33,7 @@ func FuzzLoadReport(f *testing.F) {
 	f.Add([]byte{0x0a}, "0")
 	f.Fuzz(func(t *testing.T, wire []byte, lame string) {
 		clk := clock.NewFake(time.Unix(0, 0))
-		b, err := balance.New(balance.WithClock(clk), balance.WithPolicy(balance.WeightedRoundRobin), balance.WithBlackout(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps, err := b.SetEndpoints([]string{"a", "b"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range eps {
-			e.SetState(balance.Healthy)
-		}
+		b, eps := healthyBalancer(t, balance.WithClock(clk), balance.WithPolicy(balance.WeightedRoundRobin), balance.WithBlackout(0))
 		var report v3orcapb.OrcaLoadReport
 		di := balancer.DoneInfo{Trailer: metadata.Pairs("triage-lame-duck", lame)}
 		if proto.Unmarshal(wire, &report) == nil {

@@ -38,17 +38,7 @@ func TestOwnRefusalEndsTheProbation(t *testing.T) {
 		{"internal", status.Error(codes.Internal, "boom"), false},
 	} {
 		clk := clock.NewFake(time.Unix(0, 0))
-		b, err := balance.New(balance.WithClock(clk))
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps, err := b.SetEndpoints([]string{"a", "b"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range eps {
-			e.SetState(balance.Healthy)
-		}
+		b, eps := healthyBalancer(t, balance.WithClock(clk))
 		probed := eps[0]
 		for range balance.DefaultEjectAfter { // unanswered at their deadlines: ejected
 			for e, _ := b.Pick(); ; e, _ = b.Pick() {
@@ -85,4 +75,22 @@ func TestOwnRefusalEndsTheProbation(t *testing.T) {
 			t.Errorf("%s: the backend took %d of the 200 calls after its probe was answered so (state %v); want a share: %v", c.name, share, probed.State(), c.proven)
 		}
 	}
+}
+
+// healthyBalancer returns a Balancer with two healthy endpoints, "a" and
+// "b".
+func healthyBalancer(t testing.TB, opts ...balance.Option) (*balance.Balancer, []*balance.Endpoint) {
+	t.Helper()
+	b, err := balance.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := b.SetEndpoints([]string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range eps {
+		e.SetState(balance.Healthy)
+	}
+	return b, eps
 }
