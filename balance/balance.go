@@ -194,11 +194,11 @@ const (
 // WithEjection sets when a backend that does not answer is ejected: after
 // n of the client's requests in a row ended at their deadlines without
 // an answer (Endpoint.DoneUnanswered) while another backend of the
-// subset served (a subset silent or failing as a whole ejects no one), for d,
-// doubled with each ejection
-// in a row (an ejected backend gets requests again after it, and one more
-// unanswered ejects it again) up to MaxEjection; an answer ends the
-// series. n 0 disables ejection. Default DefaultEjectAfter and
+// subset served (a subset silent or failing as a whole ejects no one),
+// for d, doubled with each ejection in a row (an ejected backend gets
+// requests again after it, and one more unanswered ejects it again) up
+// to MaxEjection; an answer ends the series, and an answer with no
+// failure ends the ejection itself. n 0 disables ejection. Default DefaultEjectAfter and
 // DefaultEjection.
 func WithEjection(n int, d time.Duration) Option {
 	return optionFunc(func(c *config) { c.ejectAfter, c.ejection = uint32(max(n, -1)), d })
@@ -991,9 +991,9 @@ func (e *Endpoint) Release() { e.w.Add(^uint64(oneActive - 1)) }
 // DoneUnanswered ends a request picked on e that reached its deadline
 // with no answer from the backend: an error, and a miss. After
 // WithEjection's count of misses in a row, if another endpoint served
-// (answered with no failure) since the first of them, the endpoint is Unresponsive for the ejection
-// time (doubled for each ejection in a row); after it, one more miss
-// ejects it again, on the same condition.
+// (answered with no failure) since the first of them, the endpoint is
+// Unresponsive for the ejection time (doubled for each ejection in a
+// row); after it, one more miss ejects it again, on the same condition.
 func (e *Endpoint) DoneUnanswered() {
 	e.w.Add(^uint64(oneActive - 1))
 	e.addError()

@@ -829,8 +829,8 @@ func finish(e *balance.Endpoint, di balancer.DoneInfo, unanswered bool, lame fun
 		e.DoneUnanswered()
 	case !di.BytesReceived && (c == codes.Canceled || c == codes.DeadlineExceeded):
 		e.Release() // given up early: no answer, and no evidence of none
-	case refusedOnItsOwn(di.Err):
-		e.Refused()
+	case (c == codes.Unavailable || c == codes.ResourceExhausted) && refusedOnItsOwn(di.Err):
+		e.Refused() // the codes triage's refusals carry: nothing else is decoded
 	default:
 		e.Done(backenderr.Failed(di.Err))
 	}
