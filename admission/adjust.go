@@ -62,6 +62,12 @@ func (c *Controller) adjustPending() {
 	}
 	hit := c.capHit.Swap(false)
 	delay, ok := c.queueDelay()
+	if p := c.paused.Load(); p != c.pausedSeen {
+		// The run queue's waits through a pause of the process are the
+		// pause's (the sampled delays leave it out on their own).
+		c.pausedSeen = p
+		ok = ok && c.sched == nil
+	}
 	if !ok {
 		return
 	}

@@ -12,7 +12,8 @@
 // slot back. Away and Back mark a running request's waits on other
 // services, Stall and Unstall its waits on its own client: its slot serves
 // others meanwhile. L and the pending cap are found from the service time
-// and the queueing delay, not configured. A refusal is an outcome error
+// and the queueing delay, not configured (pauses of the whole process,
+// such as SIGSTOP, are left out of both). A refusal is an outcome error
 // (RejectionOf): "task overloaded", or "overloaded; don't retry" when many
 // recent requests are retries, with a RetryAfter once a sheddable class
 // has been shed for a while.
@@ -148,6 +149,7 @@ type Controller struct {
 	adjust         sync.Mutex      // held while revisiting the limit and the pending cap
 	limits         limitRule
 	ls             limitState // guarded by adjust
+	pausedSeen     int64      // paused at the last adjustment; guarded by adjust
 	pending        pendingRule
 	probingNow     atomic.Bool         // ls.probing, for wait (read without c.adjust)
 	probeResume    atomic.Int64        // ls.resume, for wait
@@ -181,9 +183,13 @@ type Controller struct {
 	pendingCap atomic.Int64
 	capHit     atomic.Bool
 	_          [64]byte
-	recent     atomic.Int64 // the clock as the last sampled arrival read it
+	recent     atomic.Int64 // the clock as a recent sampled reading read it
 	lastShed   atomic.Int64 // ns of a recent rejection (kept within interval/16)
 	_          [48]byte
+	// paused is the total length of the pauses of the process seen so
+	// far (read); pauseMu serializes noting one.
+	paused  atomic.Int64
+	pauseMu sync.Mutex
 	// Requests between Arrive and Start are counted per epoch of arrival
 	// in a ring of four (the counts are in hot): a request that never
 	// reaches Start (its stream reset before the handler ran, an unknown
@@ -299,6 +305,47 @@ func New(opts ...Option) (*Controller, error) {
 }
 
 func (c *Controller) now() int64 { return int64(c.since()) }
+
+// pauseAfter is how many intervals without a single reading of the clock
+// (at least; and eight expected service times) count as a pause of the
+// process rather than requests taking long.
+const pauseAfter = 10
+
+// read is now for the readings that measure a sampled request (arrival,
+// start, away, done). A gap since the previous reading longer than
+// pauseAfter intervals and eight service times, in which nothing at all
+// happened, is a pause of the process (SIGSTOP, a frozen VM): it is added
+// to paused, which the measurements leave out (pausedSince).
+func (c *Controller) read() int64 {
+	now := c.now()
+	switch gap := now - c.recent.Load(); {
+	case gap > pauseAfter*c.interval:
+		c.notePause(now)
+	case gap > 0:
+		c.recent.Store(now)
+	}
+	return now
+}
+
+// notePause records the gap before now as a pause, once however many
+// readings saw it: paused is added to before recent moves past the gap,
+// so a reading that sees the new recent sees the pause too.
+func (c *Controller) notePause(now int64) {
+	c.pauseMu.Lock()
+	defer c.pauseMu.Unlock()
+	gap := now - c.recent.Load()
+	if gap <= 0 {
+		return
+	}
+	if gap > max(pauseAfter*c.interval, 8*c.expectedSvc.Load()) {
+		c.paused.Add(gap)
+	}
+	c.recent.Store(now)
+}
+
+// pausedSince is the length of the pauses since mark (a reading of
+// paused).
+func (c *Controller) pausedSince(mark int64) int64 { return c.paused.Load() - mark }
 
 // RejectionOf reports whether err is a rejection made by a Controller, and
 // its reason and kind. Adapters use it to answer with prebuilt responses.

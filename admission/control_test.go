@@ -97,6 +97,52 @@ func TestStaleServiceTimeDoesNotRefuseForever(t *testing.T) {
 	}
 }
 
+// A pause of the whole process (SIGSTOP, a frozen VM) is not service
+// time: the requests it held finish just after it with the pause in their
+// clocks. Counted as service, the pause made the task refuse every fresh
+// request with a deadline, CRITICAL_PLUS included, for the interval after
+// it, and the refusals reached the top of the stack (the fault matrix's
+// storm: a DB tier stopped for 5 s, then 1.7 s of expected service for a
+// 20 ms call). Time in which the Controller saw nothing at all happen,
+// far longer than its requests take, is left out of what it measures.
+func TestPauseOfTheProcessIsNotServiceTime(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(4, 4, 4))
+	for i := 0; i < 50; i++ { // a 20 ms service
+		var tk admission.Ticket
+		c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+		c.Start(context.Background(), &tk)
+		f.Advance(20 * time.Millisecond)
+		c.Done(&tk)
+	}
+	var held [4]admission.Ticket
+	for i := range held {
+		c.Arrive(&held[i], criticality.Critical, 0, time.Time{})
+		c.Start(context.Background(), &held[i])
+	}
+	var waiting admission.Ticket // arrived, not started: its delay is measured
+	c.Arrive(&waiting, criticality.Critical, 0, time.Time{})
+	f.Advance(10 * time.Millisecond)
+	f.Advance(5 * time.Second) // the pause
+	f.Advance(10 * time.Millisecond)
+	for i := range held {
+		c.Done(&held[i])
+	}
+	c.Scheduled(&waiting)
+	c.Done(&waiting)
+	for _, l := range []criticality.Level{criticality.CriticalPlus, criticality.Critical, criticality.Sheddable} {
+		var tk admission.Ticket
+		if err := c.Arrive(&tk, l, 0, f.Now().Add(time.Second)); err != nil {
+			t.Errorf("%v with a 1 s deadline just after the pause: %v (service time %v, queue delay %v)", l, err, c.Stats().ServiceTime, c.Stats().QueueDelay)
+			continue
+		}
+		c.Done(&tk)
+	}
+	if s := c.Stats(); s.ServiceTime > 100*time.Millisecond || s.QueueDelay > 100*time.Millisecond {
+		t.Errorf("after the pause: service time %v, queue delay %v; want the 20 ms and 10 ms the requests took while the process ran", s.ServiceTime, s.QueueDelay)
+	}
+}
+
 func TestDeadlineTooCloseIsRejectedAtOnce(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithInterval(time.Second))
@@ -428,6 +474,62 @@ func TestProbeDelaysAndDoesNotShed(t *testing.T) {
 // counting towards the pending cap, so that a later burst of more critical
 // requests cannot displace them and then make real requests of their
 // level pay the debt.
+// A more critical arrival past the cap displaces a request that has not
+// started: that request is refused when it starts. The displaced requests
+// of a burst may never start (their streams reset, their clients gone:
+// after a pause of the process most of its backlog is such), and their
+// debt was left to the next requests of the level, refused at Start with
+// the task empty up to a second later (the fault matrix's storm). A
+// request leaving before Start takes its level's debt with it when no
+// other request is left to pay it; one that is Scheduled pays it then.
+func TestDisplacedRequestsThatNeverStartLeaveNoDebt(t *testing.T) {
+	for _, leave := range []string{"Done before Start", "Scheduled, never started"} {
+		f := clock.NewFake(epoch)
+		c := mustNew(t, admission.WithClock(f))
+		var low []admission.Ticket
+		for range 1000 {
+			var tk admission.Ticket
+			if c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}) != nil {
+				break
+			}
+			low = append(low, tk)
+		}
+		// CRITICAL fills its headroom past the cap, then displaces.
+		var high []admission.Ticket
+		for range 10 * len(low) {
+			var tk admission.Ticket
+			if c.Arrive(&tk, criticality.Critical, 0, time.Time{}) != nil {
+				break
+			}
+			high = append(high, tk)
+		}
+		if len(high) <= len(low) {
+			t.Fatalf("%s: %d CRITICAL admitted past %d SHEDDABLE pending", leave, len(high), len(low))
+		}
+		for i := range high {
+			c.Done(&high[i])
+		}
+		for i := range low {
+			if leave == "Done before Start" {
+				c.Done(&low[i])
+			} else {
+				c.Scheduled(&low[i])
+			}
+		}
+		f.Advance(50 * time.Millisecond)
+		for i := range 2 * len(low) {
+			var tk admission.Ticket
+			if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}); err != nil {
+				t.Fatalf("%s: idle task, SHEDDABLE request %d refused at arrival: %v", leave, i, err)
+			}
+			if err := c.Start(context.Background(), &tk); err != nil {
+				t.Fatalf("%s: the displaced requests gone, idle task: SHEDDABLE request %d refused at Start: %v", leave, i, err)
+			}
+			c.Done(&tk)
+		}
+	}
+}
+
 func TestPhantomsLeaveNoDebt(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f))

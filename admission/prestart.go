@@ -65,7 +65,8 @@ const maxSlotCount = 1<<15 - 1<<11
 // dropped at the first arrival of a new epoch: its requests (their stream
 // was reset before the handler ran, or the method is unknown) stop
 // counting, towards the pending cap and among their level's not-started
-// requests alike, and their level's eviction debt is cut to what is left.
+// requests alike, and their level's eviction debt is cut to what is left,
+// as it is when a request leaves before Start (Done, Scheduled).
 // The slots are the only record of requests not started, so nothing else
 // needs correcting when one is dropped.
 type prestartRing struct {
@@ -113,12 +114,18 @@ func (r *prestartRing) rotate(e int64) {
 		return
 	}
 	for l := range r.lv {
-		left := max(r.level(criticality.Level(l)), 0)
-		for {
-			owed := r.lv[l].owed.Load()
-			if owed <= left || r.lv[l].owed.CompareAndSwap(owed, left) {
-				break
-			}
+		r.cut(criticality.Level(l))
+	}
+}
+
+// cut bounds level l's eviction debt by its requests still counted: a
+// debt no request left can pay is forgiven, not charged to later ones.
+func (r *prestartRing) cut(l criticality.Level) {
+	left := max(r.level(l), 0)
+	for {
+		owed := r.lv[l].owed.Load()
+		if owed <= left || r.lv[l].owed.CompareAndSwap(owed, left) {
+			return
 		}
 	}
 }
@@ -141,6 +148,13 @@ func (r *prestartRing) add(e int64, l criticality.Level) (int64, bool) {
 	}
 	w.Add(levelUnit(l))
 	return e, true
+}
+
+// leave takes out of the slots a request of level l counted in epoch e
+// that will not start, with any debt of its level left unpayable.
+func (r *prestartRing) leave(e int64, l criticality.Level) {
+	r.remove(e, l)
+	r.cut(l)
 }
 
 // remove takes a request of level l counted in epoch e out of the slots.

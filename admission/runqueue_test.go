@@ -90,3 +90,42 @@ func TestRunQueuedArrivalsShedByCriticality(t *testing.T) {
 		t.Errorf("after 40 intervals under the target, still shedding: %v", s)
 	}
 }
+
+// The run queue's waits through a pause of the process (SIGSTOP) are the
+// pause's: the goroutines runnable when it began ran seconds later. The
+// interval's reading that spans a pause is left out, so that it neither
+// shrinks the pending cap nor refuses requests for their deadlines.
+func TestSchedulerDelayOfAPauseIsLeftOut(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	c, err := New(WithClock(clk), WithRandom(func() float64 { return 0.5 }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	delay := &fakeDelay{d: time.Millisecond}
+	c.sched = delay
+	serve := func() {
+		var tk Ticket
+		if err := c.Arrive(&tk, criticality.Critical, 0, clk.Now().Add(time.Second)); err != nil {
+			t.Fatalf("at %v: %v (queue delay %v)", clk.Now(), err, c.Stats().QueueDelay)
+		}
+		if err := c.Start(t.Context(), &tk); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(time.Millisecond)
+		c.Done(&tk)
+	}
+	for range 10 {
+		clk.Advance(DefaultInterval)
+		serve()
+	}
+	capBefore := c.Stats().PendingCap
+	clk.Advance(5 * time.Second) // the pause
+	delay.d = 5 * time.Second    // what the run queue saw through it
+	serve()
+	delay.d = time.Millisecond
+	if s := c.Stats(); s.QueueDelay > 10*time.Millisecond || s.PendingCap < capBefore {
+		t.Errorf("after the pause: queue delay %v, pending cap %v (before %v)", s.QueueDelay, s.PendingCap, capBefore)
+	}
+	clk.Advance(DefaultInterval)
+	serve()
+}

@@ -18,10 +18,12 @@ import (
 type Ticket struct {
 	arrive, started int64
 	epoch           int64 // of the prestart ring it was counted in
-	awayAt, awayFor int64 // sampled: the last Away, the time spent away before it
+	awayAt, awayFor int64 // sampled: the last Away, the time spent away before it (less pauses)
+	mark            int64 // sampled: paused at Arrive, then at Start
 	level           criticality.Level
 	state           uint8
 	sampled         bool // measured: delay before Start, service time
+	owes            bool // displaced while not started: refused at Start (Scheduled)
 	queued          bool // Start gave it its slot after a wait in the queue
 }
 
@@ -107,8 +109,7 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	sampled := draw&c.sampleMask.Load() == 0
 	var now int64
 	if sampled {
-		now = c.now()
-		c.recent.Store(now)
+		now = c.read()
 	} else {
 		now = c.recent.Load()
 	}
@@ -153,6 +154,9 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		return c.rejectAs(l, Concurrency, now, a)
 	}
 	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled}
+	if sampled {
+		t.mark = c.paused.Load()
+	}
 	return nil
 }
 
@@ -310,14 +314,15 @@ func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
 		return false, errors.New("admission: Start without Arrive")
 	}
 	t.state = ticketInside
-	if c.displaced(t.level) {
+	if scheduled && t.owes || !scheduled && c.displaced(t.level) {
 		return false, c.rejectAs(t.level, Concurrency, c.now(), a)
 	}
 	if t.sampled {
-		t.started = c.now()
+		t.started = c.read()
 		if !scheduled {
-			c.addDelay(t.started - t.arrive)
+			c.addDelay(t.started - t.arrive - c.pausedSince(t.mark))
 		}
+		t.mark = c.paused.Load()
 	}
 	if c.lateAfter > 0 {
 		now := t.started
@@ -336,7 +341,8 @@ func (c *Controller) started(t *Ticket, waited bool) error {
 	t.state = ticketRunning
 	t.queued = waited
 	if t.sampled && waited {
-		t.started = c.now() // service starts when the slot is given
+		t.started = c.read() // service starts when the slot is given
+		t.mark = c.paused.Load()
 	}
 	c.obs.Admitted(t.level)
 	return nil
@@ -361,15 +367,15 @@ func (c *Controller) Done(t *Ticket) {
 	switch t.state {
 	case ticketRunning:
 		if t.sampled {
-			c.addService(t, c.now())
+			c.addService(t, c.read())
 		}
 		c.release()
 		c.hot.started[t.level].Add(-1)
 	case ticketAway, ticketStalled:
 		w := c.elsewhere(t.state)
 		if t.sampled {
-			now := c.now()
-			t.awayFor += now - t.awayAt
+			now := c.read()
+			t.awayFor += now - c.paused.Load() - t.awayAt
 			c.addService(t, now)
 		}
 		w.count.Add(-1)
@@ -379,7 +385,7 @@ func (c *Controller) Done(t *Ticket) {
 	case ticketInside:
 		c.hot.started[t.level].Add(-1)
 	case ticketPending:
-		c.prestart.remove(t.epoch, t.level)
+		c.prestart.leave(t.epoch, t.level)
 	case ticketScheduled:
 	default:
 		return
@@ -388,9 +394,9 @@ func (c *Controller) Done(t *Ticket) {
 }
 
 // addService counts a sampled request's service time: from Start to now,
-// less its time away.
+// less its time away and the pauses of the process.
 func (c *Controller) addService(t *Ticket, now int64) {
-	c.svcSum.Add(max(now-t.started-t.awayFor, 1))
+	c.svcSum.Add(max(now-t.started-t.awayFor-c.pausedSince(t.mark), 1))
 	c.svcCount.Add(1)
 }
 
@@ -489,7 +495,7 @@ func (c *Controller) depart(t *Ticket, s uint8) bool {
 	}
 	t.state = s
 	if t.sampled {
-		t.awayAt = c.now()
+		t.awayAt = c.read() - c.paused.Load()
 	}
 	if !w.keepsRoom {
 		c.hot.started[t.level].Add(-1)
@@ -504,7 +510,7 @@ func (c *Controller) rejoin(t *Ticket) {
 	w := c.elsewhere(t.state)
 	t.state = ticketRunning
 	if t.sampled {
-		t.awayFor += c.now() - t.awayAt
+		t.awayFor += c.read() - c.paused.Load() - t.awayAt
 	}
 	if !w.keepsRoom {
 		c.hot.started[t.level].Add(1)
@@ -532,7 +538,9 @@ func (c *Controller) MessageTimeout() time.Duration { return time.Duration(c.mes
 // not arrived waits on its client, not in the task: it is bounded by the
 // message timeout (WithMessageTimeout), its deadline and the transport's
 // limits, and takes no room from the requests that can run. A request
-// that is never started needs no Done once Scheduled.
+// that is never started needs no Done once Scheduled. If its level owes
+// a displacement (a more critical arrival took the room of one of its
+// requests not yet started), this request pays it: its Start refuses it.
 //
 // Calling it is optional (without it, a request counts until Start, or
 // until it has been pending four target delays); adapters call it first
@@ -545,8 +553,9 @@ func (c *Controller) Scheduled(t *Ticket) {
 	}
 	c.prestart.remove(t.epoch, t.level)
 	t.state = ticketScheduled
+	t.owes = c.displaced(t.level) // it leaves the requests its level's debt is charged to
 	if t.sampled {
-		c.addDelay(c.now() - t.arrive)
+		c.addDelay(c.read() - t.arrive - c.pausedSince(t.mark))
 	}
 }
 
