@@ -306,20 +306,23 @@ func New(opts ...Option) (*Controller, error) {
 
 func (c *Controller) now() int64 { return int64(c.since()) }
 
-// pauseAfter is how many intervals without a single reading of the clock
-// (at least; and eight expected service times) count as a pause of the
-// process rather than requests taking long.
-const pauseAfter = 10
+// A gap between two readings of the clock longer than pauseAfter
+// intervals, eight expected service times and minPause, in which nothing
+// at all happened, counts as a pause of the process rather than requests
+// taking long.
+const (
+	pauseAfter = 10
+	minPause   = int64(time.Second)
+)
 
 // read is now for the readings that measure a sampled request (arrival,
-// start, away, done). A gap since the previous reading longer than
-// pauseAfter intervals and eight service times, in which nothing at all
-// happened, is a pause of the process (SIGSTOP, a frozen VM): it is added
-// to paused, which the measurements leave out (pausedSince).
+// start, away, done). A gap since the previous reading that counts as a
+// pause of the process (SIGSTOP, a frozen VM; pauseAfter) is added to
+// paused, which the measurements leave out (pausedSince).
 func (c *Controller) read() int64 {
 	now := c.now()
 	switch gap := now - c.recent.Load(); {
-	case gap > pauseAfter*c.interval:
+	case gap > max(pauseAfter*c.interval, minPause):
 		c.notePause(now)
 	case gap > 0:
 		c.recent.Store(now)
@@ -337,7 +340,7 @@ func (c *Controller) notePause(now int64) {
 	if gap <= 0 {
 		return
 	}
-	if gap > max(pauseAfter*c.interval, 8*c.expectedSvc.Load()) {
+	if gap > max(pauseAfter*c.interval, minPause, 8*c.expectedSvc.Load()) {
 		c.paused.Add(gap)
 	}
 	c.recent.Store(now)
