@@ -150,6 +150,7 @@ type Controller struct {
 	limits         limitRule
 	ls             limitState // guarded by adjust
 	pausedSeen     int64      // paused at the last adjustment; guarded by adjust
+	pauseMu        sync.Mutex // serializes noting a pause
 	pending        pendingRule
 	probingNow     atomic.Bool         // ls.probing, for wait (read without c.adjust)
 	probeResume    atomic.Int64        // ls.resume, for wait
@@ -185,11 +186,8 @@ type Controller struct {
 	_          [64]byte
 	recent     atomic.Int64 // the clock as a recent sampled reading read it
 	lastShed   atomic.Int64 // ns of a recent rejection (kept within interval/16)
-	_          [48]byte
-	// paused is the total length of the pauses of the process seen so
-	// far (read); pauseMu serializes noting one.
-	paused  atomic.Int64
-	pauseMu sync.Mutex
+	paused     atomic.Int64 // the total length of the pauses of the process seen so far (read)
+	_          [40]byte
 	// Requests between Arrive and Start are counted per epoch of arrival
 	// in a ring of four (the counts are in hot): a request that never
 	// reaches Start (its stream reset before the handler ran, an unknown
@@ -316,19 +314,29 @@ const (
 )
 
 // read is now for the readings that measure a sampled request (arrival,
-// start, away, done). A gap since the previous reading that counts as a
-// pause of the process (SIGSTOP, a frozen VM; pauseAfter) is added to
-// paused, which the measurements leave out (pausedSince).
-func (c *Controller) read() int64 {
+// start, away, done); recent moves to it when it is more than every
+// later (an arrival's reading is also the time of the unsampled arrivals
+// after it, so arrivals pass 0; the others interval/16, which spares a
+// shared write). A gap since recent that counts as a pause of the process
+// (SIGSTOP, a frozen VM; pauseAfter) is added to paused, which the
+// measurements leave out (pausedSince, steady).
+func (c *Controller) read(every int64) int64 {
 	now := c.now()
 	switch gap := now - c.recent.Load(); {
 	case gap > max(pauseAfter*c.interval, minPause):
 		c.notePause(now)
-	case gap > 0:
+	case gap > every:
 		c.recent.Store(now)
 	}
 	return now
 }
+
+// readLater is read for the readings after a request's arrival.
+func (c *Controller) readLater() int64 { return c.read(c.interval / 16) }
+
+// steady is now less the pauses so far: the difference of two such
+// times leaves out the pauses between them.
+func (c *Controller) steady(now int64) int64 { return now - c.paused.Load() }
 
 // notePause records the gap before now as a pause, once however many
 // readings saw it: paused is added to before recent moves past the gap,

@@ -109,7 +109,7 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	sampled := draw&c.sampleMask.Load() == 0
 	var now int64
 	if sampled {
-		now = c.read()
+		now = c.read(0)
 	} else {
 		now = c.recent.Load()
 	}
@@ -318,7 +318,7 @@ func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
 		return false, c.rejectAs(t.level, Concurrency, c.now(), a)
 	}
 	if t.sampled {
-		t.started = c.read()
+		t.started = c.readLater()
 		if !scheduled {
 			c.addDelay(t.started - t.arrive - c.pausedSince(t.mark))
 		}
@@ -341,7 +341,7 @@ func (c *Controller) started(t *Ticket, waited bool) error {
 	t.state = ticketRunning
 	t.queued = waited
 	if t.sampled && waited {
-		t.started = c.read() // service starts when the slot is given
+		t.started = c.readLater() // service starts when the slot is given
 		t.mark = c.paused.Load()
 	}
 	c.obs.Admitted(t.level)
@@ -367,15 +367,15 @@ func (c *Controller) Done(t *Ticket) {
 	switch t.state {
 	case ticketRunning:
 		if t.sampled {
-			c.addService(t, c.read())
+			c.addService(t, c.readLater())
 		}
 		c.release()
 		c.hot.started[t.level].Add(-1)
 	case ticketAway, ticketStalled:
 		w := c.elsewhere(t.state)
 		if t.sampled {
-			now := c.read()
-			t.awayFor += now - c.paused.Load() - t.awayAt
+			now := c.readLater()
+			t.awayFor += c.steady(now) - t.awayAt
 			c.addService(t, now)
 		}
 		w.count.Add(-1)
@@ -495,7 +495,7 @@ func (c *Controller) depart(t *Ticket, s uint8) bool {
 	}
 	t.state = s
 	if t.sampled {
-		t.awayAt = c.read() - c.paused.Load()
+		t.awayAt = c.steady(c.readLater())
 	}
 	if !w.keepsRoom {
 		c.hot.started[t.level].Add(-1)
@@ -510,7 +510,7 @@ func (c *Controller) rejoin(t *Ticket) {
 	w := c.elsewhere(t.state)
 	t.state = ticketRunning
 	if t.sampled {
-		t.awayFor += c.read() - c.paused.Load() - t.awayAt
+		t.awayFor += c.steady(c.readLater()) - t.awayAt
 	}
 	if !w.keepsRoom {
 		c.hot.started[t.level].Add(1)
@@ -555,7 +555,7 @@ func (c *Controller) Scheduled(t *Ticket) {
 	t.state = ticketScheduled
 	t.owes = c.displaced(t.level) // it leaves the requests its level's debt is charged to
 	if t.sampled {
-		c.addDelay(c.read() - t.arrive - c.pausedSince(t.mark))
+		c.addDelay(c.readLater() - t.arrive - c.pausedSince(t.mark))
 	}
 }
 
