@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -129,9 +130,28 @@ func serverMain(variant string, rounds int) error {
 		json.NewEncoder(w).Encode(m)
 	})
 	go http.Serve(admin, mux)
+	if dir := os.Getenv("TRIAGE_BENCH_CPUPROFILE"); dir != "" { // experiment: the first 13 s (warm-up and one 10 s step)
+		if err := profileFor(dir+"/"+variant+".prof", 13*time.Second); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("LISTEN %s %s\n", lis.Addr(), admin.Addr())
 	os.Stdout.Sync()
 	return s.Serve(lis)
+}
+
+// profileFor writes a CPU profile of the next d to name.
+func profileFor(name string, d time.Duration) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	time.AfterFunc(d, func() { pprof.StopCPUProfile(); f.Close() })
+	return nil
 }
 
 // rssMB reads the process's peak resident set (VmHWM) in MB.
@@ -231,7 +251,9 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 // admissionOptions reads experiment knobs from the environment
 // (TRIAGE_BENCH_TOLERANCE, TRIAGE_BENCH_QUEUE, TRIAGE_BENCH_MAXWAIT,
 // TRIAGE_BENCH_TARGET, TRIAGE_BENCH_MEASURE=arrival; and
-// TRIAGE_BENCH_NOSTATS=1, TRIAGE_BENCH_CONNSHARE in serverOptions); the published numbers use none
+// TRIAGE_BENCH_NOSTATS=1, TRIAGE_BENCH_CONNSHARE in serverOptions;
+// TRIAGE_BENCH_CPUPROFILE=DIR in serverMain writes DIR/VARIANT.prof, a CPU
+// profile of the backend's first 13 s); the published numbers use none
 // of them: the defaults are what users get.
 func admissionOptions() []admission.Option {
 	var opts []admission.Option

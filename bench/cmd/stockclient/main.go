@@ -15,6 +15,12 @@
 //
 // Every figure is the median of -repeats runs, each on a fresh backend
 // process; all traffic stays on 127.0.0.1 and every run is bounded in time.
+// The table gives each row twice: over ghz's whole run, and over its
+// middle, from 2 s after ghz starts to 1 s before its -z ends, where the
+// load is steady (ghz's start and the last second, in which its final
+// calls wait out their timeout, are not). -max-streams sets the protected
+// backend's grpc.MaxConcurrentStreams, to try pushing back with HTTP/2
+// instead of refusing; the backend's -trace writes an execution trace.
 package main
 
 import (
@@ -61,9 +67,13 @@ type config struct {
 	// perOK and perRefusal are the server's CPU-seconds per OK call and
 	// per refusal, as measured.
 	perOK, perRefusal float64
-	stats             bool
-	rows              string
-	attacker          string
+	// okOverhead is perOK less the handler's own burn per call, in the
+	// capacity runs: what an OK call costs beside its handler.
+	okOverhead float64
+	stats      bool
+	rows       string
+	attacker   string
+	maxStreams uint // the protected backend's streams per connection; 0: triagegrpc's default
 }
 
 func main() {
@@ -88,6 +98,7 @@ func main() {
 	fs.Float64Var(&c.capacity, "capacity", 0, "capacity C in OK calls/s; 0 measures it (to compare two builds at the same offered rates, give both the same C)")
 	fs.StringVar(&c.rows, "rows", "5x3000,10x600,10x3000", "the table's rows, LOADxWORKERS: offered load in multiples of C and ghz workers")
 	fs.StringVar(&c.attacker, "attacker", "low", "where the slow senders run: low (a process of their own on ghz's CPU at nice 19, as if on another machine) or inproc (goroutines of this process, at ghz's priority)")
+	fs.UintVar(&c.maxStreams, "max-streams", 0, "the protected backend's bound on one connection's open streams (grpc.MaxConcurrentStreams; ghz opens 8 connections); 0 keeps triagegrpc's default")
 	fs.BoolVar(&c.stats, "stats", false, "the backends print the controller's state every 250 ms, and each run its status codes, to stderr")
 	fs.Parse(os.Args[1:])
 	if err := run(c); err != nil {
@@ -119,7 +130,7 @@ func run(c config) error {
 	c.rounds = burn.Calibrate(c.cost)
 	capacity := c.capacity
 	if capacity <= 0 || c.scenario == "table" {
-		measured, perOK, err := measureCapacity(c)
+		measured, perOK, overhead, err := measureCapacity(c)
 		if err != nil {
 			return err
 		}
@@ -127,7 +138,7 @@ func run(c config) error {
 		if capacity <= 0 {
 			capacity = measured
 		}
-		c.perOK = perOK
+		c.perOK, c.okOverhead = perOK, overhead
 	}
 	fmt.Printf("capacity C = %.0f OK calls/s\n\n", capacity)
 	if c.scenario != "table" {
@@ -140,25 +151,71 @@ func run(c config) error {
 	if err != nil {
 		return fmt.Errorf("-rows: %v", err)
 	}
-	fmt.Println("ALLOWS: the OK calls/s one CPU allows after the refusals' own cost, (1 s - REFUSED/s x refusal) / OK call")
-	fmt.Printf("%-8s %8s %8s %10s %7s %10s %8s %8s %12s %9s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "REFUSED/s", "ALLOWS", "OK/ALL", "SERVER_CPU", "GHZ_CPU", "runs (OK/s @ server CPU)")
+	return table(c, capacity, rows)
+}
+
+// table runs ghz for each row c.repeats times against fresh protected
+// backends and prints two tables of medians: over ghz's whole run, and
+// over its middle (window), where the load is steady.
+func table(c config, capacity float64, rows []stockrows.Row) error {
+	fmt.Println("Over ghz's whole run. ALLOWS: the OK calls/s one CPU allows after the refusals' own cost, (1 s - REFUSED/s x refusal) / OK call;")
+	fmt.Println("TIMEOUT/s: of REFUSED/s, the calls ghz timed out (1 s); P99: ghz's, over all its calls.")
+	fmt.Printf("%-8s %8s %8s %8s %6s %10s %9s %8s %7s %7s %11s %8s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "REFUSED/s", "TIMEOUT/s", "P99", "ALLOWS", "OK/ALL", "SERVER_CPU", "GHZ_CPU", "runs (OK/s @ server CPU)")
+	var mids []string
 	for _, row := range rows {
 		rate := int(row.Load * capacity)
-		var ok, refused, allows, cpu, gcpu []float64
-		var runs []string
+		var rs runs
 		for i := 0; i < c.repeats; i++ {
 			r, err := ghzRun(c, true, "--rps", strconv.Itoa(rate), "-c", strconv.Itoa(row.Workers))
 			if err != nil {
 				return err
 			}
-			ok, refused, cpu, gcpu = append(ok, r.okPerSec), append(refused, r.refusedPerSec), append(cpu, r.serverCPU), append(gcpu, r.ghzCPU)
-			allows = append(allows, (1-r.refusedPerSec*c.perRefusal)/c.perOK)
-			runs = append(runs, fmt.Sprintf("%.0f@%.0f%%", r.okPerSec, 100*r.serverCPU))
+			rs = append(rs, r)
 		}
-		fmt.Printf("%-8s %8d %8d %10.0f %7.2f %10.0f %8.0f %8.2f %11.0f%% %8.0f%%  %s\n", fmt.Sprintf("~%gx", row.Load), rate, row.Workers,
-			median(ok), median(ok)/capacity, median(refused), median(allows), median(ok)/median(allows), 100*median(cpu), 100*median(gcpu), strings.Join(runs, " "))
+		name := fmt.Sprintf("~%gx", row.Load)
+		ok, allows := rs.median(func(r ghzResult) float64 { return r.okPerSec }), rs.median(func(r ghzResult) float64 { return (1 - r.refusedPerSec*c.perRefusal) / c.perOK })
+		fmt.Printf("%-8s %8d %8d %8.0f %6.2f %10.0f %9.0f %8s %7.0f %7.2f %10.0f%% %7.0f%%  %s\n", name, rate, row.Workers, ok, ok/capacity,
+			rs.median(func(r ghzResult) float64 { return r.refusedPerSec }), rs.median(func(r ghzResult) float64 { return r.timedOutPerSec }),
+			time.Duration(rs.median(func(r ghzResult) float64 { return float64(r.p99) })).Round(time.Millisecond), allows, ok/allows,
+			100*rs.median(func(r ghzResult) float64 { return r.serverCPU }), 100*rs.median(func(r ghzResult) float64 { return r.ghzCPU }),
+			rs.each(func(r ghzResult) (float64, float64) { return r.okPerSec, r.serverCPU }))
+		ok, allows = rs.median(func(r ghzResult) float64 { return r.okMid }), rs.median(func(r ghzResult) float64 { return (1 - r.refusedMid*c.perRefusal) / (r.burnMid + c.okOverhead) })
+		mids = append(mids, fmt.Sprintf("%-8s %8d %8d %8.0f %6.2f %10.0f %7.0f %7.0f %7.2f %11.0f%% %8.0f%%  %s", name, rate, row.Workers, ok, ok/capacity,
+			rs.median(func(r ghzResult) float64 { return r.refusedMid }), 1e6*rs.median(func(r ghzResult) float64 { return r.burnMid }), allows, ok/allows,
+			100*rs.median(func(r ghzResult) float64 { return r.serverCPUMid }), 100*rs.median(func(r ghzResult) float64 { return r.handlersMid }),
+			rs.each(func(r ghzResult) (float64, float64) { return r.okMid, r.serverCPUMid })))
+	}
+	fmt.Println()
+	fmt.Println("The same runs from 2 s after ghz starts to 1 s before it ends (its start and its last calls' timeouts left out), calls counted by when they ended.")
+	fmt.Println("BURN: the handler's mean burn per call in this window (µs); ALLOWS: (1 s - REFUSED/s x refusal) / (BURN + an OK call's cost beside its burn,")
+	fmt.Printf("%.1f µs in the capacity runs), so that the machine's speed in this window is the one the OK calls are weighed at; HANDLERS: the CPU share spent burning.\n", 1e6*c.okOverhead)
+	fmt.Printf("%-8s %8s %8s %8s %6s %10s %7s %7s %7s %12s %9s  %s\n", "LOAD", "RATE", "WORKERS", "OK/s", "OK/C", "REFUSED/s", "BURN", "ALLOWS", "OK/ALL", "SERVER_CPU", "HANDLERS", "runs (OK/s @ server CPU)")
+	for _, l := range mids {
+		fmt.Println(l)
 	}
 	return nil
+}
+
+// runs are one row's repeats.
+type runs []ghzResult
+
+// median returns the median of f over the runs.
+func (rs runs) median(f func(ghzResult) float64) float64 {
+	var xs []float64
+	for _, r := range rs {
+		xs = append(xs, f(r))
+	}
+	return median(xs)
+}
+
+// each formats every run's OK calls/s and server CPU, as f gives them.
+func (rs runs) each(f func(ghzResult) (ok, cpu float64)) string {
+	var out []string
+	for _, r := range rs {
+		ok, cpu := f(r)
+		out = append(out, fmt.Sprintf("%.0f@%.0f%%", ok, 100*cpu))
+	}
+	return strings.Join(out, " ")
 }
 
 // measureRefusal measures what one refusal costs the server: ghz at 20x C
@@ -183,31 +240,45 @@ func measureRefusal(c *config, capacity float64) error {
 }
 
 // measureCapacity returns the unprotected backend's OK calls/s in a
-// closed loop of 50 workers, and the server's CPU-seconds per OK call.
-func measureCapacity(c config) (float64, float64, error) {
-	var xs, per []float64
+// closed loop of 50 workers, the server's CPU-seconds per OK call, and
+// how much of that is not the handler's burn.
+func measureCapacity(c config) (rate, perOK, overhead float64, err error) {
+	var xs, per, over []float64
 	for i := 0; i < c.repeats; i++ {
 		r, err := ghzRun(c, false, "-c", "50")
 		if err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		xs, per = append(xs, r.okPerSec), append(per, r.serverCPU/r.okPerSec)
+		over = append(over, r.serverCPU/r.okPerSec-r.burn)
 	}
-	return median(xs), median(per), nil
+	return median(xs), median(per), median(over), nil
 }
 
 func startBackend(c config, protect bool, extra ...string) (*child.Process, error) {
-	return child.Start("0", append([]string{"server", "-rounds", strconv.Itoa(c.rounds), "-protect=" + strconv.FormatBool(protect), "-stats=" + strconv.FormatBool(c.stats && protect)}, extra...)...)
+	args := []string{"server", "-rounds", strconv.Itoa(c.rounds), "-protect=" + strconv.FormatBool(protect), "-stats=" + strconv.FormatBool(c.stats && protect), "-report-work"}
+	if protect && c.maxStreams > 0 {
+		args = append(args, "-max-streams", strconv.FormatUint(uint64(c.maxStreams), 10))
+	}
+	return child.Start("0", append(args, extra...)...)
 }
 
 // ghzResult is one ghz run.
 type ghzResult struct {
-	okPerSec, success    float64
-	refusedPerSec        float64 // calls answered with another code than OK
-	p99                  time.Duration
-	serverCPU, ghzCPU    float64
-	codes                map[string]int
-	attackerLate, attack int64
+	okPerSec, success float64
+	refusedPerSec     float64 // calls answered with another code than OK
+	timedOutPerSec    float64 // of which DeadlineExceeded: ghz's 1 s timeout, in its own queue or the server's
+	p99               time.Duration
+	serverCPU, ghzCPU float64
+	// The same over the run's middle (window): from 2 s after ghz starts
+	// to 1 s before its -z ends, the calls counted by when they ended.
+	serverCPUMid, okMid, refusedMid float64
+	// burn is the handler's mean burn per call over the whole run, and
+	// burnMid over the window; handlersMid the share of the CPU the
+	// handlers burned in the window.
+	burn, burnMid, handlersMid float64
+	codes                      map[string]int
+	attackerLate, attack       int64
 }
 
 // ghzReport is what ghz --format json prints (the fields used here).
@@ -219,6 +290,29 @@ type ghzReport struct {
 		Percentage int   `json:"percentage"`
 		Latency    int64 `json:"latency"`
 	} `json:"latencyDistribution"`
+	Details []struct {
+		Timestamp time.Time `json:"timestamp"` // the call's start
+		Latency   int64     `json:"latency"`   // ns
+		Status    string    `json:"status"`
+	} `json:"details"`
+}
+
+// endedWithin returns the OK calls and the others per second among those
+// that ended within w.
+func (rep *ghzReport) endedWithin(w window) (ok, other float64) {
+	var n, m int
+	for _, d := range rep.Details {
+		if end := d.Timestamp.Add(time.Duration(d.Latency)); end.Before(w.from) || !end.Before(w.to) {
+			continue
+		}
+		if d.Status == "OK" {
+			n++
+		} else {
+			m++
+		}
+	}
+	secs := w.to.Sub(w.from).Seconds()
+	return float64(n) / secs, float64(m) / secs
 }
 
 // ghzRun starts a backend, runs ghz against it with the issue's command
@@ -261,8 +355,15 @@ func ghzRunOn(c config, protect bool, extra []string, beside func(ctx context.Co
 	var out, errOut strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	cpu0, wall0 := b.CPU(), time.Now()
+	calls0, nanos0 := b.Work()
+	mid := sampleMiddle(b, c.duration)
 	err = cmd.Run()
 	cpu1, wall := b.CPU(), time.Since(wall0)
+	time.Sleep(150 * time.Millisecond) // the backend's next WORK line
+	if calls1, nanos1 := b.Work(); calls1 > calls0 {
+		r.burn = float64(nanos1-nanos0) / float64(calls1-calls0) / 1e9
+	}
+	w := <-mid
 	cancel()
 	wg.Wait()
 	if err != nil {
@@ -288,8 +389,15 @@ func ghzRunOn(c config, protect bool, extra []string, beside func(ctx context.Co
 		r.ghzCPU = float64(used) / float64(rep.Total)
 	}
 	r.codes = rep.StatusCodes
+	r.serverCPUMid = w.cpu
+	if w.calls > 0 {
+		r.burnMid = float64(w.nanos) / float64(w.calls) / 1e9
+	}
+	r.handlersMid = float64(w.nanos) / 1e9 / w.to.Sub(w.from).Seconds()
+	r.okMid, r.refusedMid = rep.endedWithin(w)
 	r.okPerSec = float64(rep.StatusCodes["OK"]) / (float64(rep.Total) / 1e9)
 	r.refusedPerSec = float64(rep.Count-int64(rep.StatusCodes["OK"])) / (float64(rep.Total) / 1e9)
+	r.timedOutPerSec = float64(rep.StatusCodes["DeadlineExceeded"]) / (float64(rep.Total) / 1e9)
 	r.success = float64(rep.StatusCodes["OK"]) / float64(rep.Count)
 	for _, p := range rep.LatencyDistr {
 		if p.Percentage == 99 {
@@ -301,6 +409,36 @@ func ghzRunOn(c config, protect bool, extra []string, beside func(ctx context.Co
 		fmt.Fprintf(os.Stderr, "ghz %s: %v\n", strings.Join(args, " "), r.codes)
 	}
 	return r, nil
+}
+
+// window is a stretch of a run and the share of a CPU the backend used
+// in it.
+type window struct {
+	from, to     time.Time
+	cpu          float64
+	calls, nanos int64 // the handlers' calls and burn (child.Process.Work)
+}
+
+// sampleMiddle returns the window from 2 s after now to 1 s before a run
+// of d ends: ghz's start (its connections, the first call) and its last
+// second (calls waiting out their timeout) are not steady load, and the
+// whole run's figures include them. With d under 4 s the window is d.
+func sampleMiddle(b *child.Process, d time.Duration) <-chan window {
+	from, to := 2*time.Second, d-time.Second
+	if to-from < time.Second {
+		from, to = 0, d
+	}
+	out := make(chan window, 1)
+	go func() {
+		time.Sleep(from)
+		c0, t0 := b.CPU(), time.Now()
+		k0, n0 := b.Work()
+		time.Sleep(to - from)
+		c1, t1 := b.CPU(), time.Now()
+		k1, n1 := b.Work()
+		out <- window{from: t0, to: t1, cpu: (c1 - c0) / t1.Sub(t0).Seconds(), calls: k1 - k0, nanos: n1 - n0}
+	}()
+	return out
 }
 
 func median(xs []float64) float64 {

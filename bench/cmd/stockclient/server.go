@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -34,20 +35,40 @@ type service struct {
 	// ForceShed: ghz makes one call before its run and stops if it fails).
 	first     func()
 	firstOnce sync.Once
+	// calls and nanos count the EmptyCalls finished and the time spent
+	// burning in them (-report-work).
+	calls, nanos atomic.Int64
 }
 
 var sink atomic.Uint64
 
 func (s *service) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	start := time.Now()
 	var sum [32]byte
 	for i := 0; i < s.rounds; i++ {
 		sum = sha256.Sum256(sum[:])
 	}
 	sink.Add(uint64(sum[0]))
+	s.nanos.Add(int64(time.Since(start)))
+	s.calls.Add(1)
 	if s.first != nil {
 		s.firstOnce.Do(s.first)
 	}
 	return &testgrpc.Empty{}, nil
+}
+
+// report prints the work done so far every 100 ms until ctx ends.
+func (s *service) report(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fmt.Printf("WORK %d %d\n", s.calls.Load(), s.nanos.Load())
+		}
+	}
 }
 
 // StreamingOutputCall sends one response per response parameter, of its
@@ -80,6 +101,10 @@ func serverCommand(args []string) error {
 	measure := fs.String("measure", "scheduler", "the controller's queueing delay measure: scheduler or arrival (admission.WithDelayMeasure)")
 	target := fs.Duration("target", admission.DefaultTargetDelay, "the controller's target delay (admission.WithTargetDelay)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole serving time to this file")
+	reportWork := fs.Bool("report-work", false, "print \"WORK CALLS NANOS\" every 100 ms: the EmptyCalls finished and the nanoseconds spent burning in them (the burn is one goroutine's CPU loop on one CPU, so its time is CPU time but for the moments the kernel takes the CPU)")
+	traceFile := fs.String("trace", "", "write an execution trace of one second, from -trace-after after listening, to this file")
+	traceAfter := fs.Duration("trace-after", 5*time.Second, "when the -trace second begins, after listening")
+	maxStreams := fs.Uint("max-streams", 0, "with -protect: the streams one connection may have open at once (grpc.MaxConcurrentStreams); 0 keeps triagegrpc's default")
 	refuseAll := fs.Bool("refuse-all", false, "with -protect: refuse every call after the first at arrival (admission's ForceShed at every level), to measure what one refusal costs")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -121,6 +146,12 @@ func serverCommand(args []string) error {
 			return err
 		}
 		opts = srv.ServerOptions()
+		if *maxStreams > 0 {
+			if *maxStreams > 1<<20 {
+				return fmt.Errorf("-max-streams must be at most %d, got %d", 1<<20, *maxStreams)
+			}
+			opts = append(opts, grpc.MaxConcurrentStreams(uint32(*maxStreams)))
+		}
 		if *stats {
 			go printStats(ctl, obs)
 		}
@@ -145,9 +176,17 @@ func serverCommand(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *traceFile != "" {
+		if err := traceLater(ctx, *traceFile, *traceAfter); err != nil {
+			return err
+		}
+	}
 	go func() { <-ctx.Done(); s.Stop() }()
 	fmt.Printf("LISTEN %s\n", lis.Addr())
 	os.Stdout.Sync()
+	if *reportWork {
+		go svc.report(ctx)
+	}
 	return s.Serve(lis)
 }
 
@@ -179,4 +218,32 @@ func (o *reasons) take() map[string]int64 {
 		}
 	}
 	return m
+}
+
+// traceLater writes an execution trace of the second that begins after
+// from, unless ctx ends first.
+func traceLater(ctx context.Context, name string, after time.Duration) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	go func() {
+		defer f.Close()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(after):
+		}
+		if err := trace.Start(f); err != nil {
+			fmt.Fprintln(os.Stderr, "trace:", err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+		trace.Stop()
+		fmt.Fprintln(os.Stderr, "trace written to", name)
+	}()
+	return nil
 }

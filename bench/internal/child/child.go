@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -24,6 +25,9 @@ type Process struct {
 	Addr string
 	Pid  int
 	cmd  *exec.Cmd
+	// calls and nanos are the last "WORK CALLS NANOS" line the process
+	// printed (Work).
+	calls, nanos atomic.Int64
 }
 
 // Start runs this binary with args, one CPU (cpu: a taskset list; empty:
@@ -50,16 +54,37 @@ func Start(cpu string, args ...string) (*Process, error) {
 		return nil, err
 	}
 	p := &Process{Pid: cmd.Process.Pid, cmd: cmd}
-	line, err := bufio.NewReader(out).ReadString('\n')
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
 	f := strings.Fields(line)
 	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
 		p.Stop()
 		return nil, fmt.Errorf("%s did not start: %q %v", args[0], line, err)
 	}
-	go io.Copy(io.Discard, out)
+	go p.readWork(r)
 	p.Addr = f[1]
 	return p, nil
 }
+
+// readWork reads the process's stdout after its LISTEN line until it
+// closes, keeping the last WORK line's figures.
+func (p *Process) readWork(r *bufio.Reader) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		var calls, nanos int64
+		if n, _ := fmt.Sscanf(sc.Text(), "WORK %d %d", &calls, &nanos); n == 2 {
+			p.calls.Store(calls)
+			p.nanos.Store(nanos)
+		}
+	}
+	io.Copy(io.Discard, r) // a line too long for the scanner: drain the rest
+}
+
+// Work returns what the process last reported on a "WORK CALLS NANOS" line
+// of its stdout (a server's handlers' calls finished and the nanoseconds
+// spent in them, as stockclient's server reports them with -report-work),
+// or 0, 0.
+func (p *Process) Work() (calls, nanos int64) { return p.calls.Load(), p.nanos.Load() }
 
 // Stop kills the process and waits for it.
 func (p *Process) Stop() {
