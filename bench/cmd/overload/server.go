@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
@@ -131,7 +132,7 @@ func serverMain(variant string, rounds int) error {
 	})
 	go http.Serve(admin, mux)
 	if dir := os.Getenv("TRIAGE_BENCH_CPUPROFILE"); dir != "" { // experiment: the first 13 s (warm-up and one 10 s step)
-		if err := profileFor(dir+"/"+variant+".prof", 13*time.Second); err != nil {
+		if err := profileFor(filepath.Join(dir, variant+".prof"), 13*time.Second); err != nil {
 			return err
 		}
 	}

@@ -179,7 +179,7 @@ func table(c config, capacity float64, rows []stockrows.Row) error {
 			time.Duration(rs.median(func(r ghzResult) float64 { return float64(r.p99) })).Round(time.Millisecond), allows, ok/allows,
 			100*rs.median(func(r ghzResult) float64 { return r.serverCPU }), 100*rs.median(func(r ghzResult) float64 { return r.ghzCPU }),
 			rs.each(func(r ghzResult) (float64, float64) { return r.okPerSec, r.serverCPU }))
-		ok, allows = rs.median(func(r ghzResult) float64 { return r.okMid }), rs.median(func(r ghzResult) float64 { return (1 - r.refusedMid*c.perRefusal) / (r.burnMid + c.okOverhead) })
+		ok, allows = rs.median(func(r ghzResult) float64 { return r.okMid }), rs.median(func(r ghzResult) float64 { return (1 - r.refusedMid*c.perRefusal) / r.perOKMid(c) })
 		mids = append(mids, fmt.Sprintf("%-8s %8d %8d %8.0f %6.2f %10.0f %7.0f %7.0f %7.2f %11.0f%% %8.0f%%  %s", name, rate, row.Workers, ok, ok/capacity,
 			rs.median(func(r ghzResult) float64 { return r.refusedMid }), 1e6*rs.median(func(r ghzResult) float64 { return r.burnMid }), allows, ok/allows,
 			100*rs.median(func(r ghzResult) float64 { return r.serverCPUMid }), 100*rs.median(func(r ghzResult) float64 { return r.handlersMid }),
@@ -279,6 +279,16 @@ type ghzResult struct {
 	burn, burnMid, handlersMid float64
 	codes                      map[string]int
 	attackerLate, attack       int64
+}
+
+// perOKMid is an OK call's cost in the window: its burn there plus what it
+// cost beside its burn in the capacity runs, or c.perOK where the window
+// saw no call finish.
+func (r ghzResult) perOKMid(c config) float64 {
+	if r.burnMid <= 0 {
+		return c.perOK
+	}
+	return r.burnMid + c.okOverhead
 }
 
 // ghzReport is what ghz --format json prints (the fields used here).

@@ -221,7 +221,7 @@ func (o *reasons) take() map[string]int64 {
 }
 
 // traceLater writes an execution trace of the second that begins after
-// from, unless ctx ends first.
+// the given delay, unless ctx ends first.
 func traceLater(ctx context.Context, name string, after time.Duration) error {
 	f, err := os.Create(name)
 	if err != nil {

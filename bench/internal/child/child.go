@@ -25,10 +25,11 @@ type Process struct {
 	Addr string
 	Pid  int
 	cmd  *exec.Cmd
-	// calls and nanos are the last "WORK CALLS NANOS" line the process
-	// printed (Work).
-	calls, nanos atomic.Int64
+	work atomic.Pointer[work] // the last "WORK CALLS NANOS" line the process printed
 }
+
+// work is one WORK line's figures, read together.
+type work struct{ calls, nanos int64 }
 
 // Start runs this binary with args, one CPU (cpu: a taskset list; empty:
 // not pinned), and waits for its "LISTEN ADDR" line.
@@ -71,10 +72,9 @@ func Start(cpu string, args ...string) (*Process, error) {
 func (p *Process) readWork(r *bufio.Reader) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
-		var calls, nanos int64
-		if n, _ := fmt.Sscanf(sc.Text(), "WORK %d %d", &calls, &nanos); n == 2 {
-			p.calls.Store(calls)
-			p.nanos.Store(nanos)
+		var w work
+		if n, _ := fmt.Sscanf(sc.Text(), "WORK %d %d", &w.calls, &w.nanos); n == 2 {
+			p.work.Store(&w)
 		}
 	}
 	io.Copy(io.Discard, r) // a line too long for the scanner: drain the rest
@@ -84,7 +84,12 @@ func (p *Process) readWork(r *bufio.Reader) {
 // of its stdout (a server's handlers' calls finished and the nanoseconds
 // spent in them, as stockclient's server reports them with -report-work),
 // or 0, 0.
-func (p *Process) Work() (calls, nanos int64) { return p.calls.Load(), p.nanos.Load() }
+func (p *Process) Work() (calls, nanos int64) {
+	if w := p.work.Load(); w != nil {
+		return w.calls, w.nanos
+	}
+	return 0, 0
+}
 
 // Stop kills the process and waits for it.
 func (p *Process) Stop() {
