@@ -10,6 +10,7 @@
 //	go run ./cmd/overload --stock ''            # open-loop steps only
 //	go run ./cmd/overload --json                # one JSON object
 //	go run ./cmd/overload --cost 5ms --variants triage-admission,oracle-tap16
+//	go run ./cmd/overload --rotate 1            # the variants' order turned
 //	go run ./cmd/overload --scenario mix        # four criticalities at 5x
 //	go run ./cmd/overload --scenario recovery   # 30 s at 10x, then 0.5x
 //
@@ -62,8 +63,10 @@ var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "fail
 // otherVariants run only when named: triage-no-retry-after is triage whose
 // backend never sends a RetryAfter (admission.WithRetryAfter(0, 0)), to
 // measure what the sheddable levels' RetryAfter saves; failsafe-go-naive is
-// failsafe-go wired through failsafegrpc's helpers (failsafe.go).
-var otherVariants = []string{"triage-no-retry-after", "failsafe-go-naive"}
+// failsafe-go wired through failsafegrpc's helpers (failsafe.go);
+// oracle-tap2 and oracle-tap4 are the oracle with fewer requests in
+// flight, to see what its goodput owes to its queue.
+var otherVariants = []string{"triage-no-retry-after", "failsafe-go-naive", "oracle-tap2", "oracle-tap4"}
 
 type config struct {
 	rounds    int // work per request, calibrated once by run
@@ -80,6 +83,7 @@ type config struct {
 	loadCPU   string
 	stock     []stockrows.Row // steps driven the way a stock load tool drives a server (workersLoop)
 	reprobe   bool
+	rotate    int // variants run in their order turned left by rotate
 }
 
 func main() {
@@ -134,6 +138,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.serverCPU, "server-cpu", "0", "CPU to pin the backend to (taskset), empty for none")
 	fs.StringVar(&c.loadCPU, "load-cpu", "1", "CPU to pin the load generator to (taskset), empty for none")
 	fs.StringVar(&stock, "stock", "5x3000,10x600,10x3000", "steps driven as a stock load tool does (ghz --rps LOADxC -c WORKERS): closed-loop workers on the generator's one core, which they saturate; empty for none")
+	fs.IntVar(&c.rotate, "rotate", 0, "run the variants in their order turned left this many places, so that interleaved runs (--rotate 0, 1, 2, ...) give each variant each place in a step's sequence")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -159,6 +164,11 @@ func parseFlags(args []string) (config, error) {
 		}
 		c.variants = append(c.variants, v)
 	}
+	if c.rotate < 0 {
+		return c, fmt.Errorf("--rotate must be at least 0, got %d", c.rotate)
+	}
+	k := c.rotate % len(c.variants)
+	c.variants = append(c.variants[k:], c.variants[:k]...)
 	switch {
 	case c.cost < 10*time.Microsecond || c.cost > time.Second:
 		return c, fmt.Errorf("--cost must be in [10µs, 1s], got %v", c.cost)

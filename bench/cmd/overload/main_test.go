@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -22,6 +23,7 @@ func TestFlagsRejectBadInput(t *testing.T) {
 		{"--loads", "0"}, {"--loads", "x"}, {"--variants", "nginx"}, {"--cost", "1ns"},
 		{"--step", "1s"}, {"--deadline", "1ms"}, {"--conns", "0"}, {"--scenario", "chaos"},
 		{"--stock", "10"}, {"--stock", "10x0"}, {"--stock", "0x50"}, {"--stock", "5x3000,x"},
+		{"--rotate", "-1"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
@@ -29,6 +31,20 @@ func TestFlagsRejectBadInput(t *testing.T) {
 	}
 	if c, err := parseFlags(nil); err != nil || len(c.variants) != len(allVariants) || len(c.loads) != 5 || len(c.stock) != 3 {
 		t.Fatalf("defaults: %+v, %v", c, err)
+	}
+}
+
+func TestRotateTurnsTheVariantsLeft(t *testing.T) {
+	for rotate, want := range map[string]string{"0": "a b c", "1": "b c a", "2": "c a b", "4": "b c a"} {
+		c, err := parseFlags([]string{"--variants", "none,go-zero,triage", "--rotate", rotate})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(c.variants, " ")
+		want = strings.NewReplacer("a", "none", "b", "go-zero", "c", "triage").Replace(want)
+		if got != want {
+			t.Errorf("--rotate %s: %s, want %s", rotate, got, want)
+		}
 	}
 }
 

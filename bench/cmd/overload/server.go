@@ -218,6 +218,10 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 		})}, nil, nil
 	case "oracle-tap16":
 		return oracleTap(16), nil, nil
+	case "oracle-tap2":
+		return oracleTap(2), nil, nil
+	case "oracle-tap4":
+		return oracleTap(4), nil, nil
 	case "failsafe-go":
 		return failsafeOptions(context.Background()), nil, nil
 	case "failsafe-go-naive":
