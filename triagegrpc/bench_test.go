@@ -18,7 +18,6 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
-	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
@@ -368,34 +367,6 @@ func BenchmarkRejectAtTap(b *testing.B) {
 			}
 		})
 	}
-}
-
-// fullTap returns the tap handle of a Server whose Controller is full
-// (arrivals that never start hold every place it has, on a clock that
-// does not move), and a request from a trusted loopback peer for it to
-// refuse: the refusal path at the tap.
-func fullTap(tb testing.TB) (tap.ServerInHandle, context.Context, *tap.Info) {
-	ctl, err := admission.New(admission.WithClock(clock.NewFake(time.Unix(1e9, 0))))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	var held int
-	for ; held < 100_000; held++ {
-		var tk admission.Ticket
-		if ctl.Arrive(&tk, criticality.Critical, 0, time.Time{}) != nil {
-			break
-		}
-	}
-	if held == 100_000 {
-		tb.Fatal("the controller took 100,000 arrivals that never started")
-	}
-	s, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl), triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5000}})
-	md := metadata.MD{":authority": {"127.0.0.1:1"}, "content-type": {"application/grpc"}, "user-agent": {"grpc-go/1.85.0"}, "te": {"trailers"}, wire.CriticalityKey: {"CRITICAL"}}
-	return s.TapHandle(), ctx, &tap.Info{FullMethodName: "/bench.Bench/Burn", Header: md}
 }
 
 // BenchmarkTapRefusal is triage's decision at the tap for a request it
