@@ -73,7 +73,7 @@ func (c *Controller) adjustPending() {
 	}
 	c.lastDelay.Store(delay)
 	c.gate.step(delay, c.targetDelay+c.expectedSvc.Load())
-	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy))
+	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy, c.expectedSvc.Load()))
 }
 
 // queueDelay is the interval's mean queueing delay, if it has a

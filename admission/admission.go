@@ -274,7 +274,7 @@ func New(opts ...Option) (*Controller, error) {
 	}
 	ctl.messageTimeout = int64(c.messageTimeout)
 	if !c.saturationSet && c.clock == nil {
-		if sig, err := (signals.CPU{Interval: c.interval / 2}).Signal(); err == nil {
+		if sig, err := (signals.CPUDemand{Interval: c.interval / 2}).Signal(); err == nil {
 			c.saturation = sig
 		}
 	}
@@ -297,7 +297,7 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.lastShed.Store(math.MinInt64 / 2)
 	ctl.limits = limitRule{min: ctl.minLimit, max: ctl.maxLimit, tolerance: c.tolerance, probeEvery: probeEvery}
 	ctl.ls = limitState{limit: int64(c.initialLimit), best: math.MaxInt64}
-	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli}
+	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli, maxDelay: int64(c.maxWait)}
 	ctl.buildErrs(c.retryAfterMin, c.retryAfterMax)
 	return ctl, nil
 }

@@ -175,15 +175,17 @@ func WithMessageTimeout(d time.Duration) Option {
 }
 
 // WithSaturation sets the signal that says how busy the task's CPU is
-// (work conservation): while it reads below 0.95, the pending cap does not
+// (work conservation): while it reads below 0.95 and the mean queueing
+// delay is within the max wait (WithMaxWait), the pending cap does not
 // shrink, since a task with idle CPU has no queue of runnable requests to
 // bound, and while the cap turns requests away it grows each interval by
 // four times the idle share of itself (at least a tenth, at most
-// doubling: 90% busy, +40%);
+// doubling: 90% busy, +40%), up to the max wait's worth of requests;
 // execution slots, their queue and the deadline still apply. nil turns
-// the rule off (the cap follows the delay alone). Default: the process's
-// CPU against its reservation, sampled every half interval (signals.CPU{Interval:
-// WithInterval / 2}), on the real clock; none under WithClock.
+// the rule off (the cap follows the delay alone). Default: the CPU the
+// process wants against its reservation, sampled every half interval
+// (signals.CPUDemand{Interval: WithInterval / 2}), on the real clock;
+// none under WithClock.
 func WithSaturation(s signals.Signal) Option {
 	return optionFunc(func(c *config) { c.saturation, c.saturationSet = s, true })
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -669,4 +670,106 @@ func burstyClient(t *testing.T, seed uint64) (util float64, mean time.Duration) 
 	mean = waitSum / time.Duration(waited)
 	t.Logf("seed %d: served %.3f of capacity, mean wait before start %v (max %v), pending cap %.1f", seed, util, mean, maxWait, c.Stats().PendingCap)
 	return util, mean
+}
+
+// A task whose CPU is shared: a neighbour on its core (or the hypervisor)
+// takes half of it, so a request's 1 ms of work takes 2 ms. Offered 10x
+// what it can serve, open loop, its queue must stay short however its CPU
+// is read. Read as the CPU the process got (signals.CPU), the signal says
+// 0.5 however long the run queue is, and that reading used to let the
+// pending cap grow while requests waited, and never shrink: the
+// metastable state of issue 54 (the cap in the thousands, every admitted
+// request waiting seconds). Now a mean wait past the max wait (50 ms) is a
+// queue whatever the CPU reads: p99 within 100 ms. Read as the CPU the
+// process wanted (signals.CPUDemand, the default), the task is saturated
+// and its queue is as short as an uncontended task's. Virtual time.
+func TestContendedTaskKeepsItsQueueShort(t *testing.T) {
+	for seed := uint64(1); seed <= 3; seed++ {
+		for _, demand := range []bool{false, true} {
+			served, mean, p99 := contendedTask(t, seed, demand)
+			if served < 0.9 {
+				t.Errorf("seed %d, demand %v: served %.3f of the contended capacity", seed, demand, served)
+			}
+			if p99 > 100*time.Millisecond {
+				t.Errorf("seed %d, demand %v: wait before start p99 %v (mean %v): the queue outgrew what a request may wait", seed, demand, p99, mean)
+			}
+			if demand && mean > 4*admission.DefaultTargetDelay {
+				t.Errorf("seed %d: wait before start mean %v under a signal that sees the contention, want near the target delay", seed, mean)
+			}
+		}
+	}
+}
+
+// contendedTask runs 30 s of open-loop load at 10x the contended
+// capacity (500/s) against a Controller whose saturation signal is the
+// CPU time the process got, or with demand the CPU it wanted, and returns, over the last 10 s, the share of
+// that capacity served and the mean and p99 wait before start.
+func contendedTask(t *testing.T, seed uint64, demand bool) (served float64, mean, p99 time.Duration) {
+	const (
+		cost = time.Millisecond       // CPU per request
+		tick = 100 * time.Microsecond // of which the process gets half
+		got  = 50 * time.Microsecond  // CPU the process gets per tick
+	)
+	f := clock.NewFake(epoch)
+	var cpu time.Duration
+	sig := &busySignal{f: f, busy: &cpu, lastT: f.Now()}
+	c := mustNew(t, admission.WithClock(f), admission.WithSaturation(sig))
+	rng := rand.New(rand.NewPCG(seed, 3))
+	var queue []*admission.Ticket
+	var running *admission.Ticket
+	var left time.Duration // CPU the running request still needs
+	arrivedAt := map[*admission.Ticket]time.Time{}
+	end := f.Now().Add(30 * time.Second)
+	measureFrom := end.Add(-10 * time.Second)
+	var done int
+	var waits []time.Duration
+	for f.Now().Before(end) {
+		now := f.Now()
+		if rng.Float64() < 0.5 { // 5,000/s
+			tk := &admission.Ticket{}
+			if c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
+				queue = append(queue, tk)
+				arrivedAt[tk] = now
+			}
+		}
+		if running == nil && len(queue) > 0 {
+			running, queue = queue[0], queue[1:]
+			if err := c.Start(context.Background(), running); err != nil {
+				t.Fatal(err)
+			}
+			if now.After(measureFrom) {
+				waits = append(waits, now.Sub(arrivedAt[running]))
+			}
+			delete(arrivedAt, running)
+			left = cost
+		}
+		if demand && (running != nil || len(queue) > 0) {
+			cpu += tick
+		}
+		if running != nil {
+			if !demand {
+				cpu += got
+			}
+			if left -= got; left <= 0 {
+				c.Done(running)
+				running = nil
+				if now.After(measureFrom) {
+					done++
+				}
+			}
+		}
+		f.Advance(tick)
+	}
+	served = float64(done) * float64(2*cost) / float64(10*time.Second)
+	if len(waits) == 0 {
+		t.Fatalf("seed %d: nothing started in the last 10 s", seed)
+	}
+	var sum time.Duration
+	for _, w := range waits {
+		sum += w
+	}
+	slices.Sort(waits)
+	mean, p99 = sum/time.Duration(len(waits)), waits[len(waits)*99/100]
+	t.Logf("seed %d, demand %v: served %.3f of the contended capacity, wait before start mean %v p99 %v, pending cap %.1f, queued %d", seed, demand, served, mean, p99, c.Stats().PendingCap, len(queue))
+	return served, mean, p99
 }

@@ -47,6 +47,15 @@ type Stats struct {
 	QueueDelay time.Duration
 	// Saturated says whether the pending cap applies (WithSaturation).
 	Saturated bool
+	// Busy is the saturation signal's last reading (WithSaturation); 1
+	// without one.
+	Busy float64
+	// Paused is the total length of the pauses of the process the
+	// Controller has seen (left out of its measurements).
+	Paused time.Duration
+	// Probing says whether this interval runs at the minimum limit to
+	// measure the baseline service time.
+	Probing bool
 	// NotStarted is, per criticality, the requests admitted whose
 	// goroutine has not run (Scheduled) nor reached Start.
 	NotStarted [criticality.NumLevels]int64
@@ -104,6 +113,12 @@ func (c *Controller) Stats() Stats {
 		PendingCap:  float64(c.pendingCap.Load()) / milli,
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 		QueueDelay:  time.Duration(c.lastDelay.Load()), Saturated: c.saturated.Load(),
+		Busy:    1,
+		Paused:  time.Duration(c.paused.Load()),
+		Probing: c.probingNow.Load(),
+	}
+	if c.saturation != nil {
+		s.Busy = c.saturation.Utilization()
 	}
 	now := c.now()
 	for l := range s.NotStarted {

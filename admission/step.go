@@ -67,6 +67,11 @@ func (r limitRule) step(s limitState, mean int64, waited bool) limitState {
 type pendingRule struct {
 	target         int64 // ns
 	floor, ceiling int64 // thousandths
+	// maxDelay (ns, the Controller's max wait) is the longest queue the
+	// CPU's reading may excuse: a mean wait past it is a standing queue,
+	// whatever the CPU reads, and the cap grows for an idle CPU only as
+	// far as that much work.
+	maxDelay int64
 }
 
 // idleGrowth is how fast the pending cap grows while the CPU idles and the
@@ -78,24 +83,39 @@ const idleGrowth = 4
 
 // step is one interval: delay is its mean queueing delay (ns), hit says
 // whether the cap turned a request away, busy is the CPU's busy share
-// (1 when unknown). Work conservation: while the CPU is not saturated
-// (busy below saturatedAt) the cap does not shrink, since a task with
-// idle CPU has no queue of runnable requests to bound (the delay it
-// measured came in bursts); and while it also turns requests away, the
-// cap was too small to carry the task across its client's gaps, so it
-// grows in proportion to the CPU left idle.
-func (r pendingRule) step(pendingCap, delay int64, hit bool, busy float64) int64 {
-	saturated := busy >= saturatedAt
+// (1 when unknown), svc the mean service time (ns; 0 unknown). Work
+// conservation: while the CPU is not saturated (busy below saturatedAt)
+// the cap does not shrink, since a task with idle CPU has no queue of
+// runnable requests to bound (the delay it measured came in bursts); and
+// while it also turns requests away, the cap was too small to carry the
+// task across its client's gaps, so it grows in proportion to the CPU
+// left idle, up to maxDelay's worth of work. A CPU reading cannot excuse
+// a mean delay past maxDelay: a burst the cap admitted drains within
+// that, so a longer wait is a queue of work the CPU reading does not see
+// (a neighbour or the hypervisor taking the task's CPU), and the cap
+// shrinks as if saturated.
+func (r pendingRule) step(pendingCap, delay int64, hit bool, busy float64, svc int64) int64 {
+	saturated := busy >= saturatedAt || delay > r.maxDelay
 	switch {
 	case delay > r.target && saturated:
 		return max(r.floor, min(pendingCap-milli/stepDivisor, pendingCap*(stepDivisor-1)/stepDivisor))
 	case hit && !saturated:
 		grow := int64(math.Round(float64(pendingCap) * min(1, idleGrowth*(1-busy))))
-		return min(r.ceiling, pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor, grow))
+		return max(pendingCap, min(r.ceiling, r.carry(svc), pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor, grow)))
 	case hit && delay < r.target/2:
 		return min(r.ceiling, pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor))
 	}
 	return pendingCap
+}
+
+// carry is the most the cap grows to for an idle CPU: maxDelay's worth of
+// requests of service time svc (thousandths); the ceiling when svc is
+// unknown.
+func (r pendingRule) carry(svc int64) int64 {
+	if svc <= 0 || r.maxDelay <= 0 {
+		return r.ceiling
+	}
+	return max(r.floor, milli*r.maxDelay/svc)
 }
 
 // usualDecay is how fast a criticality's usual occupancy falls towards

@@ -56,7 +56,7 @@ func TestLimitRuleSteps(t *testing.T) {
 }
 
 func TestPendingRuleSteps(t *testing.T) {
-	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli}
+	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli, maxDelay: 50000}
 	const saturated = 1.0
 	for _, tc := range []struct {
 		name       string
@@ -83,9 +83,33 @@ func TestPendingRuleSteps(t *testing.T) {
 		{"CPU idle, large cap hit: the ceiling", 50 * milli, 0, true, 0, 80 * milli},
 		{"a busy share below 0 (a broken signal) still doubles at most", 10 * milli, 0, true, -3, 20 * milli},
 		{"a busy share past 1 (a coarse signal) is saturated", 20 * milli, 9000, true, 1.3, 18 * milli},
+		{"a wait past the max wait is a queue whatever the CPU reads: down", 20 * milli, 50001, true, 0.5, 18 * milli},
+		{"a wait of the max wait, CPU idle: still a burst, up", 10 * milli, 50000, true, 0.5, 20 * milli},
 	} {
-		if got := r.step(tc.cap, tc.delay, tc.hit, tc.busy); got != tc.want {
+		if got := r.step(tc.cap, tc.delay, tc.hit, tc.busy, 0); got != tc.want {
 			t.Errorf("%s: step(%d, %d, %v, %v) = %d, want %d", tc.name, tc.cap, tc.delay, tc.hit, tc.busy, got, tc.want)
+		}
+	}
+}
+
+// The cap grows for an idle CPU only up to the max wait's worth of work:
+// a signal that misreads a contended CPU as idle cannot take it to the
+// ceiling.
+func TestPendingRuleGrowsForIdleCPUUpToTheMaxWaitsWork(t *testing.T) {
+	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli, maxDelay: 50000}
+	for _, tc := range []struct {
+		name           string
+		cap, svc, want int64
+	}{
+		{"far below: doubles", 10 * milli, 1000, 20 * milli},
+		{"near the bound: to it", 40 * milli, 1000, 50 * milli},
+		{"2 ms requests: 25 of them", 20 * milli, 2000, 25 * milli},
+		{"above the bound (grown before): held, not cut", 60 * milli, 1000, 60 * milli},
+		{"service time unknown: the ceiling bounds it", 50 * milli, 0, 80 * milli},
+		{"requests longer than the max wait: the bound is the floor, the cap held", 500, 100000, 500},
+	} {
+		if got := r.step(tc.cap, 0, true, 0, tc.svc); got != tc.want {
+			t.Errorf("%s: step(%d, svc %d) = %d, want %d", tc.name, tc.cap, tc.svc, got, tc.want)
 		}
 	}
 }

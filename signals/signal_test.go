@@ -80,6 +80,37 @@ func TestCPUAndMemorySignals(t *testing.T) {
 	}
 }
 
+func TestCPUDemandCountsTheWaitForACPU(t *testing.T) {
+	f := clock.NewFake(epoch)
+	var used, waited time.Duration
+	got, err := signals.CPU{CPUs: 1, Clock: f, Read: func() (time.Duration, error) { return used, nil }}.Signal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wanted, err := signals.CPUDemand{CPUs: 1, Clock: f, Read: func() (time.Duration, error) { return used + waited, nil }}.Signal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Utilization()
+	wanted.Utilization()
+	f.Advance(100 * time.Millisecond)
+	// A neighbour on the core: the process ran 50 ms and waited 50.
+	used, waited = 50*time.Millisecond, 50*time.Millisecond
+	if g, w := got.Utilization(), wanted.Utilization(); math.Abs(g-0.5) > 1e-9 || math.Abs(w-1) > 1e-9 {
+		t.Fatalf("contended core: CPU %v, CPUDemand %v; want 0.5 and 1", g, w)
+	}
+	if wanted.Name() != "cpu_demand" {
+		t.Fatalf("name %q", wanted.Name())
+	}
+	real, err := signals.CPUDemand{}.Signal()
+	if err != nil {
+		t.Fatalf("process CPU demand on this platform: %v", err)
+	}
+	if u := real.Utilization(); u < 0 || math.IsNaN(u) {
+		t.Fatalf("real cpu demand %v", u)
+	}
+}
+
 func TestCombinedSignals(t *testing.T) {
 	a, b := &fixed{0.5}, &fixed{0.9}
 	if u := signals.Max("m", a, b).Utilization(); u != 0.9 {

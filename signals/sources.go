@@ -130,17 +130,77 @@ type CPU struct {
 // Signal returns the signal, or an error if the platform cannot read the
 // process's CPU time.
 func (c CPU) Signal() (Signal, error) {
-	cpus := c.CPUs
-	if cpus <= 0 {
-		cpus = ReservedCPUs()
-	}
-	interval := c.Interval
-	if interval <= 0 {
-		interval = 100 * time.Millisecond
-	}
 	read := c.Read
 	if read == nil {
 		read = proc.CPU
+	}
+	return cpuRate("cpu", c.CPUs, c.Interval, c.Clock, read)
+}
+
+// CPUDemand is the CPU this process wanted, against its reservation: its
+// CPU time (as CPU) plus the time its threads were runnable and waited
+// for a CPU the kernel gave to another process (Linux's per-thread
+// schedstat run delay). Where a neighbour on the same cores, or CPUs fewer
+// than GOMAXPROCS, keep the process from its reservation, CPU reads below
+// 1 while work waits; CPUDemand still reads 1. Time the hypervisor steals
+// and interrupt time are counted by neither. Without schedstat it reads
+// as CPU. Sampled at most once per Interval (default 100 ms), as the rate
+// over the last interval. admission.WithSaturation's default.
+type CPUDemand struct {
+	// CPUs is the CPUs reserved; 0 means ReservedCPUs().
+	CPUs float64
+	// Interval is the sampling interval; 0 means 100 ms.
+	Interval time.Duration
+	// Clock is the clock; nil means clock.Real().
+	Clock clock.Clock
+	// Read returns the process's CPU time plus its threads' run-queue
+	// wait so far; nil reads getrusage and schedstat.
+	Read func() (time.Duration, error)
+}
+
+// Signal returns the signal, or an error if the platform cannot read the
+// process's CPU time.
+func (c CPUDemand) Signal() (Signal, error) {
+	read := c.Read
+	if read == nil {
+		read = demand()
+	}
+	return cpuRate("cpu_demand", c.CPUs, c.Interval, c.Clock, read)
+}
+
+// demand reads CPU time plus run-queue wait. The wait of a thread that
+// exited leaves the sum, so the wait is made monotonic here: a reading
+// below the last adds nothing.
+func demand() func() (time.Duration, error) {
+	var mu sync.Mutex
+	var lastWait, waited time.Duration
+	return func() (time.Duration, error) {
+		used, err := proc.CPU()
+		if err != nil {
+			return 0, err
+		}
+		w, err := proc.RunQueueWait()
+		if err != nil {
+			return used, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if w > lastWait {
+			waited += w - lastWait
+		}
+		lastWait = w
+		return used + waited, nil
+	}
+}
+
+// cpuRate is the rate of read's time over wall time, against cpus,
+// sampled at most once per interval.
+func cpuRate(name string, cpus float64, interval time.Duration, clk clock.Clock, read func() (time.Duration, error)) (Signal, error) {
+	if cpus <= 0 {
+		cpus = ReservedCPUs()
+	}
+	if interval <= 0 {
+		interval = 100 * time.Millisecond
 	}
 	if _, err := read(); err != nil {
 		return nil, err
@@ -151,7 +211,7 @@ func (c CPU) Signal() (Signal, error) {
 		lastWall time.Time
 		value    float64
 	)
-	return Sampled("cpu", interval, c.Clock, func(now time.Time) float64 {
+	return Sampled(name, interval, clk, func(now time.Time) float64 {
 		used, err := read()
 		mu.Lock()
 		defer mu.Unlock()

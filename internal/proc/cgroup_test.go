@@ -21,3 +21,21 @@ func TestParseCPUMax(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRunDelay(t *testing.T) {
+	for in, want := range map[string]int64{
+		"4303465 2985904 3\n": 2985904,
+		"1 0 0":               0,
+		"":                    -1,
+		"1 2":                 -1,
+		"1 -2 3":              -1,
+		"1 x 3":               -1,
+		"1 2 3 4":             -1,
+	} {
+		got, ok := ParseRunDelay([]byte(in))
+		if ok != (want >= 0) || ok && got != want {
+			t.Errorf("ParseRunDelay(%q) = %v, %v; want %v", in, got, ok, want)
+		}
+	}
+}
+

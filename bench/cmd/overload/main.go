@@ -13,6 +13,8 @@
 //	go run ./cmd/overload --rotate 1            # the variants' order turned
 //	go run ./cmd/overload --scenario mix        # four criticalities at 5x
 //	go run ./cmd/overload --scenario recovery   # 30 s at 10x, then 0.5x
+//	go run ./cmd/overload --neighbour           # a CPU-bound neighbour on the backend's core
+//	go run ./cmd/overload --gate                # exit 1 if a triage cell is in the bad state
 //
 // Each load step probes the capacity again first (--reprobe, default on):
 // this machine's speed drifts by tens of percent within minutes, so a
@@ -29,7 +31,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -84,6 +88,15 @@ type config struct {
 	stock     []stockrows.Row // steps driven the way a stock load tool drives a server (workersLoop)
 	reprobe   bool
 	rotate    int // variants run in their order turned left by rotate
+	// neighbour runs a CPU-bound process on the backend's core for the
+	// whole run (a noisy neighbour on a shared node): the backend gets
+	// about half of its core, the capacity probes included.
+	neighbour bool
+	// gate makes the run fail when a triage cell is in the bad state:
+	// goodput below gateGoodput of its capacity or p99 above gateP99.
+	gate        bool
+	gateGoodput float64
+	gateP99     time.Duration
 }
 
 func main() {
@@ -93,6 +106,10 @@ func main() {
 	stat.DisableLog()
 	if len(os.Args) > 1 && os.Args[1] == "server" {
 		serverCommand(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "neighbour" {
+		neighbourCommand()
 		return
 	}
 	cfg, err := parseFlags(os.Args[1:])
@@ -106,6 +123,29 @@ func main() {
 		fmt.Fprintln(os.Stderr, "overload:", err)
 		os.Exit(1)
 	}
+}
+
+// errGate is run's error when --gate found a cell in the bad state.
+var errGate = errors.New("--gate: a triage cell is in the bad state")
+
+// gateFailures lists the cells of the triage variants whose goodput is
+// below min of their capacity or whose p99 is above p99 (issue 54's bad
+// state), each as one line.
+func gateFailures(rs []result, min float64, p99 time.Duration) []string {
+	var out []string
+	for _, r := range rs {
+		if r.Variant != "triage-admission" && r.Variant != "triage" {
+			continue
+		}
+		if r.Goodput < min || r.P99ms > ms(p99) {
+			cell := fmt.Sprintf("%gx", r.Load)
+			if r.Workers > 0 {
+				cell = fmt.Sprintf("%gx/%dw", r.Load, r.Workers)
+			}
+			out = append(out, fmt.Sprintf("%s %s: goodput %.2f (want >= %.2f), p99 %.0f ms (want <= %.0f), late sends %d", r.Variant, cell, r.Goodput, min, r.P99ms, ms(p99), r.LateSends))
+		}
+	}
+	return out
 }
 
 // serverCommand runs the backend process the driver starts ("overload
@@ -138,6 +178,10 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&c.serverCPU, "server-cpu", "0", "CPU to pin the backend to (taskset), empty for none")
 	fs.StringVar(&c.loadCPU, "load-cpu", "1", "CPU to pin the load generator to (taskset), empty for none")
 	fs.StringVar(&stock, "stock", "5x3000,10x600,10x3000", "steps driven as a stock load tool does (ghz --rps LOADxC -c WORKERS): closed-loop workers on the generator's one core, which they saturate; empty for none")
+	fs.BoolVar(&c.neighbour, "neighbour", false, "run a CPU-bound neighbour process on the backend's core (--server-cpu) for the whole run, as on a shared node")
+	fs.BoolVar(&c.gate, "gate", false, "exit 1 if any cell of triage-admission or triage has goodput below --gate-goodput of its capacity or p99 above --gate-p99, whether or not the generator kept its schedule (latency is taken from the schedule, so lateness can only fail a cell)")
+	fs.Float64Var(&c.gateGoodput, "gate-goodput", 0.85, "the least goodput, as a share of the step's capacity, --gate accepts")
+	fs.DurationVar(&c.gateP99, "gate-p99", 100*time.Millisecond, "the largest p99 --gate accepts")
 	fs.IntVar(&c.rotate, "rotate", 0, "run the variants in their order turned left this many places, so that interleaved runs (--rotate 0, 1, 2, ...) give each variant each place in a step's sequence")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -180,6 +224,10 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("--deadline must be in [10ms, 1m], got %v", c.deadline)
 	case c.conns < 1 || c.conns > 64:
 		return c, fmt.Errorf("--conns must be in [1, 64], got %d", c.conns)
+	case c.neighbour && c.serverCPU == "":
+		return c, fmt.Errorf("--neighbour needs --server-cpu: the neighbour shares the backend's core")
+	case !(c.gateGoodput >= 0 && c.gateGoodput <= 2) || c.gateP99 <= 0:
+		return c, fmt.Errorf("--gate-goodput must be in [0, 2] and --gate-p99 positive, got %v and %v", c.gateGoodput, c.gateP99)
 	case c.scenario != "steps" && c.scenario != "mix" && c.scenario != "recovery":
 		return c, fmt.Errorf("--scenario must be steps, mix or recovery, got %q", c.scenario)
 	}
@@ -416,6 +464,13 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 		}
 	}
 	cfg.rounds = calibrate(cfg.cost)
+	if cfg.neighbour {
+		stop, err := startNeighbour(cfg.serverCPU)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	fmt.Fprintf(os.Stderr, "overload: %d sha256 rounds per request (cost %v); probing capacity (GOMAXPROCS=1 backend, %d CPUs here)\n", cfg.rounds, cfg.cost, runtime.NumCPU())
 	c, err := probe(ctx, cfg)
 	if err != nil {
@@ -475,10 +530,52 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	if cfg.json {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		printTable(w, rep)
 	}
-	printTable(w, rep)
+	if cfg.gate {
+		if bad := gateFailures(rep.Results, cfg.gateGoodput, cfg.gateP99); len(bad) > 0 {
+			for _, b := range bad {
+				fmt.Fprintln(os.Stderr, "gate:", b)
+			}
+			return errGate
+		}
+	}
 	return nil
+}
+
+// startNeighbour starts a CPU-bound process pinned to cpu ("overload
+// neighbour"), and returns what stops it.
+func startNeighbour(cpu string) (func(), error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	ts, err := exec.LookPath("taskset")
+	if err != nil {
+		return nil, fmt.Errorf("--neighbour needs taskset: %v", err)
+	}
+	cmd := exec.Command(ts, "-c", cpu, exe, "neighbour")
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() { cmd.Process.Kill(); cmd.Wait() }, nil
+}
+
+// neighbourCommand burns CPU for at most an hour ("overload neighbour").
+func neighbourCommand() {
+	end := time.Now().Add(time.Hour)
+	var sum [32]byte
+	for time.Now().Before(end) {
+		for i := 0; i < 1000; i++ {
+			sum = sha256.Sum256(sum[:])
+		}
+	}
+	sink.Add(uint64(sum[0]))
 }
 
 // step runs one (variant, load) cell on a fresh backend: open loop, or

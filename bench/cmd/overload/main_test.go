@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The test binary doubles as the backend process, as the command does.
@@ -23,7 +24,7 @@ func TestFlagsRejectBadInput(t *testing.T) {
 		{"--loads", "0"}, {"--loads", "x"}, {"--variants", "nginx"}, {"--cost", "1ns"},
 		{"--step", "1s"}, {"--deadline", "1ms"}, {"--conns", "0"}, {"--scenario", "chaos"},
 		{"--stock", "10"}, {"--stock", "10x0"}, {"--stock", "0x50"}, {"--stock", "5x3000,x"},
-		{"--rotate", "-1"},
+		{"--rotate", "-1"}, {"--neighbour", "--server-cpu", ""}, {"--gate-goodput", "-1"}, {"--gate-p99", "0s"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
@@ -44,6 +45,29 @@ func TestRotateTurnsTheVariantsLeft(t *testing.T) {
 		want = strings.NewReplacer("a", "none", "b", "go-zero", "c", "triage").Replace(want)
 		if got != want {
 			t.Errorf("--rotate %s: %s, want %s", rotate, got, want)
+		}
+	}
+}
+
+// The gate fails exactly the triage cells in the bad state, open loop or
+// closed, valid or not.
+func TestGateFailsEveryBadTriageCell(t *testing.T) {
+	rs := []result{
+		{Variant: "triage-admission", Load: 10, Goodput: 0.90, P99ms: 60},
+		{Variant: "triage-admission", Load: 10, Goodput: 0.21, P99ms: 1305, LateSends: 900},
+		{Variant: "triage-admission", Load: 10, Workers: 3000, Goodput: 0.86, P99ms: 993, Valid: true},
+		{Variant: "triage", Load: 20, Goodput: 0.84, P99ms: 50},
+		{Variant: "oracle-tap16", Load: 10, Goodput: 0.10, P99ms: 2000},
+		{Variant: "triage", Load: 5, Goodput: 0.85, P99ms: 100},
+	}
+	bad := gateFailures(rs, 0.85, 100*time.Millisecond)
+	want := []string{"triage-admission 10x: goodput 0.21", "triage-admission 10x/3000w: goodput 0.86", "triage 20x: goodput 0.84"}
+	if len(bad) != len(want) {
+		t.Fatalf("gate: %q, want %d failures", bad, len(want))
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(bad[i], w) {
+			t.Errorf("failure %d: %q, want it to start %q", i, bad[i], w)
 		}
 	}
 }

@@ -131,6 +131,11 @@ func serverMain(variant string, rounds int) error {
 		json.NewEncoder(w).Encode(m)
 	})
 	go http.Serve(admin, mux)
+	if name := os.Getenv("TRIAGE_BENCH_TRACE"); name != "" && ctl != nil {
+		if err := traceState(name, ctl); err != nil {
+			return err
+		}
+	}
 	if dir := os.Getenv("TRIAGE_BENCH_CPUPROFILE"); dir != "" { // experiment: the first 13 s (warm-up and one 10 s step)
 		if err := profileFor(filepath.Join(dir, variant+".prof"), 13*time.Second); err != nil {
 			return err
@@ -139,6 +144,31 @@ func serverMain(variant string, rounds int) error {
 	fmt.Printf("LISTEN %s %s\n", lis.Addr(), admin.Addr())
 	os.Stdout.Sync()
 	return s.Serve(lis)
+}
+
+// traceState appends the controller's state to name every 100 ms (one
+// JSON line each) until the process ends: the per-interval record of a run
+// that enters a bad state.
+func traceState(name string, ctl *admission.Controller) error {
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	go func() {
+		enc := json.NewEncoder(f)
+		for range time.Tick(100 * time.Millisecond) {
+			st := ctl.Stats()
+			enc.Encode(map[string]any{
+				"t": time.Since(start).Seconds(), "limit": st.Limit, "pending": st.Pending, "cap": st.PendingCap,
+				"exec": st.Executing, "queued": st.Queued, "svc_ms": float64(st.ServiceTime) / 1e6,
+				"delay_ms": float64(st.QueueDelay) / 1e6, "sat": st.Saturated, "busy": st.Busy,
+				"paused_ms": float64(st.Paused) / 1e6, "probing": st.Probing, "notstarted": st.NotStarted,
+				"goroutines": runtime.NumGoroutine(), "rejected": benchObs.snapshot(),
+			})
+		}
+	}()
+	return nil
 }
 
 // profileFor writes a CPU profile of the next d to name.
