@@ -38,4 +38,3 @@ func TestParseRunDelay(t *testing.T) {
 		}
 	}
 }
-

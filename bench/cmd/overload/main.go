@@ -46,6 +46,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
@@ -142,7 +143,7 @@ func gateFailures(rs []result, min float64, p99 time.Duration) []string {
 			if r.Workers > 0 {
 				cell = fmt.Sprintf("%gx/%dw", r.Load, r.Workers)
 			}
-			out = append(out, fmt.Sprintf("%s %s: goodput %.2f (want >= %.2f), p99 %.0f ms (want <= %.0f), late sends %d", r.Variant, cell, r.Goodput, min, r.P99ms, ms(p99), r.LateSends))
+			out = append(out, fmt.Sprintf("%s %s: goodput %.2f (want >= %.2f), p99 %.0f ms (want <= %.0f), late sends %d, generator at %.0f%% of its core", r.Variant, cell, r.Goodput, min, r.P99ms, ms(p99), r.LateSends, 100*r.GeneratorCPU))
 		}
 	}
 	return out
@@ -430,7 +431,11 @@ type result struct {
 	// (--reprobe), against which Goodput is taken; VsOracle is Goodput
 	// over the oracle's in the same step (when the oracle ran in it).
 	StepCapacityRPS float64 `json:"step_capacity_rps,omitempty"`
-	VsOracle        float64 `json:"vs_oracle,omitempty"`
+	// GeneratorCPU is the share of its one core the load generator (this
+	// process) used over the step: near 1, its own lateness and stalls
+	// are its own (issue 54: at 20x it collapsed against the oracle too).
+	GeneratorCPU float64 `json:"generator_cpu"`
+	VsOracle     float64 `json:"vs_oracle,omitempty"`
 }
 
 // againstOracle sets each result's goodput over the oracle's, the results
@@ -547,6 +552,15 @@ func run(ctx context.Context, cfg config, w io.Writer) error {
 	return nil
 }
 
+// processCPU is this process's user and system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // startNeighbour starts a CPU-bound process pinned to cpu ("overload
 // neighbour"), and returns what stops it.
 func startNeighbour(cpu string) (func(), error) {
@@ -611,11 +625,13 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 		mid, _ = b.stats()
 	}()
 	var p *phase
+	cpu0, wall0 := processCPU(), time.Now()
 	if workers > 0 {
 		p = workersLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, workers, mix, 2)
 	} else {
 		p = openLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, mix, 2)
 	}
+	r.GeneratorCPU = float64(processCPU()-cpu0) / float64(time.Since(wall0))
 	if mid.Limit > 0 {
 		fmt.Fprintf(os.Stderr, "    during the step: limit %d executing %d queued %d pending %d/%.2f service %.1f ms\n", mid.Limit, mid.Executing, mid.Queued, mid.Pending, mid.PendingCap, mid.ServiceMS)
 	}
@@ -723,8 +739,8 @@ func printTable(w io.Writer, rep report) {
 		return res[i].Load < res[j].Load
 	})
 	for _, r := range res {
-		notes := fmt.Sprintf("sent=%d completed=%d late_sends=%d (%.2f%%) max_lag=%.0fms over_deadline_max=%.0fms untriaged_failures=%d goroutines=%d->%d",
-			r.Sent, r.Completed, r.LateSends, 100*float64(r.LateSends)/float64(max(r.Sent, 1)), r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
+		notes := fmt.Sprintf("generator_cpu=%.2f sent=%d completed=%d late_sends=%d (%.2f%%) max_lag=%.0fms over_deadline_max=%.0fms untriaged_failures=%d goroutines=%d->%d",
+			r.GeneratorCPU, r.Sent, r.Completed, r.LateSends, 100*float64(r.LateSends)/float64(max(r.Sent, 1)), r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
 		if r.StepCapacityRPS > 0 {
 			notes = fmt.Sprintf("C_step=%.0f ", r.StepCapacityRPS) + notes
 		}

@@ -285,7 +285,8 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 
 // admissionOptions reads experiment knobs from the environment
 // (TRIAGE_BENCH_TOLERANCE, TRIAGE_BENCH_QUEUE, TRIAGE_BENCH_MAXWAIT,
-// TRIAGE_BENCH_TARGET, TRIAGE_BENCH_MEASURE=arrival; and
+// TRIAGE_BENCH_TARGET, TRIAGE_BENCH_MEASURE=arrival, TRIAGE_BENCH_NOSAT=1
+// for no work conservation; TRIAGE_BENCH_TRACE=FILE in serverMain; and
 // TRIAGE_BENCH_NOSTATS=1, TRIAGE_BENCH_CONNSHARE in serverOptions;
 // TRIAGE_BENCH_CPUPROFILE=DIR in serverMain writes DIR/VARIANT.prof, a CPU
 // profile of the backend's first 13 s); the published numbers use none
@@ -297,6 +298,9 @@ func admissionOptions() []admission.Option {
 	}
 	if os.Getenv("TRIAGE_BENCH_MEASURE") == "arrival" {
 		opts = append(opts, admission.WithDelayMeasure(admission.ArrivalDelay))
+	}
+	if os.Getenv("TRIAGE_BENCH_NOSAT") == "1" {
+		opts = append(opts, admission.WithSaturation(nil))
 	}
 	if v, err := strconv.ParseFloat(os.Getenv("TRIAGE_BENCH_TOLERANCE"), 64); err == nil {
 		opts = append(opts, admission.WithTolerance(v))
