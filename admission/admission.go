@@ -297,7 +297,7 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.lastShed.Store(math.MinInt64 / 2)
 	ctl.limits = limitRule{min: ctl.minLimit, max: ctl.maxLimit, tolerance: c.tolerance, probeEvery: probeEvery}
 	ctl.ls = limitState{limit: int64(c.initialLimit), best: math.MaxInt64}
-	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli, maxDelay: int64(c.maxWait), room: 100 + headroom[criticality.Default]}
+	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli, maxDelay: int64(c.maxWait)}
 	ctl.buildErrs(c.retryAfterMin, c.retryAfterMax)
 	return ctl, nil
 }

@@ -178,9 +178,10 @@ func WithMessageTimeout(d time.Duration) Option {
 // (work conservation): while it reads below 0.95 and the mean queueing
 // delay is within the max wait (WithMaxWait), the pending cap does not
 // shrink, since a task with idle CPU has no queue of runnable requests to
-// bound, and while the cap turns requests away with the delay within the
-// target it grows by a tenth each interval, up to the max wait's worth of
-// requests; execution slots, their queue and the deadline still apply. nil turns
+// bound, and while the cap turns requests away it grows each interval by
+// four times the idle share of itself (at least a tenth, at most
+// doubling: 90% busy, +40%), up to the max wait's worth of requests;
+// execution slots, their queue and the deadline still apply. nil turns
 // the rule off (the cap follows the delay alone). Default: the CPU the
 // process wants against its reservation, sampled every half interval
 // (signals.CPUDemand{Interval: WithInterval / 2}), on the real clock;

@@ -72,35 +72,36 @@ type pendingRule struct {
 	// whatever the CPU reads, and the cap grows for an idle CPU only as
 	// far as that much work.
 	maxDelay int64
-	// room is the share of the cap, in percent, that the default
-	// criticality may fill (100 plus its headroom): the cap's work the
-	// max wait bounds is the cap times this.
-	room int64
 }
+
+// idleGrowth is how fast the pending cap grows while the CPU idles and the
+// cap turns requests away: by idleGrowth times the idle share of itself
+// per interval, at least a tenth and at most doubling. Against the delay
+// rule's tenth down per saturated interval, the cap settles where the
+// intervals that idle idle about 1/(idleGrowth*stepDivisor) of the time.
+const idleGrowth = 4
 
 // step is one interval: delay is its mean queueing delay (ns), hit says
 // whether the cap turned a request away, busy is the CPU's busy share
 // (1 when unknown), svc the mean service time (ns; 0 unknown). Work
 // conservation: while the CPU is not saturated (busy below saturatedAt)
 // the cap does not shrink, since a task with idle CPU has no queue of
-// runnable requests to bound (the delay it measured came in bursts), and
-// while it turns requests away with the delay within the target it grows
-// by a tenth, up to maxDelay's worth of work. It never grows for idle CPU
-// while the delay is over the target: the CPU of a task whose own queue
-// keeps its connections' readers waiting idles too, between the bursts
-// that queue lets in, and a cap grown for that idle lets in the next
-// burst (docs/rationale.md, "A CPU reading cannot keep a queue"). And a
-// CPU reading cannot excuse a mean delay past maxDelay: a burst the cap
-// admitted drains within that, so a longer wait is a queue of work the
-// CPU reading does not see (a neighbour or the hypervisor taking the
-// task's CPU), and the cap shrinks as if saturated.
+// runnable requests to bound (the delay it measured came in bursts); and
+// while it also turns requests away, the cap was too small to carry the
+// task across its client's gaps, so it grows in proportion to the CPU
+// left idle, up to maxDelay's worth of work. A CPU reading cannot excuse
+// a mean delay past maxDelay: a burst the cap admitted drains within
+// that, so a longer wait is a queue of work the CPU reading does not see
+// (a neighbour or the hypervisor taking the task's CPU), and the cap
+// shrinks as if saturated.
 func (r pendingRule) step(pendingCap, delay int64, hit bool, busy float64, svc int64) int64 {
 	saturated := busy >= saturatedAt || delay > r.maxDelay
 	switch {
 	case delay > r.target && saturated:
 		return max(r.floor, min(pendingCap-milli/stepDivisor, pendingCap*(stepDivisor-1)/stepDivisor))
-	case hit && !saturated && delay <= r.target:
-		return max(pendingCap, min(r.ceiling, r.carry(svc), pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor)))
+	case hit && !saturated:
+		grow := int64(math.Round(float64(pendingCap) * min(1, idleGrowth*(1-busy))))
+		return max(pendingCap, min(r.ceiling, r.carry(svc), pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor, grow)))
 	case hit && delay < r.target/2:
 		return min(r.ceiling, pendingCap+max(milli/stepDivisor, pendingCap/stepDivisor))
 	}
@@ -114,7 +115,7 @@ func (r pendingRule) carry(svc int64) int64 {
 	if svc <= 0 || r.maxDelay <= 0 {
 		return r.ceiling
 	}
-	return max(r.floor, milli*r.maxDelay*100/(svc*max(r.room, 100)))
+	return max(r.floor, milli*r.maxDelay/svc)
 }
 
 // usualDecay is how fast a criticality's usual occupancy falls towards

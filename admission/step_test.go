@@ -75,16 +75,16 @@ func TestPendingRuleSteps(t *testing.T) {
 		{"under target without a hit: hold", 20 * milli, 0, false, saturated, 20 * milli},
 		{"95% busy is saturated", 20 * milli, 9000, true, 0.95, 18 * milli},
 		{"over target, CPU not saturated: hold", 20 * milli, 9000, false, 0.5, 20 * milli},
-		{"CPU 94% busy, cap hit, delay over target: held (no growth for idle CPU with a queue)", 20 * milli, 9000, true, 0.94, 20 * milli},
-		{"CPU 80% busy, cap hit, delay over target: held", 20 * milli, 9000, true, 0.8, 20 * milli},
-		{"CPU 94.9% busy, cap hit, delay within target: up by a tenth", 20 * milli, 2500, true, 0.949, 22 * milli},
-		{"CPU idle, cap hit: up by a tenth", 10 * milli, 0, true, 0, 11 * milli},
-		{"CPU idle, delay at the target: up by a tenth", 10 * milli, 5000, true, 0, 11 * milli},
-		{"CPU idle, large cap hit: the ceiling", 79 * milli, 0, true, 0, 80 * milli},
-		{"a busy share below 0 (a broken signal): a tenth", 10 * milli, 0, true, -3, 11 * milli},
+		{"CPU 94% busy, cap hit: up by four times the 6% idle", 20 * milli, 9000, true, 0.94, 24800},
+		{"CPU 80% busy, cap hit: up by four times the 20% idle", 20 * milli, 9000, true, 0.8, 36 * milli},
+		{"CPU 94.9% busy: four times 5.1%", 20 * milli, 2500, true, 0.949, 24080},
+		{"CPU 75% busy or less, cap hit: doubles at most", 10 * milli, 0, true, 0.75, 20 * milli},
+		{"CPU idle, cap hit: doubles", 10 * milli, 0, true, 0, 20 * milli},
+		{"CPU idle, large cap hit: the ceiling", 50 * milli, 0, true, 0, 80 * milli},
+		{"a busy share below 0 (a broken signal) still doubles at most", 10 * milli, 0, true, -3, 20 * milli},
 		{"a busy share past 1 (a coarse signal) is saturated", 20 * milli, 9000, true, 1.3, 18 * milli},
 		{"a wait past the max wait is a queue whatever the CPU reads: down", 20 * milli, 50001, true, 0.5, 18 * milli},
-		{"a wait within the max wait, CPU idle: a burst, held", 10 * milli, 50000, true, 0.5, 10 * milli},
+		{"a wait of the max wait, CPU idle: still a burst, up", 10 * milli, 50000, true, 0.5, 20 * milli},
 	} {
 		if got := r.step(tc.cap, tc.delay, tc.hit, tc.busy, 0); got != tc.want {
 			t.Errorf("%s: step(%d, %d, %v, %v) = %d, want %d", tc.name, tc.cap, tc.delay, tc.hit, tc.busy, got, tc.want)
@@ -96,16 +96,16 @@ func TestPendingRuleSteps(t *testing.T) {
 // a signal that misreads a contended CPU as idle cannot take it to the
 // ceiling.
 func TestPendingRuleGrowsForIdleCPUUpToTheMaxWaitsWork(t *testing.T) {
-	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli, maxDelay: 50000, room: 300}
+	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli, maxDelay: 50000}
 	for _, tc := range []struct {
 		name           string
 		cap, svc, want int64
 	}{
-		{"far below: a tenth", 10 * milli, 1000, 11 * milli},
-		{"near the bound (50 ms of 1 ms requests, a third of it the cap): to it", 16 * milli, 1000, 16666},
-		{"2 ms requests: a sixth of 50", 8 * milli, 2000, 8333},
-		{"above the bound (grown before): held, not cut", 20 * milli, 2000, 20 * milli},
-		{"service time unknown: the ceiling bounds it", 75 * milli, 0, 80 * milli},
+		{"far below: doubles", 10 * milli, 1000, 20 * milli},
+		{"near the bound: to it", 40 * milli, 1000, 50 * milli},
+		{"2 ms requests: 25 of them", 20 * milli, 2000, 25 * milli},
+		{"above the bound (grown before): held, not cut", 60 * milli, 1000, 60 * milli},
+		{"service time unknown: the ceiling bounds it", 50 * milli, 0, 80 * milli},
 		{"requests longer than the max wait: the bound is the floor, the cap held", 500, 100000, 500},
 	} {
 		if got := r.step(tc.cap, 0, true, 0, tc.svc); got != tc.want {
