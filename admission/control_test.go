@@ -309,6 +309,44 @@ func TestLimitAdaptsToTheWork(t *testing.T) {
 	}
 }
 
+// runQueue is one CPU's run queue on virtual time, as the tests drive a
+// Controller: arrivals admitted join it in order, and next starts the
+// oldest, like Go's run queue of admitted requests' goroutines.
+type runQueue struct {
+	c         *admission.Controller
+	queue     []*admission.Ticket
+	arrivedAt map[*admission.Ticket]time.Time
+}
+
+func newRunQueue(c *admission.Controller) *runQueue {
+	return &runQueue{c: c, arrivedAt: map[*admission.Ticket]time.Time{}}
+}
+
+// arrive offers a CRITICAL request at now.
+func (q *runQueue) arrive(now time.Time) {
+	tk := &admission.Ticket{}
+	if q.c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
+		q.queue = append(q.queue, tk)
+		q.arrivedAt[tk] = now
+	}
+}
+
+// next starts the oldest request at now and returns it with its wait
+// before start; nil when none waits.
+func (q *runQueue) next(t *testing.T, now time.Time) (*admission.Ticket, time.Duration) {
+	if len(q.queue) == 0 {
+		return nil, 0
+	}
+	tk := q.queue[0]
+	q.queue = q.queue[1:]
+	if err := q.c.Start(context.Background(), tk); err != nil {
+		t.Fatal(err)
+	}
+	w := now.Sub(q.arrivedAt[tk])
+	delete(q.arrivedAt, tk)
+	return tk, w
+}
+
 // On one CPU whose handlers never yield, admitted requests wait as runnable
 // goroutines before their handler starts: the queue no interceptor sees.
 // The pending cap finds the size at which that wait meets the target, for
@@ -318,13 +356,12 @@ func TestPendingCapBoundsTheInvisibleQueue(t *testing.T) {
 	for _, cost := range []time.Duration{200 * time.Microsecond, time.Millisecond, 5 * time.Millisecond} {
 		f := clock.NewFake(epoch)
 		c := mustNew(t, admission.WithClock(f))
-		var queue []*admission.Ticket // FIFO, like Go's run queue
+		q := newRunQueue(c)
 		var running *admission.Ticket
 		var busyUntil time.Time
 		step := cost / 10 // 10x the capacity
 		var served, waited int
 		var waitSum time.Duration
-		arrivedAt := map[*admission.Ticket]time.Time{}
 		end := f.Now().Add(30 * time.Second)
 		for f.Now().Before(end) {
 			now := f.Now()
@@ -333,22 +370,16 @@ func TestPendingCapBoundsTheInvisibleQueue(t *testing.T) {
 				running = nil
 				served++
 			}
-			tk := &admission.Ticket{}
-			if c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
-				queue = append(queue, tk)
-				arrivedAt[tk] = now
-			}
-			if running == nil && len(queue) > 0 {
-				running, queue = queue[0], queue[1:]
-				if err := c.Start(context.Background(), running); err != nil {
-					t.Fatal(err)
+			q.arrive(now)
+			if running == nil {
+				var w time.Duration
+				if running, w = q.next(t, now); running != nil {
+					if now.After(end.Add(-10 * time.Second)) {
+						waitSum += w
+						waited++
+					}
+					busyUntil = now.Add(cost)
 				}
-				if now.After(end.Add(-10 * time.Second)) {
-					waitSum += now.Sub(arrivedAt[running])
-					waited++
-				}
-				delete(arrivedAt, running)
-				busyUntil = now.Add(cost)
 			}
 			f.Advance(step)
 		}
@@ -618,10 +649,9 @@ func burstyClient(t *testing.T, seed uint64) (util float64, mean time.Duration) 
 	sig := &busySignal{f: f, busy: &busy, lastT: f.Now()}
 	c := mustNew(t, admission.WithClock(f), admission.WithSaturation(sig))
 	rng := rand.New(rand.NewPCG(seed, 2))
-	var queue []*admission.Ticket
+	q := newRunQueue(c)
 	var running *admission.Ticket
 	var busyUntil, nextBurst time.Time
-	arrivedAt := map[*admission.Ticket]time.Time{}
 	end := f.Now().Add(30 * time.Second)
 	measureFrom := end.Add(-10 * time.Second)
 	var served, waited int
@@ -639,27 +669,20 @@ func burstyClient(t *testing.T, seed uint64) (util float64, mean time.Duration) 
 			// 100 requests at once, then a gap of 2 to 30 ms: about 6x
 			// the task's capacity.
 			for i := 0; i < 100; i++ {
-				tk := &admission.Ticket{}
-				if c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
-					queue = append(queue, tk)
-					arrivedAt[tk] = now
-				}
+				q.arrive(now)
 			}
 			nextBurst = now.Add(2*time.Millisecond + time.Duration(rng.Int64N(int64(28*time.Millisecond))))
 		}
-		if running == nil && len(queue) > 0 {
-			running, queue = queue[0], queue[1:]
-			if err := c.Start(context.Background(), running); err != nil {
-				t.Fatal(err)
+		if running == nil {
+			var w time.Duration
+			if running, w = q.next(t, now); running != nil {
+				if now.After(measureFrom) {
+					waitSum += w
+					maxWait = max(maxWait, w)
+					waited++
+				}
+				busyUntil = now.Add(cost)
 			}
-			if now.After(measureFrom) {
-				w := now.Sub(arrivedAt[running])
-				waitSum += w
-				maxWait = max(maxWait, w)
-				waited++
-			}
-			delete(arrivedAt, running)
-			busyUntil = now.Add(cost)
 		}
 		if running != nil {
 			busy += 100 * time.Microsecond
@@ -715,10 +738,9 @@ func contendedTask(t *testing.T, seed uint64, demand bool) (served float64, mean
 	sig := &busySignal{f: f, busy: &cpu, lastT: f.Now()}
 	c := mustNew(t, admission.WithClock(f), admission.WithSaturation(sig))
 	rng := rand.New(rand.NewPCG(seed, 3))
-	var queue []*admission.Ticket
+	q := newRunQueue(c)
 	var running *admission.Ticket
 	var left time.Duration // CPU the running request still needs
-	arrivedAt := map[*admission.Ticket]time.Time{}
 	end := f.Now().Add(30 * time.Second)
 	measureFrom := end.Add(-10 * time.Second)
 	var done int
@@ -726,24 +748,18 @@ func contendedTask(t *testing.T, seed uint64, demand bool) (served float64, mean
 	for f.Now().Before(end) {
 		now := f.Now()
 		if rng.Float64() < 0.5 { // 5,000/s
-			tk := &admission.Ticket{}
-			if c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
-				queue = append(queue, tk)
-				arrivedAt[tk] = now
+			q.arrive(now)
+		}
+		if running == nil {
+			var w time.Duration
+			if running, w = q.next(t, now); running != nil {
+				if now.After(measureFrom) {
+					waits = append(waits, w)
+				}
+				left = cost
 			}
 		}
-		if running == nil && len(queue) > 0 {
-			running, queue = queue[0], queue[1:]
-			if err := c.Start(context.Background(), running); err != nil {
-				t.Fatal(err)
-			}
-			if now.After(measureFrom) {
-				waits = append(waits, now.Sub(arrivedAt[running]))
-			}
-			delete(arrivedAt, running)
-			left = cost
-		}
-		if demand && (running != nil || len(queue) > 0) {
+		if demand && (running != nil || len(q.queue) > 0) {
 			cpu += tick
 		}
 		if running != nil {
@@ -770,6 +786,6 @@ func contendedTask(t *testing.T, seed uint64, demand bool) (served float64, mean
 	}
 	slices.Sort(waits)
 	mean, p99 = sum/time.Duration(len(waits)), waits[len(waits)*99/100]
-	t.Logf("seed %d, demand %v: served %.3f of the contended capacity, wait before start mean %v p99 %v, pending cap %.1f, queued %d", seed, demand, served, mean, p99, c.Stats().PendingCap, len(queue))
+	t.Logf("seed %d, demand %v: served %.3f of the contended capacity, wait before start mean %v p99 %v, pending cap %.1f, queued %d", seed, demand, served, mean, p99, c.Stats().PendingCap, len(q.queue))
 	return served, mean, p99
 }

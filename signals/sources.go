@@ -144,19 +144,11 @@ func (c CPU) Signal() (Signal, error) {
 // than GOMAXPROCS, keep the process from its reservation, CPU reads below
 // 1 while work waits; CPUDemand still reads 1. Time the hypervisor steals
 // and interrupt time are counted by neither. Without schedstat it reads
-// as CPU. Sampled at most once per Interval (default 100 ms), as the rate
-// over the last interval. admission.WithSaturation's default.
-type CPUDemand struct {
-	// CPUs is the CPUs reserved; 0 means ReservedCPUs().
-	CPUs float64
-	// Interval is the sampling interval; 0 means 100 ms.
-	Interval time.Duration
-	// Clock is the clock; nil means clock.Real().
-	Clock clock.Clock
-	// Read returns the process's CPU time plus its threads' run-queue
-	// wait so far; nil reads getrusage and schedstat.
-	Read func() (time.Duration, error)
-}
+// as CPU. Its fields are CPU's, except that Read returns CPU time plus
+// run-queue wait (nil reads getrusage and schedstat). Sampled at most
+// once per Interval (default 100 ms), as the rate over the last interval.
+// admission.WithSaturation's default.
+type CPUDemand CPU
 
 // Signal returns the signal, or an error if the platform cannot read the
 // process's CPU time.
