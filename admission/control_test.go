@@ -725,8 +725,9 @@ func TestContendedTaskKeepsItsQueueShort(t *testing.T) {
 
 // contendedTask runs 30 s of open-loop load at 10x the contended
 // capacity (500/s) against a Controller whose saturation signal is the
-// CPU time the process got, or with demand the CPU it wanted, and returns, over the last 10 s, the share of
-// that capacity served and the mean and p99 wait before start.
+// CPU time the process got, or with demand the CPU it wanted, and
+// returns, over the last 10 s, the share of that capacity served and the
+// mean and p99 wait before start.
 func contendedTask(t *testing.T, seed uint64, demand bool) (served float64, mean, p99 time.Duration) {
 	const (
 		cost = time.Millisecond       // CPU per request

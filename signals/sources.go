@@ -166,12 +166,13 @@ func (c CPUDemand) Signal() (Signal, error) {
 func demand() func() (time.Duration, error) {
 	var mu sync.Mutex
 	var lastWait, waited time.Duration
+	var wait proc.RunQueueWaiter
 	return func() (time.Duration, error) {
 		used, err := proc.CPU()
 		if err != nil {
 			return 0, err
 		}
-		w, err := proc.RunQueueWait()
+		w, err := wait.Read()
 		if err != nil {
 			return used, nil
 		}

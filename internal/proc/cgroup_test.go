@@ -38,3 +38,44 @@ func TestParseRunDelay(t *testing.T) {
 		}
 	}
 }
+
+// The demand signal reads this once per half interval on the request
+// path of whichever request revisits the controller.
+func BenchmarkRunQueueWait(b *testing.B) {
+	var w RunQueueWaiter
+	if _, err := w.Read(); err != nil {
+		b.Skip("no schedstat here:", err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		w.Read()
+	}
+}
+
+// Every reading sees every live thread: the sum over the threads, read
+// again, never falls below the first (no thread of this test exits), and
+// a thread that waited is in it.
+func TestRunQueueWaiterReadsEveryThread(t *testing.T) {
+	var w RunQueueWaiter
+	a, err := w.Read()
+	if err != nil {
+		t.Skip("no schedstat here:", err)
+	}
+	if len(w.files) == 0 {
+		t.Fatal("no thread listed")
+	}
+	for i := 0; i < 2*relistEvery; i++ {
+		b, err := w.Read()
+		if err != nil || b < a {
+			t.Fatalf("reading %d: %v, %v after %v", i, b, err, a)
+		}
+		a = b
+	}
+}
+
+func BenchmarkCPU(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		CPU()
+	}
+}
