@@ -72,8 +72,40 @@ func (c *Controller) adjustPending() {
 		return
 	}
 	c.lastDelay.Store(delay)
-	c.gate.step(delay, c.targetDelay+c.expectedSvc.Load())
+	c.gate.step(c.runQueueWait(delay), int64(c.targetDelay)+c.expectedSvc.Load(), c.interval, c.runQueueGrowth(), c.busy >= saturatedAt)
 	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy, c.expectedSvc.Load()))
+}
+
+// runQueueWait is the wait of the RunQueued arrivals of the interval:
+// the goroutines in Go's run queues they found, on average, over the rate
+// at which they left it (Little's law), read where the run queue's length
+// can be (a runnableSource); else the scheduler's mean delay, which lags
+// the queue (it counts the waits of the goroutines that ran) and is
+// thinned by the many that wait for nothing.
+func (c *Controller) runQueueWait(delay int64) int64 {
+	n, sum, reads := c.rqArrivals.Swap(0), c.rqRunnable.Swap(0), c.rqReads.Swap(0)
+	if reads == 0 || n == 0 {
+		c.rqWait.Store(delay)
+		return delay
+	}
+	w := max(delay, sum*c.interval/reads/n)
+	c.rqWait.Store(w)
+	return w
+}
+
+// runQueueGrowth is how many goroutines Go's run queues gained since the
+// last interval (0 where their length cannot be read).
+func (c *Controller) runQueueGrowth() int64 {
+	if c.runq == nil {
+		return 0
+	}
+	n, ok := c.runq.runnable()
+	if !ok {
+		return 0
+	}
+	grew := int64(n) - c.rqLast
+	c.rqLast = int64(n)
+	return grew
 }
 
 // queueDelay is the interval's mean queueing delay, if it has a

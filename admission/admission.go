@@ -133,6 +133,14 @@ type Controller struct {
 	sched delaySource
 	// gate sheds the arrivals the pending count cannot see (RunQueued).
 	gate queueGate
+	// runq reads the run queue's length for the gate (SchedulerDelay);
+	// rq* count the interval's RunQueued arrivals, the run queue lengths
+	// they found and how many of them were read; rqWait is the wait the
+	// gate last read.
+	runq                                    runnableSource
+	rqArrivals, rqRunnable, rqReads, rqWait atomic.Int64
+	rqLast                                  int64 // the run queue's length at the last adjustment
+	gateEst                                 atomic.Int64
 	// saturation says how busy the CPU is (work conservation); nil:
 	// saturated always.
 	saturation signals.Signal
@@ -268,7 +276,8 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.since = clock.SinceFunc(clk, ctl.start)
 	ctl.prestartEpoch = prestartEpoch
 	if c.delay == SchedulerDelay || c.delay == 0 && c.clock == nil {
-		ctl.sched = newSchedDelay()
+		sd := newSchedDelay()
+		ctl.sched, ctl.runq = sd, sd
 		ctl.prestartEpoch = int64(c.targetDelay)
 		ctl.lateAfter = lateDelays * int64(c.targetDelay)
 	}

@@ -38,13 +38,15 @@ type delaySource interface {
 // It is called under the Controller's adjust lock, once per interval.
 type schedDelay struct {
 	mu     sync.Mutex
-	sample [1]metrics.Sample
+	rmu    sync.Mutex // sample[1]
+	sample [2]metrics.Sample
 	last   []uint64
 }
 
 func newSchedDelay() *schedDelay {
 	s := &schedDelay{}
 	s.sample[0].Name = "/sched/latencies:seconds"
+	s.sample[1].Name = "/sched/goroutines/runnable:goroutines"
 	s.read() // the baseline: delays before the Controller existed do not count
 	return s
 }
@@ -56,7 +58,7 @@ func newSchedDelay() *schedDelay {
 func (s *schedDelay) read() (mean time.Duration, n uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	metrics.Read(s.sample[:])
+	metrics.Read(s.sample[:1])
 	if s.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
 		return 0, 0
 	}
@@ -87,4 +89,24 @@ func (s *schedDelay) read() (mean time.Duration, n uint64) {
 		return 0, 0
 	}
 	return time.Duration(sum / float64(n) * 1e9), n
+}
+
+// runnable returns the goroutines waiting in Go's run queues now, and
+// false when another reading is under way.
+func (s *schedDelay) runnable() (uint64, bool) {
+	if !s.rmu.TryLock() {
+		return 0, false
+	}
+	defer s.rmu.Unlock()
+	metrics.Read(s.sample[1:])
+	if s.sample[1].Value.Kind() != metrics.KindUint64 {
+		return 0, false
+	}
+	return s.sample[1].Value.Uint64(), true
+}
+
+// runnableSource reads how many goroutines wait in Go's run queues now:
+// schedDelay, or a test's.
+type runnableSource interface {
+	runnable() (uint64, bool)
 }

@@ -11,38 +11,141 @@ import (
 // RunQueued). net/http reads a request and runs its handler on the
 // connection's one goroutine, so a server whose CPU is saturated holds
 // its excess as runnable goroutines: the pending count never sees them,
-// and each request reaching Arrive finds the task idle. The gate reads
-// the interval's queueing delay instead, against the target delay plus
-// one mean service time (a request may wait for the one running before
-// it: a CPU-bound handler is not preempted for 10 ms).
+// and each request reaching Arrive finds the task idle.
 //
-// Its state is one number, the shed level x in [0, NumLevels]: the levels
+// The gate decides how many RunQueued arrivals an interval lets through
+// (its budget) and fills it from the top: CRITICAL_PLUS first, then
+// CRITICAL, and so on, from the interval's arrivals by criticality. Its
+// state is the shed level x in [0, NumLevels] this gives: the levels
 // below x are shed entirely, the level x falls in by its fraction, the
-// levels above not at all. So SHEDDABLE goes first and CRITICAL_PLUS
-// last. Each interval x moves by a quarter of the delay's relative error
-// (at most one level up, a quarter of a level down; a quarter up within
-// CRITICAL and CRITICAL_PLUS), so that it settles where the delay meets
-// the target.
+// levels above not at all. The budget is the last interval's let-through
+// count scaled by the run queue's wait: down by the share of an interval
+// the wait grew (the admitted work over the CPU's), and down by half the
+// share of an interval the wait stands over the target (the backlog to
+// drain), up to a quarter more while under it; at least half and at most
+// a quarter more than the last. So a step of the offered load is met in
+// one interval, where a rule on the shed level alone took a second and
+// more (issue 54).
+//
+// Its counters are bounded by the arrivals of one interval; step runs
+// under the Controller's adjust lock, the rest concurrently.
 type queueGate struct {
-	x atomic.Int64 // the shed level, in 1/gateOne of a level
+	x       atomic.Int64 // the shed level, in 1/gateOne of a level
+	arrived [criticality.NumLevels]atomic.Int64
+	passed  atomic.Int64
+	seen    [criticality.NumLevels]atomic.Int64 // arrivals of each level, for an even spread
+	// limit is the most arrivals the interval lets through (0: no
+	// limit), spent those it did.
+	limit, spent atomic.Int64
+	last         int64 // the last interval's wait (under the adjust lock)
+	// most is the most arrivals an interval has let through, decaying by
+	// a sixteenth an interval: what the CPU served (under the adjust lock).
+	most int64
+	// rate is each level's arrivals into the run queue an interval,
+	// smoothed over about four, in 1/1024 of an arrival (under the adjust
+	// lock).
+	rate [criticality.NumLevels]int64
 }
 
 // gateOne is one level of shedding.
 const gateOne = 1 << 16
 
-// step moves the gate by the interval's queueing delay. It is called
-// under the Controller's adjust lock.
-func (g *queueGate) step(delay, target int64) {
-	if target <= 0 {
+// admit reports whether a RunQueued arrival of level l passes the gate,
+// and counts it.
+func (g *queueGate) admit(l criticality.Level) bool {
+	g.arrived[l].Add(1)
+	p := g.level(l)
+	if p >= gateOne {
+		return false
+	}
+	if p > 0 {
+		// Let through a share 1-p of the level, evenly spread: the n-th
+		// arrival passes when it completes another whole arrival's
+		// worth, so that the admitted requests come regularly and the
+		// CPU is not left idle by a run of refusals.
+		n, a := g.seen[l].Add(1), gateOne-p
+		if n*a/gateOne == (n-1)*a/gateOne {
+			return false
+		}
+	}
+	if lim := g.limit.Load(); lim > 0 && g.spent.Add(1) > lim {
+		return false
+	}
+	g.passed.Add(1)
+	return true
+}
+
+// step sets the shed level from the interval's arrivals and its mean run
+// queue wait against target, interval being the interval's length and
+// grew the run queue's growth over it. Shedding grows only while the CPU
+// is saturated: an idle task's run queue holds the transport's own
+// goroutines, not a backlog.
+func (g *queueGate) step(wait, target, interval, grew int64, saturated bool) {
+	var arrived [criticality.NumLevels]int64
+	var total int64
+	for l := range arrived {
+		arrived[l] = g.arrived[l].Swap(0)
+		total += arrived[l]
+	}
+	passed := g.passed.Swap(0)
+	last := g.last
+	g.last = wait
+	if total == 0 || target <= 0 || interval <= 0 {
 		return
 	}
-	x := g.x.Load()
-	dx := gateOne * (delay - target) / (4 * target)
-	dx = min(max(dx, -gateOne/4), gateOne)
-	if next := x + dx; next > int64(criticality.Critical)*gateOne {
-		dx = min(dx, max(int64(criticality.Critical)*gateOne-x, gateOne/4))
+	g.most = max(passed*1024, g.most-g.most/16)
+	// The budget, in 1/1024 of the most an interval let through.
+	f := int64(1024)
+	if wait > last {
+		f -= 1024 * (wait - last) / interval
 	}
-	g.x.Store(min(max(x+dx, 0), criticality.NumLevels*gateOne))
+	if wait > target {
+		f -= 512 * (wait - target) / interval
+	} else {
+		f += 256 * (target - wait) / target
+	}
+	f = min(max(f, 512), 1280)
+	budget := max((g.most/1024*f+1023)/1024, 1)
+	budget0 := budget
+	// Fill it from the top, with the arrivals into the run queue: those
+	// that left it, and its growth, in the same mix.
+	in := max(total+grew, 1)
+	x := int64(0)
+	first := g.rate == [criticality.NumLevels]int64{}
+	for l := range arrived {
+		// Smoothed over about four intervals, in 1/1024 of an arrival;
+		// the first interval with arrivals is taken as it is.
+		if r := arrived[l] * in * 1024 / total; first {
+			g.rate[l] = r
+		} else {
+			g.rate[l] += (r - g.rate[l]) / 4
+		}
+	}
+	for l := criticality.NumLevels - 1; l >= 0; l-- {
+		a := (g.rate[l] + 1023) / 1024
+		if budget >= a {
+			budget -= a
+			continue
+		}
+		x = int64(l)*gateOne + gateOne - gateOne*budget/a
+		break
+	}
+	over := saturated && wait > target
+	if !over {
+		x = min(x, g.x.Load()) // no more shedding without a wait to cut and a CPU to cut it on
+	}
+	g.x.Store(x)
+	// While shedding or over the target, the budget also bounds the
+	// next interval's let-through count, with room for its noise: a
+	// step of the offered load finds it spent rather than the CPU's
+	// next second. Otherwise nothing bounds it (a burst on an idle task
+	// passes).
+	g.spent.Store(0)
+	if x > 0 || over {
+		g.limit.Store(budget0*5/4 + 2)
+	} else {
+		g.limit.Store(0)
+	}
 }
 
 // share returns the probability that an arrival of level l is shed.
@@ -53,11 +156,4 @@ func (g *queueGate) share(l criticality.Level) float64 {
 // level returns level l's shedding probability in 1/gateOne.
 func (g *queueGate) level(l criticality.Level) int64 {
 	return min(max(g.x.Load()-int64(l)*gateOne, 0), gateOne)
-}
-
-// sheds reports whether an arrival of level l is shed, drawing from
-// random (uniform in [0, 1)) only when l is shed in part.
-func (g *queueGate) sheds(l criticality.Level, random func() float64) bool {
-	p := g.level(l)
-	return p >= gateOne || p > 0 && random()*gateOne < float64(p)
 }

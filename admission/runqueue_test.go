@@ -1,6 +1,8 @@
 package admission
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,79 +17,77 @@ func (f *fakeDelay) read() (time.Duration, uint64) { return f.d, 1 }
 
 // A net/http server on one CPU holds its excess in Go's run queue, where
 // no pending count sees it: every request reaching Arrive finds the task
-// idle. Requests that say so (RunQueued) are shed by the queueing delay
-// instead: SHEDDABLE first, CRITICAL_PLUS last, more each interval while
-// the delay is over the target, less while it is under. Others are not
-// gated.
+// idle. Requests that say so (RunQueued) pass a gate instead, which lets
+// an interval's worth of them through from the top while the run queue's
+// wait is over the target: SHEDDABLE first, CRITICAL_PLUS last, and
+// nothing shed once the wait is back under it. Others are not gated.
 func TestRunQueuedArrivalsShedByCriticality(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	draws := 0
-	c, err := New(WithClock(clk), WithRandom(func() float64 {
-		draws++
-		return float64(draws%100) / 100
-	}))
+	c, err := New(WithClock(clk), WithSaturation(nil)) // a saturated CPU
 	if err != nil {
 		t.Fatal(err)
 	}
 	delay := &fakeDelay{}
 	c.sched = delay
-	shed := func(l criticality.Level, a Arrival) float64 {
-		refused := 0
-		for range 200 {
-			var tk Ticket
-			if err := c.ArriveAs(&tk, l, 0, time.Time{}, a); err != nil {
-				if r, _, _ := RejectionOf(err); r != Queue {
-					t.Fatalf("%v refused for %v, want %v", l, r, Queue)
+	// offer sends n arrivals of each level and returns the share of each
+	// level shed.
+	offer := func(n int, a Arrival) (shed [criticality.NumLevels]float64) {
+		for range n {
+			for l := range criticality.NumLevels {
+				var tk Ticket
+				if err := c.ArriveAs(&tk, criticality.Level(l), 0, time.Time{}, a); err != nil {
+					if r, _, _ := RejectionOf(err); r != Queue {
+						t.Fatalf("%v refused for %v, want %v", criticality.Level(l), r, Queue)
+					}
+					shed[l] += 1 / float64(n)
+					continue
 				}
-				refused++
-				continue
+				if err := c.Start(t.Context(), &tk); err != nil {
+					t.Fatal(err)
+				}
+				c.Done(&tk)
 			}
-			if err := c.Start(t.Context(), &tk); err != nil {
-				t.Fatal(err)
-			}
-			c.Done(&tk)
 		}
-		return float64(refused) / 200
+		return shed
 	}
-	interval := func(d time.Duration) {
+	interval := func(d time.Duration) [criticality.NumLevels]float64 {
 		delay.d = d
 		clk.Advance(DefaultInterval)
-		shed(criticality.CriticalPlus, 0) // an arrival runs the adjustment
+		return offer(10, RunQueued)
 	}
-	for l := range criticality.NumLevels {
-		if got := shed(criticality.Level(l), RunQueued); got != 0 {
-			t.Fatalf("no delay: %v shed %.2f", criticality.Level(l), got)
+	// One request an interval, of the lowest level: never shed.
+	for range 10 {
+		delay.d = time.Millisecond
+		clk.Advance(DefaultInterval)
+		var tk Ticket
+		if err := c.ArriveAs(&tk, criticality.Sheddable, 0, time.Time{}, RunQueued); err != nil {
+			t.Fatalf("a lone SHEDDABLE request at low load: %v", err)
+		}
+		c.Start(t.Context(), &tk)
+		c.Done(&tk)
+	}
+	for range 20 {
+		if got := interval(time.Millisecond); got != [criticality.NumLevels]float64{} {
+			t.Fatalf("under the target: shed %v", got)
 		}
 	}
-	// 300 ms in the run queue, 60 times the target: SHEDDABLE and
-	// SHEDDABLE_PLUS go at once, CRITICAL by quarters.
-	interval(300 * time.Millisecond)
-	interval(300 * time.Millisecond)
-	interval(300 * time.Millisecond)
-	want := [criticality.NumLevels]float64{1, 1, 0.25, 0}
-	for l, w := range want {
-		if got := shed(criticality.Level(l), RunQueued); got < w-0.05 || got > w+0.05 {
-			t.Errorf("after three intervals at 60x the target: %v shed %.2f, want %.2f", criticality.Level(l), got, w)
-		}
+	// 300 ms in the run queue, 30 times the target: the next interval
+	// lets half as many through, from the top.
+	got := interval(300 * time.Millisecond)
+	if got[criticality.Sheddable] < 0.99 || got[criticality.SheddablePlus] < 0.5 || got[criticality.Critical] != 0 || got[criticality.CriticalPlus] != 0 {
+		t.Errorf("an interval at 30x the target: shed %v, want SHEDDABLE all, SHEDDABLE_PLUS mostly, the rest none", got)
 	}
-	if got := shed(criticality.Sheddable, 0); got != 0 {
-		t.Errorf("an arrival the transport counts (not RunQueued) was shed by the gate: %.2f", got)
+	if st := c.Stats(); st.QueueShed[criticality.Sheddable] != 1 || st.QueueShed[criticality.CriticalPlus] != 0 {
+		t.Errorf("Stats().QueueShed %v", st.QueueShed)
 	}
-	// Under the target the gate eases in proportion: CRITICAL first
-	// comes back, CRITICAL_PLUS was never touched.
-	interval(4 * time.Millisecond) // 0.8x: a twentieth of a level
-	if s := c.Stats().QueueShed; s[criticality.Critical] < 0.15 || s[criticality.Critical] > 0.25 || s[criticality.SheddablePlus] != 1 {
-		t.Errorf("at 0.8x the target: %v, want CRITICAL shed a little less", s)
+	if got := offer(100, 0); got != [criticality.NumLevels]float64{} {
+		t.Errorf("arrivals the transport counts (not RunQueued) were shed by the gate: %v", got)
 	}
-	interval(time.Millisecond) // 0.2x: a fifth of a level
-	if s := c.Stats().QueueShed; s[0] != 1 || s[1] != 1 || s[2] > 0.001 || s[3] != 0 {
-		t.Errorf("after an interval at a fifth of the target: %v, want CRITICAL back first", s)
-	}
-	for range 40 {
+	for range 10 {
 		interval(time.Millisecond)
 	}
-	if s := c.Stats().QueueShed; s != [4]float64{} {
-		t.Errorf("after 40 intervals under the target, still shedding: %v", s)
+	if got := interval(time.Millisecond); got != [criticality.NumLevels]float64{} {
+		t.Errorf("ten intervals back under the target, still shedding %v", got)
 	}
 }
 
@@ -128,4 +128,144 @@ func TestSchedulerDelayOfAPauseIsLeftOut(t *testing.T) {
 	}
 	clk.Advance(DefaultInterval)
 	serve()
+}
+
+// goroutineQueue models a net/http server on one CPU: each request is a
+// goroutine that waits in Go's run queue (FIFO) and reaches Arrive only
+// when it runs; the scheduler's delay and the run queue's length are
+// what the Controller reads.
+type goroutineQueue struct {
+	waiting []queuedRequest
+	sum     time.Duration
+	n       uint64
+}
+
+type queuedRequest struct {
+	level criticality.Level
+	at    time.Time
+}
+
+func (q *goroutineQueue) read() (time.Duration, uint64) {
+	if q.n == 0 {
+		return 0, 0
+	}
+	m, n := q.sum/time.Duration(q.n), q.n
+	q.sum, q.n = 0, 0
+	return m, n
+}
+
+func (q *goroutineQueue) runnable() (uint64, bool) { return uint64(len(q.waiting)), true }
+
+// A net/http server stepped from 1x to 10x its capacity at once (issue
+// 54: the README's server took seconds to settle and served part of its
+// first second most of a second late): the first second's p99 stays
+// under 150 ms, and from the second second on every second serves at
+// least 0.8 of the capacity with a p99 under 100 ms, CRITICAL_PLUS and
+// CRITICAL first. The rule on the shed level alone gave 0.72-0.85 a
+// second here, and a first second's p99 of 172 ms; this model's mix is
+// drawn request by request, so its seconds vary more than the real
+// server's (0.86-0.97 of C, bench/cmd/httpstep).
+func TestRunQueuedStepSettlesWithinASecond(t *testing.T) {
+	const (
+		cost   = 4 * time.Millisecond  // a handler's CPU
+		refuse = 20 * time.Microsecond // a 503, about what net/http costs here
+	)
+	capacity := float64(time.Second / cost)
+	clk := clock.NewFake(time.Unix(0, 0))
+	rng := rand.New(rand.NewPCG(1, 2))
+	c, err := New(WithClock(clk), WithRandom(rng.Float64), WithSaturation(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &goroutineQueue{}
+	c.sched, c.runq = q, q
+	mix := []criticality.Level{criticality.CriticalPlus, criticality.Critical, criticality.SheddablePlus, criticality.Sheddable}
+	weights := []float64{6, 6, 44, 44}
+	draw := func() criticality.Level {
+		x := rng.Float64() * 100
+		for i, w := range weights {
+			if x < w {
+				return mix[i]
+			}
+			x -= w
+		}
+		return criticality.Sheddable
+	}
+	start := clk.Now()
+	stepAt := start.Add(3 * time.Second)
+	end := stepAt.Add(10 * time.Second)
+	type second struct {
+		ok   int
+		lats []time.Duration
+		byL  [criticality.NumLevels]int
+	}
+	secs := make([]second, 10)
+	var next time.Time = start
+	var busyUntil time.Time
+	var running *Ticket
+	var runningReq queuedRequest
+	for now := start; now.Before(end); now = clk.Now() {
+		for !next.After(now) {
+			q.waiting = append(q.waiting, queuedRequest{draw(), next})
+			rate := capacity
+			if !next.Before(stepAt) {
+				rate *= 10
+			}
+			next = next.Add(time.Duration(float64(time.Second) / rate))
+		}
+		if !now.Before(busyUntil) {
+			if running != nil {
+				c.Done(running)
+				if !runningReq.at.Before(stepAt) {
+					s := &secs[int(runningReq.at.Sub(stepAt)/time.Second)]
+					s.ok++
+					s.byL[runningReq.level]++
+					s.lats = append(s.lats, now.Sub(runningReq.at))
+				}
+				running = nil
+			}
+			if len(q.waiting) > 0 {
+				r := q.waiting[0]
+				q.waiting = q.waiting[1:]
+				q.sum += now.Sub(r.at)
+				q.n++
+				tk := new(Ticket)
+				if err := c.ArriveAs(tk, r.level, 0, time.Time{}, RunQueued); err != nil {
+					busyUntil = now.Add(refuse)
+				} else {
+					if err := c.Start(t.Context(), tk); err != nil {
+						t.Fatal(err)
+					}
+					running, runningReq = tk, r
+					busyUntil = now.Add(cost)
+				}
+			}
+		}
+		wake := next
+		if busyUntil.After(now) && busyUntil.Before(wake) {
+			wake = busyUntil
+		}
+		clk.Advance(max(wake.Sub(now), time.Microsecond))
+	}
+	for i, s := range secs {
+		slices.Sort(s.lats)
+		p99 := time.Duration(0)
+		if len(s.lats) > 0 {
+			p99 = s.lats[(len(s.lats)*99)/100]
+		}
+		g := float64(s.ok) / capacity
+		t.Logf("second %d: goodput %.2f, p99 %v, served by level %v", i, g, p99, s.byL)
+		if i == 0 {
+			if p99 > 150*time.Millisecond {
+				t.Errorf("the step's first second: p99 %v, want <= 150ms", p99)
+			}
+			continue
+		}
+		if g < 0.8 || p99 > 100*time.Millisecond {
+			t.Errorf("second %d after the step: goodput %.2f of capacity, p99 %v; want >= 0.8 and <= 100ms", i, g, p99)
+		}
+		if s.byL[criticality.CriticalPlus] < s.byL[criticality.SheddablePlus] {
+			t.Errorf("second %d: CRITICAL_PLUS served %d, SHEDDABLE_PLUS %d", i, s.byL[criticality.CriticalPlus], s.byL[criticality.SheddablePlus])
+		}
+	}
 }

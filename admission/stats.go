@@ -45,6 +45,10 @@ type Stats struct {
 	// QueueDelay is the mean queueing delay of the last interval
 	// (WithDelayMeasure).
 	QueueDelay time.Duration
+	// RunQueueWait is the wait the gate read for RunQueued arrivals in
+	// the last interval: the goroutines in Go's run queues over the rate
+	// at which arrivals leave it.
+	RunQueueWait time.Duration
 	// Saturated says whether the pending cap applies (WithSaturation).
 	Saturated bool
 	// Busy is the saturation signal's last reading (WithSaturation); 1
@@ -113,9 +117,10 @@ func (c *Controller) Stats() Stats {
 		PendingCap:  float64(c.pendingCap.Load()) / milli,
 		ServiceTime: time.Duration(c.expectedSvc.Load()),
 		QueueDelay:  time.Duration(c.lastDelay.Load()), Saturated: c.saturated.Load(),
-		Busy:    1,
-		Paused:  time.Duration(c.paused.Load()),
-		Probing: c.probingNow.Load(),
+		RunQueueWait: time.Duration(c.rqWait.Load()),
+		Busy:         1,
+		Paused:       time.Duration(c.paused.Load()),
+		Probing:      c.probingNow.Load(),
 	}
 	if c.saturation != nil {
 		s.Busy = c.saturation.Utilization()

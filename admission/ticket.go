@@ -125,8 +125,11 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	if c.forcedAny.Load() && c.forcedOut(l, now) {
 		return c.rejectAs(l, Forced, now, a)
 	}
-	if a&RunQueued != 0 && c.gate.sheds(l, c.random) {
-		return c.rejectAs(l, Queue, now, a)
+	if a&RunQueued != 0 {
+		c.countRunQueued()
+		if !c.gate.admit(l) {
+			return c.rejectAs(l, Queue, now, a)
+		}
 	}
 	for i := range c.gates {
 		g := &c.gates[i]
@@ -158,6 +161,18 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		t.mark = c.paused.Load()
 	}
 	return nil
+}
+
+// countRunQueued counts a RunQueued arrival and the run queue it found.
+func (c *Controller) countRunQueued() {
+	c.rqArrivals.Add(1)
+	if c.runq == nil {
+		return
+	}
+	if n, ok := c.runq.runnable(); ok {
+		c.rqRunnable.Add(int64(n))
+		c.rqReads.Add(1)
+	}
 }
 
 func (c *Controller) queueCap(limit int64) int64 { return c.queueFactor*limit + queueSlack }

@@ -413,3 +413,32 @@ func TestStepWaitsOnlyForItsSchedule(t *testing.T) {
 		}
 	}
 }
+
+// Each second of the timeline has the latency of its own successes, so
+// that a step's settling shows: a slow first second does not colour the
+// next.
+func TestTimelineHasEachSecondsLatency(t *testing.T) {
+	var samples []sample
+	for i := range 100 {
+		at := time.Duration(i) * 20 * time.Millisecond // two seconds
+		lat := 5 * time.Millisecond
+		if at < time.Second {
+			lat = 500 * time.Millisecond
+		}
+		samples = append(samples, sample{at: at, latency: lat, outcome: OK, level: criticality.Critical})
+	}
+	samples = append(samples, sample{at: 1500 * time.Millisecond, outcome: Overloaded, latency: time.Second})
+	st := summarize(samples, 50, 2*time.Second)
+	if len(st.Timeline) != 2 {
+		t.Fatalf("%d seconds, want 2", len(st.Timeline))
+	}
+	if got := st.Timeline[0].Latency; got.P50 != 500 || got.P99 != 500 {
+		t.Errorf("first second: %+v, want p50 and p99 500 ms", got)
+	}
+	if got := st.Timeline[1].Latency; got.P50 != 5 || got.P99 != 5 || got.Max != 5 {
+		t.Errorf("second second: %+v, want 5 ms throughout (a refusal's time is not a success's latency)", got)
+	}
+	if st.Latency.Max != 500 || st.Latency.P99 != 500 {
+		t.Errorf("the step's latency %+v, want its p99 and max 500 ms", st.Latency)
+	}
+}

@@ -77,10 +77,12 @@ type Latency struct {
 }
 
 // Second is one second of a step (by scheduled send time): successes per
-// second of each criticality.
+// second of each criticality, and the latency of that second's successes,
+// so that a step's settling shows.
 type Second struct {
-	At float64                        `json:"at_s"`
-	OK [criticality.NumLevels]float64 `json:"ok_per_second"`
+	At      float64                        `json:"at_s"`
+	OK      [criticality.NumLevels]float64 `json:"ok_per_second"`
+	Latency Latency                        `json:"latency_ms"`
 }
 
 func summarize(samples []sample, rate float64, d time.Duration) Step {
@@ -88,6 +90,7 @@ func summarize(samples []sample, rate float64, d time.Duration) Step {
 	var lat []float64
 	secs := int(d/time.Second) + 1
 	tl := make([]Second, secs)
+	perSec := make([][]float64, secs)
 	for i := range tl {
 		tl[i].At = float64(i)
 	}
@@ -101,8 +104,13 @@ func summarize(samples []sample, rate float64, d time.Duration) Step {
 		if s.outcome == OK {
 			st.levelOK[s.level]++
 			lat = append(lat, ms(s.latency))
-			tl[min(int(s.at/time.Second), secs-1)].OK[s.level]++
+			i := min(int(s.at/time.Second), secs-1)
+			tl[i].OK[s.level]++
+			perSec[i] = append(perSec[i], ms(s.latency))
 		}
+	}
+	for i, l := range perSec {
+		tl[i].Latency = latencyOf(l)
 	}
 	// The last second may be partial: rate it over what it covered.
 	if last := d - time.Duration(secs-1)*time.Second; last > 0 {
@@ -113,12 +121,18 @@ func summarize(samples []sample, rate float64, d time.Duration) Step {
 		tl = tl[:secs-1]
 	}
 	st.Timeline = tl
-	slices.Sort(lat)
-	st.Latency = Latency{P50: percentile(lat, 0.5), P90: percentile(lat, 0.9), P99: percentile(lat, 0.99)}
-	if len(lat) > 0 {
-		st.Latency.Max = lat[len(lat)-1]
-	}
+	st.Latency = latencyOf(lat)
 	return st
+}
+
+// latencyOf sorts lat and returns its percentiles.
+func latencyOf(lat []float64) Latency {
+	slices.Sort(lat)
+	l := Latency{P50: percentile(lat, 0.5), P90: percentile(lat, 0.9), P99: percentile(lat, 0.99)}
+	if len(lat) > 0 {
+		l.Max = lat[len(lat)-1]
+	}
+	return l
 }
 
 // finish computes the figures against capacity c.

@@ -21,11 +21,12 @@ import (
 // server that followed the README answered nothing in time at 2x its
 // capacity on one CPU, and refused nothing. The middleware marks its
 // requests RunQueued, and while the queueing delay is over the target
-// admission sheds them by criticality: here the delay is 60 times the
-// target, and SHEDDABLE is refused while CRITICAL_PLUS is served.
+// admission lets fewer of them through, the most critical first: here the
+// delay is 60 times the target, and SHEDDABLE is refused while
+// CRITICAL_PLUS is served.
 func TestHTTPShedsWhatWaitedInTheRunQueue(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	ctl, err := admission.New(admission.WithClock(clk))
+	ctl, err := admission.New(admission.WithClock(clk), admission.WithSaturation(nil)) // a saturated CPU
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,23 +51,43 @@ func TestHTTPShedsWhatWaitedInTheRunQueue(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	if code, _ := get(criticality.Sheddable); code != 200 {
-		t.Fatalf("no queue: SHEDDABLE answered %d", code)
+	// Ten SHEDDABLE and ten CRITICAL_PLUS requests an interval, served.
+	traffic := func() (shed [criticality.NumLevels]int) {
+		for range 10 {
+			for _, l := range []criticality.Level{criticality.Sheddable, criticality.CriticalPlus} {
+				if code, _ := get(l); code != 200 {
+					shed[l]++
+				}
+			}
+		}
+		return shed
 	}
-	// Work admitted elsewhere on the same controller waited 300 ms between
-	// arriving and starting, for three intervals: the queueing delay the
+	for range 5 {
+		if shed := traffic(); shed != [criticality.NumLevels]int{} {
+			t.Fatalf("no queue: shed %v", shed)
+		}
+		clk.Advance(admission.DefaultInterval)
+	}
+	// Work admitted elsewhere on the same controller (40 requests an
+	// interval) waited 300 ms between arriving and starting, for three
+	// intervals: the queueing delay the
 	// controller measures (on the real clock, Go's run queue's).
 	for range 3 {
-		var tk admission.Ticket
-		if err := ctl.Arrive(&tk, criticality.CriticalPlus, 0, time.Time{}); err != nil {
-			t.Fatal(err)
+		tks := make([]admission.Ticket, 40)
+		for i := range tks {
+			if err := ctl.Arrive(&tks[i], criticality.CriticalPlus, 0, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
 		}
 		clk.Advance(300 * time.Millisecond)
-		if err := ctl.Start(t.Context(), &tk); err != nil {
-			t.Fatal(err)
+		for i := range tks {
+			if err := ctl.Start(t.Context(), &tks[i]); err != nil {
+				t.Fatal(err)
+			}
+			ctl.Done(&tks[i])
 		}
-		ctl.Done(&tk)
 		clk.Advance(admission.DefaultInterval)
+		traffic()
 	}
 	code, body := get(criticality.Sheddable)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "queue") {
@@ -75,7 +96,10 @@ func TestHTTPShedsWhatWaitedInTheRunQueue(t *testing.T) {
 	if code, body := get(criticality.CriticalPlus); code != 200 || body != "CRITICAL_PLUS" {
 		t.Errorf("CRITICAL_PLUS with the run queue 60x its target: %d %q, want served", code, body)
 	}
-	if s := ctl.Stats().QueueShed; s[criticality.Sheddable] != 1 || s[criticality.CriticalPlus] != 0 {
+	// Shed from the bottom: SHEDDABLE entirely, CRITICAL_PLUS least (the
+	// wait stayed 30 times the target, so the budget shrank into it).
+	if s := ctl.Stats().QueueShed; s[criticality.Sheddable] != 1 || s[criticality.CriticalPlus] > 0.5 ||
+		s[criticality.CriticalPlus] > s[criticality.Critical] || s[criticality.Critical] > s[criticality.SheddablePlus] {
 		t.Errorf("QueueShed %v", s)
 	}
 }
