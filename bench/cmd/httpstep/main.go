@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/metrics"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -86,6 +87,16 @@ func serve(args []string) error {
 				return err
 			}
 		}
+	}
+	if name := os.Getenv("TRIAGE_BENCH_CPUPROFILE"); name != "" { // experiment: the process's first 40 s
+		f, err := os.Create(name)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		time.AfterFunc(14*time.Second, func() { pprof.StopCPUProfile(); f.Close() })
 	}
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
