@@ -176,7 +176,7 @@ func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRe
 		return nil, nil, false, status.Error(codes.InvalidArgument, err.Error())
 	}
 	sent := triageKeys(ir.Header)
-	grpcReq := strings.HasPrefix(first(ir.Header, "content-type"), "application/grpc")
+	grpcReq := grpcwire.IsGRPC(first(ir.Header, "content-type"))
 	if d, ok := grpcwire.ParseTimeout(first(ir.Header, "grpc-timeout")); ok && grpcReq {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, d)

@@ -59,7 +59,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/felixge/httpsnoop"
@@ -72,6 +71,7 @@ import (
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/grpcwire"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
@@ -299,6 +299,7 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 				ir.Group = c.group(r)
 			}
 			h, err := in.Accept(r.Context(), &ir)
+			guardTrailers(r)
 			whole := false // the whole body read ahead
 			if err == nil && c.admission != nil && c.bodyBuffer > 0 && !ir.HealthCheck && hasBody(r) {
 				h.Scheduled()
@@ -543,6 +544,35 @@ func waiter(owner int64) uint64 {
 }
 
 // hasBody says whether r has a body to read.
+// guardTrailers has r's body remove the triage keys from r's trailers
+// when it ends, before the handler or a proxy behind it can read them:
+// triage's keys travel in headers only, whoever sends them. Only a body
+// that can end in trailers is wrapped (HTTP/1.1 chunked, HTTP/2).
+func guardTrailers(r *http.Request) {
+	if hasBody(r) && (r.ProtoMajor >= 2 || len(r.TransferEncoding) > 0) {
+		r.Body = &trailerGuard{ReadCloser: r.Body, r: r}
+	}
+}
+
+// trailerGuard is a request body that removes the triage keys from its
+// request's trailers at its end (guardTrailers).
+type trailerGuard struct {
+	io.ReadCloser
+	r *http.Request
+}
+
+func (b *trailerGuard) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		for k := range b.r.Trailer {
+			if wire.IsTriage(k) {
+				delete(b.r.Trailer, k)
+			}
+		}
+	}
+	return n, err
+}
+
 func hasBody(r *http.Request) bool {
 	return r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 }
@@ -588,7 +618,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Du
 // message if it fits, since a stream's later messages may wait for the
 // server's answers. whole says the body ended.
 func readHead(r *http.Request, limit int) (head []byte, whole bool, err error) {
-	if !strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") || limit < 5 {
+	if !grpcwire.IsGRPC(r.Header.Get("Content-Type")) || limit < 5 {
 		head, err = io.ReadAll(io.LimitReader(r.Body, int64(limit)))
 		return head, err == nil && len(head) < limit, err
 	}

@@ -3,7 +3,6 @@ package triagesidecar
 import (
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/triagehq/triage/internal/grpcwire"
 
@@ -22,12 +21,8 @@ func loopbackTrust() *trust.Policy {
 	return trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8", "::1/128"}})
 }
 
-// isGRPC reports whether r is a gRPC call (its Content-Type is
-// application/grpc, or application/grpc+proto and the like).
-func isGRPC(r *http.Request) bool {
-	ct := r.Header.Get("Content-Type")
-	return strings.HasPrefix(ct, "application/grpc") && (len(ct) == 16 || ct[16] == '+' || ct[16] == ';')
-}
+// isGRPC reports whether r is a gRPC call (grpcwire.IsGRPC).
+func isGRPC(r *http.Request) bool { return grpcwire.IsGRPC(r.Header.Get("Content-Type")) }
 
 // writeStatus answers a gRPC call with code and msg in a trailers-only
 // response: HTTP 200, its status in the headers, no body.

@@ -213,10 +213,27 @@ func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
 			k.Attempt = attempt.Incoming(ctx)
 			triagehttp.SetKeys(pr.Out.Header, k)
 			setTimeout(pr.Out, ctx)
+			closeAfterIgnoredBody(pr)
 		},
 		ErrorHandler: upstreamError,
 	}
 	return withDeadline(mw(finishing(rp, c.clock, c.grace)), c.timeout), nil
+}
+
+// closeAfterIgnoredBody closes the upstream connection after a request
+// that has a body although its method gives a body no meaning (GET, HEAD,
+// OPTIONS, DELETE, TRACE): an HTTP/1.1 upstream that does not read it
+// (Python's http.server, for one) would parse it as the next request on
+// the connection, one that skipped admission and carried whatever triage
+// keys the caller wrote into it.
+func closeAfterIgnoredBody(pr *httputil.ProxyRequest) {
+	if pr.In.ContentLength == 0 {
+		return
+	}
+	switch pr.In.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodDelete, http.MethodTrace:
+		pr.Out.Close = true
+	}
 }
 
 // finishing runs next with a context the caller's going away does not
@@ -279,6 +296,7 @@ func Egress(upstream *url.URL, caller *egress.Caller, opts ...Option) (http.Hand
 			pr.SetURL(to)
 			pr.SetXForwarded()
 			setTimeout(pr.Out, pr.In.Context())
+			closeAfterIgnoredBody(pr)
 		},
 		ErrorHandler: upstreamError,
 	}

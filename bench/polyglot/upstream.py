@@ -55,7 +55,21 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def drain_body(self):
+        # Read the body a request came with, whatever its method: left
+        # unread, a keep-alive connection would parse it as the next
+        # request. A body that cannot be read so ends the connection.
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            n = -1
+        if n > 0:
+            self.rfile.read(n)
+        if n < 0 or "Transfer-Encoding" in self.headers:
+            self.close_connection = True
+
     def do_GET(self):
+        self.drain_body()
         if DOWNSTREAM is not None:
             status, up = call_downstream(self.headers)
             if status != 200:

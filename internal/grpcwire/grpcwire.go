@@ -1,7 +1,7 @@
 // Package grpcwire reads and writes the parts of gRPC's wire protocol
 // (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md) that
-// triage's HTTP-level adapters handle themselves: the grpc-timeout header
-// and the grpc-message encoding.
+// triage's HTTP-level adapters handle themselves: which requests are gRPC,
+// the grpc-timeout header and the grpc-message encoding.
 package grpcwire
 
 import (
@@ -9,6 +9,21 @@ import (
 	"strings"
 	"time"
 )
+
+// IsGRPC reports whether a request's Content-Type says gRPC:
+// application/grpc, alone or followed by "+" (a codec, as
+// application/grpc+proto) or ";" (parameters), in any letter case. gRPC-Web
+// (application/grpc-web, application/grpc-web-text) is not gRPC on the
+// wire (its text form is base64, its trailers are in the body): the
+// adapters treat it as HTTP. The sidecar, triagehttp and the Envoy
+// processor all decide with this.
+func IsGRPC(contentType string) bool {
+	const p = "application/grpc"
+	if len(contentType) < len(p) || !strings.EqualFold(contentType[:len(p)], p) {
+		return false
+	}
+	return len(contentType) == len(p) || contentType[len(p)] == '+' || contentType[len(p)] == ';'
+}
 
 // ParseTimeout parses a grpc-timeout header: at most 8 digits and a unit
 // (H, M, S, m, u, n). Anything else, an empty value included, is false.

@@ -57,3 +57,25 @@ func TestEncodeMessage(t *testing.T) {
 		}
 	}
 }
+
+func TestIsGRPC(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"application/grpc":               true,
+		"application/grpc+proto":         true,
+		"application/grpc;charset=utf-8": true,
+		"Application/GRPC":               true,
+		"application/grpc-web":           false,
+		"application/grpc-web-text":      false,
+		"application/grpc-web+proto":     false,
+		"application/grpcfoo":            false,
+		"application/json":               false,
+		"":                               false,
+		"application/grp":                false,
+		" application/grpc":              false,
+		"application/grpc\x00":           false,
+	} {
+		if got := grpcwire.IsGRPC(ct); got != want {
+			t.Errorf("grpcwire.IsGRPC(%q) = %v, want %v", ct, got, want)
+		}
+	}
+}
