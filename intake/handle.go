@@ -12,6 +12,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/reqctx"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/shadow"
 )
 
 // Handle is an accepted request. It is also the request's context: it
@@ -146,6 +147,11 @@ func (h *Handle) MessageTimedOut() {
 	h.Abandon()
 }
 
+// InShadow reports whether the request's admission is in shadow
+// (WithShadow): what would refuse it is counted and lets it through, so a
+// transport must not refuse it either, for a slow body say.
+func (h *Handle) InShadow() bool { return h.x != nil && h.x.shadow != nil }
+
 // Abandon ends a request that will not run because it ended before Start
 // (its client went away, or did not send its message in time, or the
 // transport dropped it): its admission ticket and quota reservation are
@@ -245,6 +251,10 @@ func (x *admitted) since(t time.Time) time.Duration {
 func (x *admitted) startShadow(h *Handle) {
 	err := x.ctl.StartNow(&x.ticket)
 	if err == nil || errors.Is(err, admission.ErrWouldWait) {
+		if h.SenderLate() { // a message the transport waited for past the timeout, in shadow
+			done := false
+			x.shadow.shadows(shadow.Admission, "late", criticality.Level(h.level), &done)
+		}
 		return
 	}
 	x.penaliseLate(h, err)

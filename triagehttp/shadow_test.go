@@ -139,3 +139,47 @@ func sumOf(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return sum
 }
+
+// In shadow, a body slower than the message timeout is not refused: the
+// request is served as without triage, and the refusal it would have had
+// is counted (issue 55: `triage sidecar -shadow` answered 408).
+func TestShadowServesASlowBody(t *testing.T) {
+	m := triageprom.New()
+	ctl, err := admission.New(admission.WithMessageTimeout(20*time.Millisecond), admission.WithObserver(m.Admission()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithShadow(shadow.All(), m.Shadow()),
+		triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Write(b)
+	})))
+	defer srv.Close()
+	pr, pw := io.Pipe()
+	go func() {
+		<-time.After(150 * time.Millisecond) // the body comes well after the message timeout
+		pw.Write([]byte("0123456789"))
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", srv.URL, pr)
+	req.ContentLength = 10
+	req.Header.Set("Triage-Criticality", "SHEDDABLE")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "0123456789" {
+		t.Fatalf("a slow body in shadow: %d %q, want 200 and the body", resp.StatusCode, body)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	if n := testutil.ToFloat64(metric(t, reg, "admission", "late")); n != 1 {
+		t.Errorf("would refuse for a late body: %v, want 1", n)
+	}
+}

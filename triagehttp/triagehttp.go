@@ -303,11 +303,18 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 			whole := false // the whole body read ahead
 			if err == nil && c.admission != nil && c.bodyBuffer > 0 && !ir.HealthCheck && hasBody(r) {
 				h.Scheduled()
+				timeout := c.admission.MessageTimeout()
+				if h.InShadow() {
+					timeout = 0 // as without triage
+				}
 				var err error
-				if whole, err = readBody(w, r, c.bodyBuffer, c.admission.MessageTimeout()); err != nil {
+				if whole, err = readBody(w, r, c.bodyBuffer, timeout); err != nil {
 					h.MessageTimedOut()
 					slowBody(w, r)
 					return
+				}
+				if h.InShadow() {
+					h.MessageArrived() // a late one is counted at Start
 				}
 			}
 			if err == nil {
@@ -577,7 +584,8 @@ func hasBody(r *http.Request) bool {
 	return r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 }
 
-// readBody reads up to limit bytes of r's body within timeout and puts
+// readBody reads up to limit bytes of r's body within timeout (0: no
+// bound) and puts
 // them back in front of the rest; whole says it read all of it, or all
 // it could before an error other than the timeout, which the handler's
 // body then returns; err is the timeout's. The read
@@ -587,7 +595,7 @@ func hasBody(r *http.Request) bool {
 func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Duration) (whole bool, err error) {
 	start := time.Now()
 	rc := http.NewResponseController(w)
-	deadlines := rc.SetReadDeadline(start.Add(timeout)) == nil
+	deadlines := timeout > 0 && rc.SetReadDeadline(start.Add(timeout)) == nil
 	head, whole, err := readHead(r, limit)
 	if deadlines {
 		var restore time.Time
