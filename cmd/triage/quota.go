@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"golang.org/x/net/netutil"
 	"io"
 	"log/slog"
 	"net"
@@ -59,9 +60,27 @@ func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle
 		mux.Handle(ready, triagehttp.HealthHandler(lc))
 		mux.Handle(live, triagehttp.LivenessHandler())
 	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go hs.Serve(ml)
+	hs := metricsServer(mux, metricsLimits)
+	go hs.Serve(netutil.LimitListener(ml, metricsLimits.conns))
 	return func() { hs.Close() }, nil
+}
+
+// limits bound what one peer of the metrics and probe listener can hold:
+// its connections at once, the time to send a request, to take the
+// answer, and to stay idle between requests.
+type limits struct {
+	conns                     int
+	header, read, write, idle time.Duration
+}
+
+// metricsLimits are the metrics listener's: scrapers and probes are few,
+// fast and on the node, so a peer that holds more is not one of them.
+var metricsLimits = limits{conns: 64, header: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute}
+
+// metricsServer serves h within l.
+func metricsServer(h http.Handler, l limits) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: l.header, ReadTimeout: l.read, WriteTimeout: l.write,
+		IdleTimeout: l.idle, MaxHeaderBytes: 16 << 10}
 }
 
 // runQuotaServer serves the quota service (quotapb.Quota) until ctx is
