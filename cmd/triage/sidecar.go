@@ -44,6 +44,7 @@ type sidecarFlags struct {
 	admission           admissionFlags
 	unauthed            bool
 	insecureEgress      bool
+	egressInternal      []string // -egress-internal patterns; none: clusterInternal decides
 	drain, timeout      time.Duration
 	tls, upstreamTLS    tlsfiles.Files
 	log                 logFlags
@@ -66,6 +67,13 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 	f.tls.Register(fs, "", "callers")
 	f.upstreamTLS.Register(fs, "upstream-", "the upstream")
 	fs.BoolVar(&f.unauthed, "unauthenticated", false, "serve callers without verified client certificates beyond loopback")
+	fs.Func("egress-internal", "a host pattern whose -egress upstreams receive triage's headers (criticality, customer, attempt, decay): a name, \".suffix\" or *; repeatable. Default: cluster-internal hosts only (one-label names, .svc, .cluster.local, .internal, .local, localhost, loopback and private addresses)", func(v string) error {
+		if strings.TrimSpace(v) == "" {
+			return errors.New("empty pattern")
+		}
+		f.egressInternal = append(f.egressInternal, v)
+		return nil
+	})
 	fs.BoolVar(&f.insecureEgress, "insecure-egress", false, "let -egress call http:// upstreams beyond loopback (the calls and their triage headers in the clear)")
 	f.admission.register(fs, triagegrpc.DefaultProxyMaxWait)
 	fs.DurationVar(&f.timeout, "timeout", 0, "deadline of a request that comes without one (gRPC's grpc-timeout is honoured); 0: none")
@@ -311,13 +319,39 @@ func (f *sidecarFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) ([
 	return servers, lc, nil
 }
 
+// clusterInternal reports whether host looks like one of the operator's
+// own services rather than a third party's: a one-label name, a name
+// under .svc, .cluster.local, .internal or .local, localhost, or a
+// loopback or private address. A service's calls to others (a payment
+// API) carry none of triage's headers: its customers' names and its
+// criticalities are nobody else's business.
+func clusterInternal(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback() || ip.IsPrivate()
+	}
+	if host == "localhost" || !strings.Contains(host, ".") {
+		return host != ""
+	}
+	for _, s := range []string{".svc", ".cluster.local", ".internal", ".local"} {
+		if strings.HasSuffix(host, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // egressServer is the server of one -egress route.
 func (f *sidecarFlags) egressServer(r egressRoute, m *triageprom.Metrics) (*http.Server, error) {
 	pol, err := retry.New(retry.WithObserver(m.Client(r.up.Host)))
 	if err != nil {
 		return nil, err
 	}
-	caller, err := egress.New(egress.WithPolicy(pol), egress.WithInternal(r.up.Hostname()))
+	opts := []egress.Option{egress.WithPolicy(pol), egress.WithInternal(f.egressInternal...)}
+	if len(f.egressInternal) == 0 && clusterInternal(r.up.Hostname()) {
+		opts = append(opts, egress.WithInternal(r.up.Hostname()))
+	}
+	caller, err := egress.New(opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -248,3 +248,39 @@ func TestSidecarTLS(t *testing.T) {
 	cancel()
 	waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
 }
+
+// A service's calls to a third party through -egress carry none of
+// triage's headers (issue 55: every egress upstream got the customer and
+// the criticality); the cluster's own services get them.
+func TestEgressKeysOnlyForInternalHosts(t *testing.T) {
+	for host, want := range map[string]bool{
+		"orders": true, "orders.shop.svc": true, "orders.shop.svc.cluster.local.": true, "db.internal": true,
+		"localhost": true, "127.0.0.1": true, "10.1.2.3": true, "::1": true, "printer.local": true,
+		"api.stripe.com": false, "8.8.8.8": false, "example.com": false, "": false, "svc": true, "evil.svc.example.com": false,
+	} {
+		if got := clusterInternal(host); got != want {
+			t.Errorf("clusterInternal(%q) = %v, want %v", host, got, want)
+		}
+	}
+	seen := make(chan http.Header, 2)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen <- r.Header.Clone() }))
+	defer up.Close()
+	for _, tc := range []struct {
+		flags []string
+		want  bool
+	}{{nil, true}, {[]string{"-egress-internal", ".example.com"}, false}} {
+		egressAddr := freePort(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		args := append([]string{"sidecar", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-egress", egressAddr + "=" + up.URL, "-drain", "0s"}, tc.flags...)
+		_, done, errb := startCommand(t, ctx, args...)
+		if code, _ := get(t, "http://"+egressAddr+"/", "Triage-Criticality", "CRITICAL_PLUS", "Triage-Customer", "alice"); code != 200 {
+			t.Fatalf("%v: through the egress: %d", tc.flags, code)
+		}
+		h := <-seen
+		if got := h.Get("Triage-Criticality") != "" || h.Get("Triage-Customer") != ""; got != tc.want {
+			t.Errorf("%v: the upstream got triage headers %v, want %v: %v", tc.flags, got, tc.want, h)
+		}
+		cancel()
+		waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
+	}
+}
