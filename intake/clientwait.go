@@ -132,6 +132,53 @@ func (h *Handle) ClientResume(g uint64) {
 	c.mu.Unlock()
 }
 
+// ClientDone ends goroutine g's wait begun with ClientWait, as
+// ClientResume does, and tells the Handle that g is done with the client
+// (a body read to its end, or to an error): g no longer counts among the
+// goroutines whose waits decide whether the request stalls, so that a
+// request whose body a proxy's transport read to the end stalls when its
+// own goroutine then waits on a client that reads nothing. For Own it is
+// ClientResume.
+func (h *Handle) ClientDone(g uint64) {
+	h.ClientResume(g)
+	x := h.x
+	if g == Own || x == nil || x.ctl == nil {
+		return
+	}
+	c := &x.client
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.forget(g) || !c.idle() || !c.since.IsZero() || c.waiting == 0 {
+		return
+	}
+	c.since = x.clk.Now()
+	if c.timer == nil {
+		c.timer = clock.AfterFunc(x.clk, x.ctl.TargetDelay(), x.clientStalled)
+	} else {
+		c.timer.Reset(x.ctl.TargetDelay())
+	}
+}
+
+// forget removes goroutine g from those seen, reporting whether it was
+// one of them.
+func (c *clientWaits) forget(g uint64) bool {
+	if c.n > maxWaiters {
+		return false
+	}
+	for i := 0; i < c.n; i++ {
+		if c.others[i] != g {
+			continue
+		}
+		copy(c.others[i:], c.others[i+1:c.n])
+		c.n--
+		c.others[c.n] = 0
+		low := c.waiting & (2<<i - 1) // its own bit and the others' before i
+		c.waiting = low | c.waiting>>(i+2)<<(i+1)
+		return true
+	}
+	return false
+}
+
 // clientStalled is the timer's: it stalls the request if every goroutine
 // of it still waits on the client and has for the target delay (a timer
 // of an earlier wait may fire late).

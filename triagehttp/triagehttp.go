@@ -355,7 +355,7 @@ type clientIO struct {
 // any other writer goes through httpsnoop.Wrap.
 func onClient(w http.ResponseWriter, r *http.Request, h *intake.Handle, whole bool) (http.ResponseWriter, *http.Request) {
 	owner := goid.Get()
-	c := &clientIO{w: clientWriter{rw: w, h: h, owner: owner}}
+	c := &clientIO{w: clientWriter{rw: w, h: h}}
 	if !whole && hasBody(r) {
 		c.b = clientBody{ReadCloser: r.Body, h: h, owner: owner}
 		r.Body = &c.b
@@ -389,16 +389,18 @@ const unblockedResponse = 2 << 10
 type clientWriter struct {
 	rw      http.ResponseWriter // the server's
 	h       *intake.Handle
-	owner   int64 // the handler's goroutine
 	written int
 }
 
-// wait runs f as a wait on the client.
+// wait runs f as a wait on the client. A ResponseWriter is used by one
+// goroutine at a time, so its waits are the handler's own whichever
+// goroutine makes them (a reverse proxy flushes from a timer's): a
+// goroutine that flushed once and went away must not keep the request
+// from stalling on a client that reads nothing.
 func (w *clientWriter) wait(f func() error) error {
-	g := waiter(w.owner)
-	w.h.ClientWait(g)
+	w.h.ClientWait(intake.Own)
 	err := f()
-	w.h.ClientResume(g)
+	w.h.ClientResume(intake.Own)
 	return err
 }
 
@@ -535,7 +537,11 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	g := waiter(b.owner)
 	b.h.ClientWait(g)
 	n, err := b.ReadCloser.Read(p)
-	b.h.ClientResume(g)
+	if err != nil {
+		b.h.ClientDone(g) // the body is over: this goroutine waits on the client no more
+	} else {
+		b.h.ClientResume(g)
+	}
 	return n, err
 }
 
@@ -550,7 +556,6 @@ func waiter(owner int64) uint64 {
 	return intake.Own
 }
 
-// hasBody says whether r has a body to read.
 // guardTrailers has r's body remove the triage keys from r's trailers
 // when it ends, before the handler or a proxy behind it can read them:
 // triage's keys travel in headers only, whoever sends them. Only a body
@@ -580,6 +585,7 @@ func (b *trailerGuard) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// hasBody says whether r has a body to read.
 func hasBody(r *http.Request) bool {
 	return r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 }

@@ -2,6 +2,8 @@ package triagesidecar_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -11,7 +13,18 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triagesidecar"
+	"github.com/triagehq/triage/trust"
 )
 
 // naiveUpstream is an HTTP/1.1 keep-alive server that, as Python's
@@ -125,4 +138,117 @@ func TestIngressDoesNotSmuggleABodyAsARequest(t *testing.T) {
 	if n := len(up.requests()); n != 8 {
 		t.Errorf("the upstream saw %d requests, want 8: %q", n, up.requests())
 	}
+}
+
+// zeroWindowGRPC opens conns HTTP/2 connections to addr that grant no
+// flow-control window (SETTINGS_INITIAL_WINDOW_SIZE = 0) and sends calls
+// unary gRPC calls on each (headers, an empty message, END_STREAM), then
+// reads and drops every frame and never opens a window. It returns a
+// func that closes the connections.
+func zeroWindowGRPC(t *testing.T, addr, method string, conns, calls int) func() {
+	t.Helper()
+	var cs []net.Conn
+	for range conns {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, conn)
+		conn.Write([]byte(http2.ClientPreface))
+		fr := http2.NewFramer(conn, conn)
+		fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		for i := range calls {
+			var hb bytes.Buffer
+			enc := hpack.NewEncoder(&hb)
+			for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", addr}, {":path", method},
+				{"content-type", "application/grpc"}, {"te", "trailers"}} {
+				enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+			}
+			id := uint32(2*i + 1)
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+			fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
+		}
+		go func() {
+			for {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					return
+				}
+				if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
+					fr.WriteSettingsAck()
+				}
+			}
+		}()
+	}
+	return func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+}
+
+// Clients that open no HTTP/2 flow-control window hold the sidecar's
+// answers, and with them its slots to the upstream: with a grpc-go
+// upstream behind the sidecar's defaults, 4 such connections of 30 calls
+// each made every well-behaved CRITICAL_PLUS call fail, and for 10 s after
+// they left (issue 55). A caller's stall must cost it its own calls, not
+// everyone's: the well-behaved client is served throughout, and right
+// after the attackers leave.
+func TestIngressHoldsAgainstZeroWindowClients(t *testing.T) {
+	up := grpcUpstream(t, &recorder{})
+	ctl, err := admission.New(admission.WithTolerance(triagegrpc.DefaultProxyTolerance), admission.WithLimits(2, 4, admission.DefaultMaxLimit),
+		admission.WithMaxWait(triagegrpc.DefaultProxyMaxWait))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithTrust(pol), triagehttp.WithAdmission(ctl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveConns(t, in)
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+	served := func(n int) int {
+		ok := 0
+		for range n {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			md := metadata.Pairs("triage-criticality", "CRITICAL_PLUS")
+			if _, err := client.EmptyCall(metadata.NewOutgoingContext(ctx, md), &testgrpc.Empty{}); err == nil {
+				ok++
+			} else if ok == 0 {
+				t.Logf("first failure: %v", err)
+			}
+			cancel()
+		}
+		return ok
+	}
+	stop := zeroWindowGRPC(t, addr, "/grpc.testing.TestService/EmptyCall", 8, 30)
+	if ok := served(50); ok < 50 {
+		t.Errorf("beside 8 zero-window connections of 30 calls: %d of 50 CRITICAL_PLUS calls served (%+v)", ok, ctl.Stats())
+	}
+	stop()
+	if ok := served(50); ok < 50 {
+		t.Errorf("right after the attackers left: %d of 50 CRITICAL_PLUS calls served", ok)
+	}
+}
+
+// serveConns is serve with triage's per-connection protection, as triage
+// sidecar serves (triagehttp.ConnContext).
+func serveConns(t *testing.T, h http.Handler) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, Protocols: new(http.Protocols), ConnContext: triagehttp.ConnContext}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	return lis.Addr().String()
 }
