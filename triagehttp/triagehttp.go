@@ -513,8 +513,17 @@ func (n netWriter) CloseNotify() <-chan bool {
 // http1Writer wraps net/http's HTTP/1.x writer.
 type http1Writer struct{ netWriter }
 
+// Hijack takes the connection over (an upgrade: a WebSocket, a tunnel
+// a reverse proxy opens to the upstream). From then on the handler only
+// carries bytes between its two ends, so it waits on its client until it
+// returns: after the target delay it holds no execution slot, as a
+// stalled request (intake.Handle.ClientWait), within the same bounds.
 func (n http1Writer) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return n.rw.(http.Hijacker).Hijack()
+	c, brw, err := n.rw.(http.Hijacker).Hijack()
+	if err == nil {
+		n.h.ClientWait(intake.Own) // ended by Finish
+	}
+	return c, brw, err
 }
 func (n http1Writer) ReadFrom(src io.Reader) (int64, error) { return n.readFrom(src) }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -251,4 +252,94 @@ func serveConns(t *testing.T, h http.Handler) string {
 	go srv.Serve(lis)
 	t.Cleanup(func() { srv.Close() })
 	return lis.Addr().String()
+}
+
+// An upgrade to h2c through the sidecar would turn its connection to the
+// upstream into an HTTP/2 tunnel whose requests no admission sees: the
+// sidecar forwards the request without the offer (it speaks HTTP/2 with
+// prior knowledge itself), and the upstream answers it as HTTP/1.1.
+func TestIngressDoesNotForwardAnH2CUpgrade(t *testing.T) {
+	got := make(chan http.Header, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+	in, err := triagesidecar.Ingress(mustURL(t, up.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serve(t, in)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	h := <-got
+	if resp.StatusCode != 200 || h.Get("Upgrade") != "" || h.Get("Http2-Settings") != "" {
+		t.Errorf("an h2c upgrade: %d, the upstream saw Upgrade %q, HTTP2-Settings %q", resp.StatusCode, h.Get("Upgrade"), h.Get("Http2-Settings"))
+	}
+}
+
+// A WebSocket tunnel through the sidecar is admitted when it opens; then
+// it waits on its two ends, and must not hold an execution slot for its
+// life (issue 55): with one slot, a request beside an open tunnel is
+// served.
+func TestIngressTunnelHoldsNoSlot(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			io.WriteString(w, "plain")
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		brw.Flush()
+		io.Copy(c, brw) // echo until the client goes
+	}))
+	defer up.Close()
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := triagesidecar.Ingress(mustURL(t, up.URL), triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveConns(t, in)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("the tunnel did not open: %v %v", resp, err)
+	}
+	io.WriteString(c, "ping")
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("through the tunnel: %q %v", buf, err)
+	}
+	client := &http.Client{Timeout: 5 * time.Second}
+	r2, err := client.Get("http://" + addr + "/plain")
+	if err != nil {
+		t.Fatalf("beside an open tunnel, with one slot: %v (%+v)", err, ctl.Stats())
+	}
+	body, _ := io.ReadAll(r2.Body)
+	r2.Body.Close()
+	if r2.StatusCode != 200 || string(body) != "plain" {
+		t.Errorf("beside an open tunnel: %d %q (%+v)", r2.StatusCode, body, ctl.Stats())
+	}
 }

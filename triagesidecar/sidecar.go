@@ -32,10 +32,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"golang.org/x/net/http/httpguts"
 	"io"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -217,7 +219,37 @@ func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
 		},
 		ErrorHandler: upstreamError,
 	}
-	return withDeadline(mw(finishing(rp, c.clock, c.grace)), c.timeout), nil
+	return withDeadline(mw(finishing(noH2CUpgrade(rp), c.clock, c.grace)), c.timeout), nil
+}
+
+// noH2CUpgrade drops a request's offer to upgrade to h2c (RFC 7540,
+// 3.2): forwarded, it would make the connection to the upstream an
+// HTTP/2 tunnel whose requests no admission sees. The request goes on as
+// HTTP/1.1, which a server may always answer instead; a client that wants
+// HTTP/2 speaks it to the sidecar with prior knowledge.
+func noH2CUpgrade(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !httpguts.HeaderValuesContainsToken(r.Header["Upgrade"], "h2c") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		r.Header.Del("Upgrade")
+		r.Header.Del("Http2-Settings")
+		var conn []string
+		for _, v := range r.Header["Connection"] {
+			for _, tok := range strings.Split(v, ",") {
+				if tok = strings.TrimSpace(tok); tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
+					conn = append(conn, tok)
+				}
+			}
+		}
+		if len(conn) > 0 {
+			r.Header["Connection"] = conn
+		} else {
+			r.Header.Del("Connection")
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // closeAfterIgnoredBody closes the upstream connection after a request
