@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triagesidecar"
@@ -341,5 +343,49 @@ func TestIngressTunnelHoldsNoSlot(t *testing.T) {
 	r2.Body.Close()
 	if r2.StatusCode != 200 || string(body) != "plain" {
 		t.Errorf("beside an open tunnel: %d %q (%+v)", r2.StatusCode, body, ctl.Stats())
+	}
+}
+
+// A full-duplex gRPC call through the egress: the service sends a message
+// and waits for the answer before it sends the next. Reading 64 KiB of
+// the body ahead for retries deadlocked it (issue 55); the body is kept
+// for a retry as it streams through instead.
+func TestEgressBidiStream(t *testing.T) {
+	up := grpcUpstream(t, echoStream{})
+	pol, err := retry.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caller, err := egress.New(egress.WithPolicy(pol), egress.WithInternal("127.0.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eg, err := triagesidecar.Egress(up, caller)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(serve(t, eg), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := testgrpc.NewTestServiceClient(cc).FullDuplexCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, body := range []string{"one", "two", "three"} {
+		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: []byte(body)}}); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		resp, err := stream.Recv()
+		if err != nil || string(resp.GetPayload().GetBody()) != body {
+			t.Fatalf("answer %d: %v, %v", i, resp, err)
+		}
+	}
+	stream.CloseSend()
+	if _, err := stream.Recv(); err != io.EOF {
+		t.Errorf("end of stream: %v", err)
 	}
 }

@@ -38,6 +38,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -335,35 +336,80 @@ func Egress(upstream *url.URL, caller *egress.Caller, opts ...Option) (http.Hand
 	return withDeadline(mw(replayable(rp, c.egressBody)), c.timeout), nil
 }
 
-// replayable reads up to limit bytes of a request's body ahead so that a
-// retry can send it again (GetBody); a longer body is sent once.
+// replayable keeps up to limit bytes of a request's body as it streams to
+// the upstream, so that a retry can send it again (GetBody). Nothing is
+// read ahead: a full-duplex call, whose next message waits for the
+// upstream's answer, flows as it would without the sidecar. A retry
+// resends a body that ended within the limit; one of a declared length
+// within it is first read to its end (the attempt before was refused
+// before reading it all); any other is not resent, and the call fails
+// with the refusal's attempt.
 func replayable(next http.Handler, limit int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body == nil || r.Body == http.NoBody || limit == 0 {
+		if r.Body == nil || r.Body == http.NoBody || limit == 0 || r.ContentLength > int64(limit) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		buf, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
-		if err != nil {
-			http.Error(w, "triagesidecar: reading the request body: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		if len(buf) > limit {
-			r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}
-			next.ServeHTTP(w, r)
-			return
-		}
-		r.Body.Close()
-		r.ContentLength = int64(len(buf))
-		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
-		r.Body, _ = r.GetBody()
+		kb := &keptBody{ReadCloser: r.Body, limit: limit, known: r.ContentLength >= 0}
+		r.Body, r.GetBody = kb, kb.replay
 		next.ServeHTTP(w, r)
 	})
 }
 
-type readCloser struct {
-	io.Reader
-	io.Closer
+// errNotKept says a retry cannot resend a body: it went past the limit,
+// or had not ended when the retry came.
+var errNotKept = errors.New("triagesidecar: the request body cannot be sent again (not kept for retries: longer than the limit, or still streaming)")
+
+// keptBody is a request body that keeps what passes through it, up to
+// limit bytes (then nothing). It is read by one attempt at a time.
+type keptBody struct {
+	io.ReadCloser
+	limit int
+	known bool // a declared Content-Length, within the limit
+	mu    sync.Mutex
+	buf   []byte
+	ended bool // read to its end within the limit
+	over  bool // past the limit: nothing kept
+}
+
+func (b *keptBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	b.keep(p[:n], err)
+	b.mu.Unlock()
+	return n, err
+}
+
+// keep adds what a read returned; b.mu is held.
+func (b *keptBody) keep(p []byte, err error) {
+	if b.over {
+		return
+	}
+	if len(b.buf)+len(p) > b.limit {
+		b.over, b.buf = true, nil
+		return
+	}
+	b.buf = append(b.buf, p...)
+	if err == io.EOF {
+		b.ended = true
+	}
+}
+
+// replay returns the body again for a retry (GetBody).
+func (b *keptBody) replay() (io.ReadCloser, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.ended && !b.over && b.known {
+		rest, err := io.ReadAll(io.LimitReader(b.ReadCloser, int64(b.limit-len(b.buf))+1))
+		if err == nil {
+			err = io.EOF
+		}
+		b.keep(rest, err)
+	}
+	if !b.ended {
+		return nil, errNotKept
+	}
+	return io.NopCloser(bytes.NewReader(b.buf)), nil
 }
 
 // withDeadline gives each request the deadline its grpc-timeout names,
