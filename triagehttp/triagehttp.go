@@ -600,18 +600,23 @@ func hasBody(r *http.Request) bool {
 }
 
 // readBody reads up to limit bytes of r's body within timeout (0: no
-// bound) and puts
-// them back in front of the rest; whole says it read all of it, or all
-// it could before an error other than the timeout, which the handler's
-// body then returns; err is the timeout's. The read
+// bound) and puts them back in front of the rest; whole says it read all
+// of it, or all it could before an error other than the timeout, which
+// the handler's body then returns; err is the timeout's. A gRPC request's
+// first message is waited for instead (readFirstMessage), and never
+// refused. The read
 // deadline is the connection's (http.ResponseController); afterwards the
 // server's ReadTimeout, if it has one, holds again from when the request
 // came in.
 func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Duration) (whole bool, err error) {
+	grpc := grpcwire.IsGRPC(r.Header.Get("Content-Type"))
+	if grpc && timeout > 0 {
+		return readFirstMessage(r, limit, timeout/2), nil
+	}
 	start := time.Now()
 	rc := http.NewResponseController(w)
 	deadlines := timeout > 0 && rc.SetReadDeadline(start.Add(timeout)) == nil
-	head, whole, err := readHead(r, limit)
+	head, whole, err := readHead(r.Body, grpc, limit)
 	if deadlines {
 		var restore time.Time
 		if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ReadTimeout > 0 {
@@ -636,17 +641,80 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Du
 	return false, nil
 }
 
-// readHead reads the start of r's body: up to limit bytes, or for a gRPC
-// request (Content-Type application/grpc...) its first length-prefixed
-// message if it fits, since a stream's later messages may wait for the
-// server's answers. whole says the body ended.
-func readHead(r *http.Request, limit int) (head []byte, whole bool, err error) {
-	if !grpcwire.IsGRPC(r.Header.Get("Content-Type")) || limit < 5 {
-		head, err = io.ReadAll(io.LimitReader(r.Body, int64(limit)))
+// readFirstMessage waits up to wait for a gRPC request's first message
+// (readHead), and puts what it read back in front of the rest of the
+// body; whole says the body ended with it. A stream whose server speaks
+// first sends nothing until it has heard from the server, so past wait
+// the request goes on without its message: its body's reads then wait
+// for the one under way, as waits on the client (onClient). Half the
+// message timeout, so that Start does not find the request late.
+func readFirstMessage(r *http.Request, limit int, wait time.Duration) (whole bool) {
+	body := r.Body
+	done := make(chan headRead, 1)
+	go func() {
+		var h headRead
+		h.head, h.whole, h.err = readHead(body, true, limit)
+		done <- h
+	}()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case h := <-done:
+		r.Body = h.body(body)
+		return h.whole || h.err != nil
+	case <-t.C:
+		r.Body = &pendingBody{done: done, body: body}
+		return false
+	}
+}
+
+// headRead is what readHead returned.
+type headRead struct {
+	head  []byte
+	whole bool
+	err   error
+}
+
+// body is the request's body with h put back in front of rest.
+func (h headRead) body(rest io.ReadCloser) io.ReadCloser {
+	switch {
+	case h.err != nil:
+		return &prefixedBody{Reader: io.MultiReader(bytes.NewReader(h.head), errReader{h.err}), body: rest}
+	case h.whole:
+		return &prefixedBody{Reader: bytes.NewReader(h.head), body: rest}
+	}
+	return &prefixedBody{Reader: io.MultiReader(bytes.NewReader(h.head), rest), body: rest}
+}
+
+// pendingBody is a body whose first message is still being read
+// (readFirstMessage): its first Read waits for it. Close closes the body,
+// which ends that read.
+type pendingBody struct {
+	done <-chan headRead
+	body io.ReadCloser
+	r    io.Reader // once the first message is in
+}
+
+func (b *pendingBody) Read(p []byte) (int, error) {
+	if b.r == nil {
+		b.r = (<-b.done).body(b.body)
+	}
+	return b.r.Read(p)
+}
+
+func (b *pendingBody) Close() error { return b.body.Close() }
+
+// readHead reads the start of body: up to limit bytes, or for a gRPC
+// request its first length-prefixed message if it fits, since a stream's
+// later messages may wait for the server's answers. whole says the body
+// ended.
+func readHead(body io.Reader, grpc bool, limit int) (head []byte, whole bool, err error) {
+	if !grpc || limit < 5 {
+		head, err = io.ReadAll(io.LimitReader(body, int64(limit)))
 		return head, err == nil && len(head) < limit, err
 	}
 	var prefix [5]byte
-	n, err := io.ReadFull(r.Body, prefix[:])
+	n, err := io.ReadFull(body, prefix[:])
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return prefix[:n], true, nil // the handler sees the short body as it is
 	}
@@ -659,7 +727,7 @@ func readHead(r *http.Request, limit int) (head []byte, whole bool, err error) {
 	}
 	head = make([]byte, 5+int(size))
 	copy(head, prefix[:])
-	n, err = io.ReadFull(r.Body, head[5:])
+	n, err = io.ReadFull(body, head[5:])
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return head[:5+n], true, nil
 	}

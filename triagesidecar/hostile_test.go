@@ -389,3 +389,55 @@ func TestEgressBidiStream(t *testing.T) {
 		t.Errorf("end of stream: %v", err)
 	}
 }
+
+// greeter's streams speak first: a greeting, then an echo of each message.
+type greeter struct {
+	testgrpc.UnimplementedTestServiceServer
+}
+
+func (greeter) FullDuplexCall(s testgrpc.TestService_FullDuplexCallServer) error {
+	if err := s.Send(&testgrpc.StreamingOutputCallResponse{Payload: &testgrpc.Payload{Body: []byte("hello")}}); err != nil {
+		return err
+	}
+	return echoStream{}.FullDuplexCall(s)
+}
+
+// A gRPC stream whose server speaks first sends no message until it has
+// heard from the server: waiting for that message answered it 408 after
+// the message timeout and penalised its connection (issue 55). It goes
+// through, and so does the next call on the same connection.
+func TestIngressServerSpeaksFirst(t *testing.T) {
+	up := grpcUpstream(t, greeter{})
+	ctl, err := admission.New(admission.WithMessageTimeout(50 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(serveConns(t, in), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for call := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		stream, err := testgrpc.NewTestServiceClient(cc).FullDuplexCall(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil || string(resp.GetPayload().GetBody()) != "hello" {
+			t.Fatalf("call %d: the server's greeting: %v, %v", call, resp, err)
+		}
+		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: []byte("one")}}); err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := stream.Recv(); err != nil || string(resp.GetPayload().GetBody()) != "one" {
+			t.Fatalf("call %d: the echo: %v, %v", call, resp, err)
+		}
+		stream.CloseSend()
+		cancel()
+	}
+}
