@@ -96,6 +96,18 @@ func TestConformance(t *testing.T) {
 		record("request headers from an untrusted peer claiming SHEDDABLE and a customer, path /checkout", "continue: its triage headers removed, CRITICAL_PLUS by the path rule", a)
 	})
 
+	t.Run("percent-encoded path", func(t *testing.T) {
+		r := newRig(t)
+		r.env.peer = "192.0.2.7:40000"
+		for _, p := range []string{"/checkout/%2e%2e/search", "/checkout/%2E%2E/search?q=1", "/checkout%2f..%2fsearch"} {
+			a := r.env.do(ctx, "GET", p, http.Header{}, nil)
+			if a.status != 200 || a.upstreamSaw.Get("Seen") != "triage-criticality=SHEDDABLE_PLUS" {
+				t.Fatalf("%s: got %d %q, upstream saw %q", p, a.status, a.how, a.upstreamSaw.Get("Seen"))
+			}
+		}
+		record("request headers with :path /checkout/%2e%2e/search (the upstream decodes it to /search)", "continue: matched as /search, not under /checkout: SHEDDABLE_PLUS", r.env.do(ctx, "GET", "/checkout/%2e%2e/search", http.Header{}, nil))
+	})
+
 	t.Run("no source.address", func(t *testing.T) {
 		r := newRig(t)
 		r.env.noAttribute = true

@@ -19,7 +19,8 @@ import (
 )
 
 // decodeEnvoyYAML decodes a block of Envoy configuration as the docs show
-// it: top-level http_filters (HttpConnectionManager's) and clusters,
+// it: top-level http_filters (HttpConnectionManager's), clusters, and
+// http_connection_manager (the manager's own fields),
 // strictly into Envoy's API types (go-control-plane's messages, the same
 // v1.40 API the processor speaks): an unknown field, a misspelt one, a
 // typed_config of a type Envoy does not have, or a value of the wrong
@@ -33,6 +34,16 @@ func decodeEnvoyYAML(src string) error {
 		return fmt.Errorf("an empty block")
 	}
 	for key, v := range top {
+		if key == "http_connection_manager" { // its fields, as in a filter's typed_config
+			b, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			if err := protojson.Unmarshal(b, &hcmv3.HttpConnectionManager{}); err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			continue
+		}
 		items, ok := v.([]any)
 		if !ok {
 			return fmt.Errorf("%s: want a list", key)
@@ -78,10 +89,11 @@ func TestEnvoyDocsDecodeStrictly(t *testing.T) {
 	}
 	// The decoder refuses what Envoy would.
 	for name, bad := range map[string]string{
-		"a misspelt field": "http_filters:\n- name: x\n  typed_config:\n    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor\n    failure_mode_alow: true\n",
-		"an unknown type":  "http_filters:\n- name: x\n  typed_config:\n    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcesor\n",
-		"a wrong value":    "clusters:\n- name: c\n  type: STATICK\n",
-		"a duration":       "http_filters:\n- name: x\n  typed_config:\n    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor\n    message_timeout: 200ms\n",
+		"a misspelt field":  "http_filters:\n- name: x\n  typed_config:\n    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor\n    failure_mode_alow: true\n",
+		"an unknown type":   "http_filters:\n- name: x\n  typed_config:\n    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcesor\n",
+		"a wrong value":     "clusters:\n- name: c\n  type: STATICK\n",
+		"a manager's field": "http_connection_manager:\n  use_remote_adress: true\n",
+		"a duration":        "http_filters:\n- name: x\n  typed_config:\n    \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor\n    message_timeout: 200ms\n",
 	} {
 		if err := decodeEnvoyYAML(bad); err == nil {
 			t.Errorf("%s: decoded", name)

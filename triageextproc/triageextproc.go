@@ -41,6 +41,7 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+	"net/url"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -216,7 +217,7 @@ func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (int
 		case ":authority":
 			ir.Host = v
 		case ":path":
-			ir.Path, _, _ = strings.Cut(v, "?")
+			ir.Path = decodedPath(v)
 		}
 		if !strings.HasPrefix(k, ":") {
 			ir.Header[k] = append(ir.Header[k], v)
@@ -227,6 +228,22 @@ func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (int
 	}
 	ir.Peer = peerOf(req.Attributes, hh.Attributes)
 	return ir, nil
+}
+
+// decodedPath is the path part of a :path header with its percent-encoding
+// decoded once, as the upstream will read it, so that the edge's rules
+// (which resolve "." and ".." segments) match "/checkout/%2e%2e/batch" as
+// "/batch". A malformed escape leaves the path as it came.
+func decodedPath(v string) string {
+	p, _, _ := strings.Cut(v, "?")
+	if !strings.Contains(p, "%") {
+		return p
+	}
+	d, err := url.PathUnescape(p)
+	if err != nil {
+		return p
+	}
+	return d
 }
 
 // peerOf reads the downstream peer from Envoy's attributes.
