@@ -191,7 +191,21 @@ func (h *Handle) Holds() bool {
 // measuring the request's CPU. On error, the request is finished: its
 // slot and quota reservation are given back, and the error is the
 // outcome to answer with.
-func (h *Handle) Start() error {
+func (h *Handle) Start() error { return h.start(h) }
+
+// StartWithin is Start waiting for a slot at most d: a request still
+// waiting then is refused (admission's Deadline rejection, an overload
+// outcome), as if its deadline were d away, while its context keeps its
+// own deadline. A transport whose peer gives up at a fixed time (Envoy's
+// message_timeout) answers before it.
+func (h *Handle) StartWithin(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(h, d)
+	defer cancel()
+	return h.start(ctx)
+}
+
+// start is Start, waiting for a slot until wait ends.
+func (h *Handle) start(wait context.Context) error {
 	x := h.x
 	if x == nil {
 		h.traceStart(0, nil)
@@ -208,7 +222,7 @@ func (h *Handle) Start() error {
 	if x.ctl != nil && x.shadow != nil {
 		x.startShadow(h)
 	} else if x.ctl != nil {
-		if err := x.ctl.Start(h, &x.ticket); err != nil {
+		if err := x.ctl.Start(wait, &x.ticket); err != nil {
 			h.traceStart(x.since(began), err)
 			x.conn.leave()
 			x.penaliseLate(h, err)

@@ -43,6 +43,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -78,9 +79,22 @@ const MaxHeaders = 256
 // on a grpc.Server with Register.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
+	// DecisionTimeout bounds the time the processor takes to answer a
+	// request's headers (0: DefaultDecisionTimeout). A request still
+	// waiting for an execution slot then is refused as task overloaded:
+	// Envoy's message_timeout, which must be above it, would otherwise
+	// let the request through unprocessed (failure_mode_allow), triage
+	// headers and all. Set it before Register.
+	DecisionTimeout time.Duration
+
 	in   *intake.Intake
 	keys *egress.Caller // what an admitted request carries on: egress.Call.Keys
 }
+
+// DefaultDecisionTimeout is the decision bound without DecisionTimeout:
+// triagegrpc.DefaultProxyMaxWait, the wait the documented configuration
+// keeps 50 ms below message_timeout.
+const DefaultDecisionTimeout = 150 * time.Millisecond
 
 // New returns a Server that runs each request through an intake made
 // with opts (intake.WithTrust, intake.WithClassifier,
@@ -168,6 +182,17 @@ func passThrough(req *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse
 	return nil
 }
 
+// start starts h within the decision timeout: a request still waiting for
+// a slot then is refused as task overloaded (reason deadline), before
+// Envoy's message_timeout lets it through unprocessed.
+func (s *Server) start(h *intake.Handle) error {
+	bound := s.DecisionTimeout
+	if bound <= 0 {
+		bound = DefaultDecisionTimeout
+	}
+	return h.StartWithin(bound)
+}
+
 // requestHeaders decides on a request: the response to send, the
 // admitted request's Handle (nil if refused), and whether it was
 // refused.
@@ -185,7 +210,7 @@ func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRe
 	}
 	h, err := s.in.Accept(ctx, &ir)
 	if err == nil {
-		err = h.Start()
+		err = s.start(h)
 	}
 	if err != nil { // Accept refused, or Start finished the request
 		if oe, ok := outcome.As(err); ok && oe.Kind.Overload() {

@@ -1,0 +1,68 @@
+package triageextproc_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/triageextproc"
+	"github.com/triagehq/triage/trust"
+)
+
+// Envoy lets a request through unprocessed, with whatever triage headers
+// its caller wrote, when the processor does not answer within
+// message_timeout and failure_mode_allow is on (the documented config).
+// A request that waits for a slot (here a CRITICAL gRPC call with 10 s
+// left, the one slot held) must be answered before that: refused as
+// task overloaded within the decision timeout (issue 55).
+func TestEveryDecisionBeforeEnvoysTimeout(t *testing.T) {
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := triageextproc.New(intake.WithAdmission(ctl), intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.DecisionTimeout = 100 * time.Millisecond
+	addr, stop, err := listen(srv.Register)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	up := echoUpstream()
+	defer up.Close()
+	cc, err := dialEnvoy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	env := &envoy{cc: cc, upstream: up.URL, peer: "127.0.0.1:50000", failOpen: true,
+		timeout: func() <-chan time.Time { return time.After(time.Second) }} // message_timeout 1 s
+	// A request admitted and not finished holds the one slot.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	holder, err := extprocv3.NewExternalProcessorClient(cc).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Send(env.requestHeaders("GET", "/hold", http.Header{}, true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	a := env.do(context.Background(), "POST", "/pkg.Svc/Call", http.Header{"Content-Type": {"application/grpc"},
+		"Grpc-Timeout": {"10S"}, "Triage-Criticality": {"CRITICAL"}}, nil)
+	took := time.Since(start)
+	if !strings.HasPrefix(a.how, "immediate") || a.upstreamSaw != nil {
+		t.Errorf("a request waiting for a slot: %q after %v (upstream called: %v), want refused by the processor", a.how, took, a.upstreamSaw != nil)
+	}
+}
