@@ -2,6 +2,7 @@ package triageextproc_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -64,5 +65,36 @@ func TestEveryDecisionBeforeEnvoysTimeout(t *testing.T) {
 	took := time.Since(start)
 	if !strings.HasPrefix(a.how, "immediate") || a.upstreamSaw != nil {
 		t.Errorf("a request waiting for a slot: %q after %v (upstream called: %v), want refused by the processor", a.how, took, a.upstreamSaw != nil)
+	}
+}
+
+// A request with more headers than the processor reads is answered by
+// the processor (431), not with a stream error that Envoy's fail-open
+// would pass on unprocessed, triage headers and all (issue 55).
+func TestTooManyHeadersAreRefusedNotPassedOn(t *testing.T) {
+	srv, err := triageextproc.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, stop, err := listen(srv.Register)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	up := echoUpstream()
+	defer up.Close()
+	cc, err := dialEnvoy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	env := &envoy{cc: cc, upstream: up.URL, peer: "192.0.2.7:40000", failOpen: true}
+	h := http.Header{"Triage-Criticality": {"CRITICAL_PLUS"}}
+	for i := range triageextproc.MaxHeaders + 1 {
+		h.Set(fmt.Sprintf("X-Pad-%d", i), "x")
+	}
+	a := env.do(context.Background(), "GET", "/", h, nil)
+	if !strings.HasPrefix(a.how, "immediate") || a.status != http.StatusRequestHeaderFieldsTooLarge || a.upstreamSaw != nil {
+		t.Errorf("%d headers: %d %q (upstream called: %v), want 431 from the processor", len(h), a.status, a.how, a.upstreamSaw != nil)
 	}
 }

@@ -39,6 +39,7 @@ package triageextproc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"net/url"
@@ -71,8 +72,9 @@ const (
 )
 
 // MaxHeaders bounds the request headers the Server reads: a request with
-// more is refused as bad input (InvalidArgument on the stream, which
-// Envoy answers as its failure mode says).
+// more is answered 431 (Request Header Fields Too Large) by the processor,
+// not with an error on the stream, which Envoy's fail-open would pass on
+// unprocessed.
 const MaxHeaders = 256
 
 // Server is the external processor. Make one with New and register it
@@ -198,6 +200,9 @@ func (s *Server) start(h *intake.Handle) error {
 // refused.
 func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, *intake.Handle, bool, error) {
 	ir, err := requestOf(req, hh)
+	if errors.Is(err, errTooManyHeaders) {
+		return tooManyHeaders(), nil, true, nil
+	}
 	if err != nil {
 		return nil, nil, false, status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -225,12 +230,24 @@ func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRe
 	return admitted(k, sent, ir.Header), h, false, nil
 }
 
+// errTooManyHeaders is requestOf's error for a request over MaxHeaders.
+var errTooManyHeaders = fmt.Errorf("triageextproc: more than %d request headers", MaxHeaders)
+
+// tooManyHeaders answers a request over MaxHeaders: 431.
+func tooManyHeaders() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
+		Status:  &typev3.HttpStatus{Code: typev3.StatusCode_RequestHeaderFieldsTooLarge},
+		Body:    []byte(errTooManyHeaders.Error() + "\n"),
+		Details: "triage_too_many_headers",
+	}}}
+}
+
 // requestOf builds the intake's Request from Envoy's headers and
 // attributes.
 func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (intake.Request, error) {
 	ir := intake.Request{Case: intake.LowerCase, Header: map[string][]string{}}
 	if hh.GetHeaders() != nil && len(hh.Headers.Headers) > MaxHeaders {
-		return ir, errors.New("triageextproc: more than 256 request headers")
+		return ir, errTooManyHeaders
 	}
 	for _, hv := range hh.GetHeaders().GetHeaders() {
 		v := hv.Value
