@@ -59,6 +59,8 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/felixge/httpsnoop"
@@ -420,11 +422,53 @@ func (w *clientWriter) writeString(p string) (n int, err error) {
 	return n, err
 }
 
+// readFrom copies src into the response. Only its writes wait on the
+// client: a source that makes the handler wait (a pipe, an upstream's
+// body) is the handler's own business, and the request keeps its slot
+// and is charged while it waits. A source that never waits (a regular
+// file, bytes in memory) goes through the server's ReadFrom whole, as a
+// wait on the client, so that a file is still sent with sendfile.
 func (w *clientWriter) readFrom(src io.Reader) (n int64, err error) {
-	err = w.wait(func() error { n, err = w.rw.(io.ReaderFrom).ReadFrom(src); return err })
-	w.written += int(min(n, 1<<30))
-	return n, err
+	if readsAtOnce(src) {
+		err = w.wait(func() error { n, err = w.rw.(io.ReaderFrom).ReadFrom(src); return err })
+		w.written += int(min(n, 1<<30))
+		return n, err
+	}
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	for {
+		nr, er := src.Read(*bp)
+		if nr > 0 {
+			nw, ew := w.write((*bp)[:nr])
+			n += int64(nw)
+			if ew != nil {
+				return n, ew
+			}
+		}
+		if er == io.EOF {
+			return n, nil
+		}
+		if er != nil {
+			return n, er
+		}
+	}
 }
+
+// readsAtOnce reports whether reading src never waits: a regular file,
+// or bytes in memory.
+func readsAtOnce(src io.Reader) bool {
+	switch s := src.(type) {
+	case *bytes.Reader, *strings.Reader, *bytes.Buffer:
+		return true
+	case *os.File:
+		fi, err := s.Stat()
+		return err == nil && fi.Mode().IsRegular()
+	}
+	return false
+}
+
+// copyBuffers are readFrom's buffers, 32 KiB as io.Copy's.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // flushError flushes through http.ResponseController, which returns the
 // server's error (FlushError) where it has one.
