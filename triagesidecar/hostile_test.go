@@ -35,19 +35,22 @@ import (
 // body holds is parsed as the next request on the connection. It records
 // each request line with its Triage-Criticality header.
 type naiveUpstream struct {
-	addr string
-	mu   sync.Mutex
-	seen []string
+	addr       string
+	readBodies bool // read each body by its Content-Length or chunks, as a sound server does
+	mu         sync.Mutex
+	seen       []string
 }
 
-func startNaiveUpstream(t *testing.T) *naiveUpstream {
+func startNaiveUpstream(t *testing.T) *naiveUpstream { return startUpstream(t, false) }
+
+func startUpstream(t *testing.T, readBodies bool) *naiveUpstream {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lis.Close() })
-	u := &naiveUpstream{addr: lis.Addr().String()}
+	u := &naiveUpstream{addr: lis.Addr().String(), readBodies: readBodies}
 	go func() {
 		for {
 			c, err := lis.Accept()
@@ -69,7 +72,7 @@ func (u *naiveUpstream) serve(c net.Conn) {
 		if err != nil {
 			return
 		}
-		crit, closing := "", false
+		crit, closing, length, chunked := "", false, 0, false
 		for {
 			h, err := br.ReadString('\n')
 			if err != nil {
@@ -85,7 +88,14 @@ func (u *naiveUpstream) serve(c net.Conn) {
 				crit = strings.TrimSpace(value)
 			case "connection":
 				closing = strings.EqualFold(strings.TrimSpace(value), "close")
+			case "content-length":
+				fmt.Sscan(strings.TrimSpace(value), &length)
+			case "transfer-encoding":
+				chunked = strings.Contains(strings.ToLower(value), "chunked")
 			}
+		}
+		if u.readBodies && !readBody(br, length, chunked) {
+			return
 		}
 		u.mu.Lock()
 		u.seen = append(u.seen, strings.TrimSpace(line)+" criticality="+crit)
@@ -93,6 +103,28 @@ func (u *naiveUpstream) serve(c net.Conn) {
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		if closing {
 			return
+		}
+	}
+}
+
+// readBody reads a body of length bytes, or chunks to the last.
+func readBody(br *bufio.Reader, length int, chunked bool) bool {
+	if !chunked {
+		_, err := io.CopyN(io.Discard, br, int64(length))
+		return err == nil
+	}
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return false
+		}
+		var n int
+		fmt.Sscanf(strings.TrimSpace(line), "%x", &n)
+		if _, err := io.CopyN(io.Discard, br, int64(n)+2); err != nil { // the chunk and its CRLF
+			return false
+		}
+		if n == 0 {
+			return true // no trailers from Go's transport here
 		}
 	}
 }
@@ -439,5 +471,64 @@ func TestIngressServerSpeaksFirst(t *testing.T) {
 		}
 		stream.CloseSend()
 		cancel()
+	}
+}
+
+// Smuggling shapes sent raw to the sidecar, each carrying a second
+// request where a lenient parser might take the first one's body to end:
+// CL and TE together, two Content-Lengths, obs-fold, odd Transfer-Encodings,
+// a GET with a body, pipelining. The sidecar parses each with net/http's
+// strict parser and sends the upstream requests it framed itself: the
+// upstream (one that reads bodies, as a sound server does) runs exactly
+// the requests the caller got answers for, and a caller's triage key
+// reaches it in none of them.
+func TestIngressSmugglingShapes(t *testing.T) {
+	smuggled := "GET /admin HTTP/1.1\r\nHost: x\r\nTriage-Criticality: SMUGGLED\r\n\r\n"
+	shapes := map[string]string{
+		"CL and TE":   "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled,
+		"TE and CL":   "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 70\r\n\r\n0\r\n\r\n" + smuggled,
+		"two CLs":     "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 70\r\n\r\n" + smuggled,
+		"obs-fold":    "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nX-Folded: a\r\n b\r\n\r\n" + smuggled,
+		"TE xchunked": "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n" + smuggled,
+		"TE space":    "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n" + smuggled,
+		"GET body":    fmt.Sprintf("GET / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(smuggled), smuggled),
+		"pipelined":   "GET /one HTTP/1.1\r\nHost: x\r\n\r\nGET /two HTTP/1.1\r\nHost: x\r\n\r\n",
+	}
+	for name, raw := range shapes {
+		t.Run(name, func(t *testing.T) {
+			up := startUpstream(t, true)
+			in, err := triagesidecar.Ingress(mustURL(t, "http://"+up.addr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := serve(t, in)
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			io.WriteString(c, raw)
+			c.(*net.TCPConn).CloseWrite()
+			br := bufio.NewReader(c)
+			var codes []int
+			for {
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					break
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				codes = append(codes, resp.StatusCode)
+			}
+			for _, r := range up.requests() {
+				if strings.Contains(r, "SMUGGLED") {
+					t.Errorf("a caller's triage key reached the upstream: %q (answers %v)", r, codes)
+				}
+			}
+			if len(up.requests()) != len(codes) && !(len(codes) == 1 && codes[0] >= 400) {
+				t.Errorf("the upstream ran %d requests, the caller got %d answers: %q", len(up.requests()), len(codes), up.requests())
+			}
+			t.Logf("answers %v, upstream saw %q", codes, up.requests())
+		})
 	}
 }
