@@ -33,6 +33,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/bench/internal/child"
+	"github.com/triagehq/triage/bench/internal/statetrace"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -107,54 +108,54 @@ func serve(args []string) error {
 }
 
 // traceState appends the controller's state to name every 100 ms, one
-// JSON line each, until the process ends (TRIAGE_BENCH_TRACE=FILE).
+// JSON line each, until the process ends (TRIAGE_BENCH_TRACE=FILE), with
+// the interval's run-queue waits (p50, p99, max) and the goroutines
+// runnable.
 func traceState(name string, ctl *admission.Controller) error {
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	go func() {
-		enc := json.NewEncoder(f)
-		ms := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/goroutines/runnable:goroutines"}}
-		var last []uint64
-		for range time.Tick(100 * time.Millisecond) {
-			metrics.Read(ms)
-			h := ms[0].Value.Float64Histogram()
-			var q [3]float64 // p50, p99, max of the interval's run-queue waits
-			if last != nil {
-				var n uint64
-				d := make([]uint64, len(h.Counts))
-				for i := range h.Counts {
-					d[i] = h.Counts[i] - last[i]
-					n += d[i]
-				}
-				var c uint64
-				for i, v := range d {
-					c += v
-					if v > 0 {
-						q[2] = h.Buckets[i+1]
-					}
-					if q[0] == 0 && c*2 >= n && n > 0 {
-						q[0] = h.Buckets[i+1]
-					}
-					if q[1] == 0 && c*100 >= 99*n && n > 0 {
-						q[1] = h.Buckets[i+1]
-					}
-				}
-			}
-			last = append(last[:0], h.Counts...)
-			st := ctl.Stats()
-			enc.Encode(map[string]any{
-				"t": time.Since(start).Seconds(), "limit": st.Limit, "pending": st.Pending, "cap": st.PendingCap,
-				"exec": st.Executing, "queued": st.Queued, "svc_ms": float64(st.ServiceTime) / 1e6,
-				"delay_ms": float64(st.QueueDelay) / 1e6, "busy": st.Busy, "est_ms": float64(st.RunQueueWait) / 1e6, "shed": st.QueueShed,
-				"goroutines": runtime.NumGoroutine(), "runnable": ms[1].Value.Uint64(),
-				"rq_p50_ms": q[0] * 1e3, "rq_p99_ms": q[1] * 1e3, "rq_max_ms": q[2] * 1e3,
-			})
+	ms := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/goroutines/runnable:goroutines"}}
+	var last []uint64
+	return statetrace.Start(name, 100*time.Millisecond, func() map[string]any {
+		metrics.Read(ms)
+		h := ms[0].Value.Float64Histogram()
+		q := waits(h, last)
+		last = append(last[:0], h.Counts...)
+		st := ctl.Stats()
+		return map[string]any{
+			"limit": st.Limit, "pending": st.Pending, "cap": st.PendingCap,
+			"exec": st.Executing, "queued": st.Queued, "svc_ms": float64(st.ServiceTime) / 1e6,
+			"delay_ms": float64(st.QueueDelay) / 1e6, "busy": st.Busy, "est_ms": float64(st.RunQueueWait) / 1e6,
+			"shed": st.QueueShed, "goroutines": runtime.NumGoroutine(), "runnable": ms[1].Value.Uint64(),
+			"rq_p50_ms": q[0] * 1e3, "rq_p99_ms": q[1] * 1e3, "rq_max_ms": q[2] * 1e3,
 		}
-	}()
-	return nil
+	})
+}
+
+// waits returns the p50, p99 and max, in seconds (upper bucket edges), of
+// the run-queue waits h counted since last (nil: none yet).
+func waits(h *metrics.Float64Histogram, last []uint64) (q [3]float64) {
+	if last == nil {
+		return q
+	}
+	var n uint64
+	d := make([]uint64, len(h.Counts))
+	for i := range h.Counts {
+		d[i] = h.Counts[i] - last[i]
+		n += d[i]
+	}
+	var c uint64
+	for i, v := range d {
+		c += v
+		if v > 0 {
+			q[2] = h.Buckets[i+1]
+		}
+		if q[0] == 0 && c*2 >= n && n > 0 {
+			q[0] = h.Buckets[i+1]
+		}
+		if q[1] == 0 && c*100 >= 99*n && n > 0 {
+			q[1] = h.Buckets[i+1]
+		}
+	}
+	return q
 }
 
 // A second is good when its successes reach goodSecond of C with a p99

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/bench/internal/statetrace"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -150,25 +151,16 @@ func serverMain(variant string, rounds int) error {
 // JSON line each) until the process ends: the per-interval record of a run
 // that enters a bad state.
 func traceState(name string, ctl *admission.Controller) error {
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	go func() {
-		enc := json.NewEncoder(f)
-		for range time.Tick(100 * time.Millisecond) {
-			st := ctl.Stats()
-			enc.Encode(map[string]any{
-				"t": time.Since(start).Seconds(), "limit": st.Limit, "pending": st.Pending, "cap": st.PendingCap,
-				"exec": st.Executing, "queued": st.Queued, "svc_ms": float64(st.ServiceTime) / 1e6,
-				"delay_ms": float64(st.QueueDelay) / 1e6, "sat": st.Saturated, "busy": st.Busy,
-				"paused_ms": float64(st.Paused) / 1e6, "probing": st.Probing, "notstarted": st.NotStarted,
-				"goroutines": runtime.NumGoroutine(), "rejected": benchObs.snapshot(),
-			})
+	return statetrace.Start(name, 100*time.Millisecond, func() map[string]any {
+		st := ctl.Stats()
+		return map[string]any{
+			"limit": st.Limit, "pending": st.Pending, "cap": st.PendingCap,
+			"exec": st.Executing, "queued": st.Queued, "svc_ms": float64(st.ServiceTime) / 1e6,
+			"delay_ms": float64(st.QueueDelay) / 1e6, "sat": st.Saturated, "busy": st.Busy,
+			"paused_ms": float64(st.Paused) / 1e6, "probing": st.Probing, "notstarted": st.NotStarted,
+			"goroutines": runtime.NumGoroutine(), "rejected": benchObs.snapshot(),
 		}
-	}()
-	return nil
+	})
 }
 
 // profileFor writes a CPU profile of the next d to name.
