@@ -199,9 +199,26 @@ func (h *Handle) Start() error { return h.start(h) }
 // own deadline. A transport whose peer gives up at a fixed time (Envoy's
 // message_timeout) answers before it.
 func (h *Handle) StartWithin(d time.Duration) error {
-	ctx, cancel := context.WithTimeout(h, d)
-	defer cancel()
-	return h.start(ctx)
+	if h.x == nil {
+		return h.Start()
+	}
+	return h.start(boundedWait{Context: h, by: h.x.clk.Now().Add(d)})
+}
+
+// boundedWait is a request's context for a wait bounded at by: Deadline
+// reports by (or the request's own deadline, if sooner), but only the
+// request's end cancels it, so that the wait ends in admission's refusal
+// (Deadline), an overload outcome, rather than in the context's error.
+type boundedWait struct {
+	context.Context
+	by time.Time
+}
+
+func (b boundedWait) Deadline() (time.Time, bool) {
+	if d, ok := b.Context.Deadline(); ok && d.Before(b.by) {
+		return d, true
+	}
+	return b.by, true
 }
 
 // start is Start, waiting for a slot until wait ends.

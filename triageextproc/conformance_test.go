@@ -45,17 +45,8 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, stop, err := listen(srv.Register)
-	if err != nil {
-		t.Fatal(err)
-	}
-	up := echoUpstream()
-	cc, err := dialEnvoy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close(); up.Close(); stop() })
-	return &rig{ctl: ctl, env: &envoy{cc: cc, upstream: up.URL, peer: "127.0.0.1:50000"}, stop: stop}
+	env, stop := envoyFor(t, srv, "127.0.0.1:50000", nil)
+	return &rig{ctl: ctl, env: env, stop: stop}
 }
 
 // row is one line of the conformance table.

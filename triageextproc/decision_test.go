@@ -32,20 +32,9 @@ func TestEveryDecisionBeforeEnvoysTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.DecisionTimeout = 100 * time.Millisecond
-	addr, stop, err := listen(srv.Register)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	up := echoUpstream()
-	defer up.Close()
-	cc, err := dialEnvoy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	env := &envoy{cc: cc, upstream: up.URL, peer: "127.0.0.1:50000", failOpen: true,
-		timeout: func() <-chan time.Time { return time.After(time.Second) }} // message_timeout 1 s
+	env, _ := envoyFor(t, srv, "127.0.0.1:50000", func() <-chan time.Time { return time.After(time.Second) }) // message_timeout 1 s
+	env.failOpen = true
+	cc := env.cc
 	// A request admitted and not finished holds the one slot.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -76,19 +65,8 @@ func TestTooManyHeadersAreRefusedNotPassedOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, stop, err := listen(srv.Register)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	up := echoUpstream()
-	defer up.Close()
-	cc, err := dialEnvoy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	env := &envoy{cc: cc, upstream: up.URL, peer: "192.0.2.7:40000", failOpen: true}
+	env, _ := envoyFor(t, srv, "192.0.2.7:40000", nil)
+	env.failOpen = true
 	h := http.Header{"Triage-Criticality": {"CRITICAL_PLUS"}}
 	for i := range triageextproc.MaxHeaders + 1 {
 		h.Set(fmt.Sprintf("X-Pad-%d", i), "x")
@@ -97,4 +75,23 @@ func TestTooManyHeadersAreRefusedNotPassedOn(t *testing.T) {
 	if !strings.HasPrefix(a.how, "immediate") || a.status != http.StatusRequestHeaderFieldsTooLarge || a.upstreamSaw != nil {
 		t.Errorf("%d headers: %d %q (upstream called: %v), want 431 from the processor", len(h), a.status, a.how, a.upstreamSaw != nil)
 	}
+}
+
+// envoyFor serves srv on loopback behind an echo upstream until the test
+// ends, and returns Envoy's stand-in for it (failing closed; its
+// message_timeout messageTimeout, nil: never) with a caller at peer, and
+// a func that stops the processor early.
+func envoyFor(t *testing.T, srv *triageextproc.Server, peer string, messageTimeout func() <-chan time.Time) (*envoy, func()) {
+	t.Helper()
+	addr, stop, err := listen(srv.Register)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := echoUpstream()
+	cc, err := dialEnvoy(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close(); up.Close(); stop() })
+	return &envoy{cc: cc, upstream: up.URL, peer: peer, timeout: messageTimeout}, stop
 }

@@ -38,17 +38,8 @@ func TestDecisionTimesUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.DecisionTimeout = 150 * time.Millisecond
-	addr, stop, err := listen(srv.Register)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
-	cc, err := dialEnvoy(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	env := &envoy{cc: cc, peer: "127.0.0.1:50000"}
+	env, _ := envoyFor(t, srv, "127.0.0.1:50000", nil)
+	cc := env.cc
 	levels := []string{"CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE"}
 	var mu sync.Mutex
 	var times []time.Duration

@@ -396,30 +396,7 @@ func TestEgressBidiStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient(serve(t, eg), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	stream, err := testgrpc.NewTestServiceClient(cc).FullDuplexCall(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, body := range []string{"one", "two", "three"} {
-		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{Payload: &testgrpc.Payload{Body: []byte(body)}}); err != nil {
-			t.Fatalf("send %d: %v", i, err)
-		}
-		resp, err := stream.Recv()
-		if err != nil || string(resp.GetPayload().GetBody()) != body {
-			t.Fatalf("answer %d: %v, %v", i, resp, err)
-		}
-	}
-	stream.CloseSend()
-	if _, err := stream.Recv(); err != io.EOF {
-		t.Errorf("end of stream: %v", err)
-	}
+	fullDuplex(t, serve(t, eg))
 }
 
 // greeter's streams speak first: a greeting, then an echo of each message.

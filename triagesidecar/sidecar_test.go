@@ -335,7 +335,14 @@ func TestIngressBidiStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient(serve(t, in), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	fullDuplex(t, serve(t, in))
+}
+
+// fullDuplex makes a full-duplex call to the echo service at addr whose
+// client waits for each answer before it sends the next message.
+func fullDuplex(t *testing.T, addr string) {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
