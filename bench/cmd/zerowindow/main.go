@@ -1,0 +1,195 @@
+// Command zerowindow runs issue 55's zero-window attack against the real
+// `triage sidecar` binary (defaults, loopback trusted) in front of a plain
+// grpc-go server: conns HTTP/2 connections that grant no flow-control
+// window send calls unary gRPC calls each and never read; a well-behaved
+// grpc-go client's CRITICAL_PLUS EmptyCall is counted beside them and
+// right after they close.
+//
+//	cd bench && go run ./cmd/zerowindow -conns 4,8,16 -calls 30
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+)
+
+type echo struct {
+	testgrpc.UnimplementedTestServiceServer
+}
+
+func (echo) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	return &testgrpc.Empty{}, nil
+}
+
+func main() {
+	conns := flag.String("conns", "4,8,16", "attacking connections per row")
+	calls := flag.Int("calls", 30, "calls per attacking connection")
+	bin := flag.String("triage", "", "a triage binary to run (default: build this module's)")
+	flag.Parse()
+	if err := run(*conns, *calls, *bin); err != nil {
+		fmt.Fprintln(os.Stderr, "zerowindow:", err)
+		os.Exit(1)
+	}
+}
+
+func run(connsList string, calls int, bin string) error {
+	if bin == "" {
+		dir, err := os.MkdirTemp("", "zerowindow")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/triagehq/triage").Output()
+		if err != nil {
+			return err
+		}
+		bin = filepath.Join(dir, "triage")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/triage")
+		build.Dir = strings.TrimSpace(string(root))
+		if b, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("building triage: %v\n%s", err, b)
+		}
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(gs, echo{})
+	go gs.Serve(lis)
+	defer gs.Stop()
+	for _, f := range strings.Split(connsList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 256 {
+			return fmt.Errorf("bad -conns entry %q", f)
+		}
+		if err := row(bin, lis.Addr().String(), n, calls); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// row starts a fresh sidecar, attacks it with n connections, and counts
+// the good client's calls beside the attack and right after it.
+func row(bin, upstream string, n, calls int) error {
+	sc := exec.Command(bin, "sidecar", "-upstream", "h2c://"+upstream, "-listen", "127.0.0.1:0", "-drain", "0s")
+	out, err := sc.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	sc.Stderr = os.Stderr
+	if err := sc.Start(); err != nil {
+		return err
+	}
+	defer func() { sc.Process.Kill(); sc.Wait() }()
+	addr := ""
+	r := bufio.NewReader(out)
+	for addr == "" {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("the sidecar did not say where it listens: %v", err)
+		}
+		if i := strings.Index(line, "listening on "); i >= 0 {
+			addr = strings.Fields(line[i+len("listening on "):])[0]
+		}
+	}
+	go func() { bufio.NewReader(r).WriteTo(devNull{}) }()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+	served := func(k int) int {
+		ok := 0
+		var failed []string
+		for i := range k {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			md := metadata.Pairs("triage-criticality", "CRITICAL_PLUS")
+			if _, err := client.EmptyCall(metadata.NewOutgoingContext(ctx, md), &testgrpc.Empty{}); err == nil {
+				ok++
+			} else if len(failed) < 3 {
+				failed = append(failed, fmt.Sprintf("call %d: %v", i, err))
+			}
+			cancel()
+		}
+		if len(failed) > 0 {
+			fmt.Printf("  failures (first 3): %s\n", strings.Join(failed, "; "))
+		}
+		return ok
+	}
+	stop, err := attack(addr, n, calls)
+	if err != nil {
+		return err
+	}
+	beside := served(50)
+	stop()
+	after := served(50)
+	fmt.Printf("%d connections x %d calls with no window: CRITICAL_PLUS served %d/50 beside them, %d/50 right after\n", n, calls, beside, after)
+	return nil
+}
+
+type devNull struct{}
+
+func (devNull) Write(p []byte) (int, error) { return len(p), nil }
+
+// attack opens n zero-window HTTP/2 connections to addr with calls
+// unary calls each, reading and dropping every frame.
+func attack(addr string, n, calls int) (func(), error) {
+	var cs []net.Conn
+	for range n {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		cs = append(cs, c)
+		c.Write([]byte(http2.ClientPreface))
+		fr := http2.NewFramer(c, c)
+		fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		for i := range calls {
+			var hb bytes.Buffer
+			enc := hpack.NewEncoder(&hb)
+			for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
+				{":path", "/grpc.testing.TestService/EmptyCall"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+				enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+			}
+			id := uint32(2*i + 1)
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+			fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
+		}
+		go func() {
+			for {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					return
+				}
+				if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
+					fr.WriteSettingsAck()
+				}
+			}
+		}()
+	}
+	return func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}, nil
+}
