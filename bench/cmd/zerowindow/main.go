@@ -42,14 +42,15 @@ func main() {
 	conns := flag.String("conns", "4,8,16", "attacking connections per row")
 	calls := flag.Int("calls", 30, "calls per attacking connection")
 	bin := flag.String("triage", "", "a triage binary to run (default: build this module's)")
+	trustNet := flag.String("trust", "127.0.0.1/32", "the sidecar's -trust: the good client's CRITICAL_PLUS is believed from it; empty: nobody's (the client is then CRITICAL, as the attackers)")
 	flag.Parse()
-	if err := run(*conns, *calls, *bin); err != nil {
+	if err := run(*conns, *calls, *bin, *trustNet); err != nil {
 		fmt.Fprintln(os.Stderr, "zerowindow:", err)
 		os.Exit(1)
 	}
 }
 
-func run(connsList string, calls int, bin string) error {
+func run(connsList string, calls int, bin, trustNet string) error {
 	if bin == "" {
 		dir, err := os.MkdirTemp("", "zerowindow")
 		if err != nil {
@@ -80,7 +81,7 @@ func run(connsList string, calls int, bin string) error {
 		if err != nil || n < 1 || n > 256 {
 			return fmt.Errorf("bad -conns entry %q", f)
 		}
-		if err := row(bin, lis.Addr().String(), n, calls); err != nil {
+		if err := row(bin, lis.Addr().String(), trustNet, n, calls); err != nil {
 			return err
 		}
 	}
@@ -89,8 +90,12 @@ func run(connsList string, calls int, bin string) error {
 
 // row starts a fresh sidecar, attacks it with n connections, and counts
 // the good client's calls beside the attack and right after it.
-func row(bin, upstream string, n, calls int) error {
-	sc := exec.Command(bin, "sidecar", "-upstream", "h2c://"+upstream, "-listen", "127.0.0.1:0", "-drain", "0s")
+func row(bin, upstream, trustNet string, n, calls int) error {
+	args := []string{"sidecar", "-upstream", "h2c://" + upstream, "-listen", "127.0.0.1:0", "-drain", "0s"}
+	if trustNet != "" {
+		args = append(args, "-trust", trustNet)
+	}
+	sc := exec.Command(bin, args...)
 	out, err := sc.StdoutPipe()
 	if err != nil {
 		return err
