@@ -72,7 +72,11 @@ func (c *Controller) adjustPending() {
 		return
 	}
 	c.lastDelay.Store(delay)
-	c.gate.step(c.runQueueWait(delay), int64(c.targetDelay)+c.expectedSvc.Load(), c.interval, c.runQueueGrowth(), c.busy >= saturatedAt)
+	// Shedding grows only on a saturated CPU whose scheduler itself shows
+	// goroutines waiting: the run queue's length counts every goroutine of
+	// the process, requests or not.
+	grow := c.busy >= saturatedAt && delay > int64(c.targetDelay)/2
+	c.gate.step(c.runQueueWait(delay), int64(c.targetDelay)+c.expectedSvc.Load(), c.interval, c.runQueueGrowth(), grow)
 	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy, c.expectedSvc.Load()))
 }
 

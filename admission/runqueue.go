@@ -77,10 +77,12 @@ func (g *queueGate) admit(l criticality.Level) bool {
 
 // step sets the shed level from the interval's arrivals and its mean run
 // queue wait against target, interval being the interval's length and
-// grew the run queue's growth over it. Shedding grows only while the CPU
-// is saturated: an idle task's run queue holds the transport's own
-// goroutines, not a backlog.
-func (g *queueGate) step(wait, target, interval, grew int64, saturated bool) {
+// grew the run queue's growth over it. Shedding grows only when mayGrow
+// (the CPU saturated, and the scheduler's own mean delay showing
+// goroutines waiting): the run queue holds the process's other goroutines
+// too (a frontend's calls to its backends, the transports'), which are no
+// backlog of requests.
+func (g *queueGate) step(wait, target, interval, grew int64, mayGrow bool) {
 	var arrived [criticality.NumLevels]int64
 	var total int64
 	for l := range arrived {
@@ -130,7 +132,7 @@ func (g *queueGate) step(wait, target, interval, grew int64, saturated bool) {
 		x = int64(l)*gateOne + gateOne - gateOne*budget/a
 		break
 	}
-	over := saturated && wait > target
+	over := mayGrow && wait > target
 	if !over {
 		x = min(x, g.x.Load()) // no more shedding without a wait to cut and a CPU to cut it on
 	}
