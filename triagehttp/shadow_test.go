@@ -145,11 +145,12 @@ func sumOf(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // is counted (issue 55: `triage sidecar -shadow` answered 408).
 func TestShadowServesASlowBody(t *testing.T) {
 	m := triageprom.New()
-	ctl, err := admission.New(admission.WithMessageTimeout(20*time.Millisecond), admission.WithObserver(m.Admission()))
+	f := clock.NewFake(time.Unix(0, 0))
+	ctl, err := admission.New(admission.WithClock(f), admission.WithMessageTimeout(20*time.Millisecond), admission.WithObserver(m.Admission()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithShadow(shadow.All(), m.Shadow()),
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithClock(f), triagehttp.WithShadow(shadow.All(), m.Shadow()),
 		triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
 	if err != nil {
 		t.Fatal(err)
@@ -159,27 +160,49 @@ func TestShadowServesASlowBody(t *testing.T) {
 		w.Write(b)
 	})))
 	defer srv.Close()
-	pr, pw := io.Pipe()
-	go func() {
-		<-time.After(150 * time.Millisecond) // the body comes well after the message timeout
-		pw.Write([]byte("0123456789"))
-		pw.Close()
-	}()
-	req, _ := http.NewRequest("POST", srv.URL, pr)
+	// With Expect: 100-continue the client sends the body only once the
+	// server reads it (the middleware's read-ahead): the body comes 150 ms
+	// of the server's clock after that, well past the message timeout.
+	body := &clockedBody{f: f, late: 150 * time.Millisecond, data: []byte("0123456789")}
+	req, _ := http.NewRequest("POST", srv.URL, body)
 	req.ContentLength = 10
+	req.Header.Set("Expect", "100-continue")
 	req.Header.Set("Triage-Criticality", "SHEDDABLE")
-	resp, err := srv.Client().Do(req)
+	client := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := io.ReadAll(resp.Body)
+	got, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || string(body) != "0123456789" {
-		t.Fatalf("a slow body in shadow: %d %q, want 200 and the body", resp.StatusCode, body)
+	if resp.StatusCode != 200 || string(got) != "0123456789" {
+		t.Fatalf("a slow body in shadow: %d %q, want 200 and the body", resp.StatusCode, got)
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m)
 	if n := testutil.ToFloat64(metric(t, reg, "admission", "late")); n != 1 {
 		t.Errorf("would refuse for a late body: %v, want 1", n)
 	}
+}
+
+// clockedBody is a request body that advances f by late when it is first
+// read, then gives data.
+type clockedBody struct {
+	f    *clock.Fake
+	late time.Duration
+	data []byte
+	read bool
+}
+
+func (b *clockedBody) Read(p []byte) (int, error) {
+	if !b.read {
+		b.read = true
+		b.f.Advance(b.late)
+	}
+	if len(b.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, b.data)
+	b.data = b.data[n:]
+	return n, nil
 }
