@@ -257,17 +257,7 @@ func TestIngressDoesNotForwardAnH2CUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := serve(t, in)
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, _, _ := rawRequest(t, serve(t, in), "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n")
 	resp.Body.Close()
 	h := <-got
 	if resp.StatusCode != 200 || h.Get("Upgrade") != "" || h.Get("Http2-Settings") != "" {
@@ -304,16 +294,9 @@ func TestIngressTunnelHoldsNoSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serveConns(t, in)
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("the tunnel did not open: %v %v", resp, err)
+	resp, c, br := rawRequest(t, addr, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("the tunnel did not open: %v", resp)
 	}
 	io.WriteString(c, "ping")
 	buf := make([]byte, 4)
@@ -462,4 +445,23 @@ func TestIngressSmugglingShapes(t *testing.T) {
 			t.Logf("answers %v, upstream saw %q", codes, up.requests())
 		})
 	}
+}
+
+// rawRequest writes raw to a new connection to addr (closed when the test
+// ends) and reads the first response; it returns the connection and its
+// reader for what follows.
+func rawRequest(t *testing.T, addr, raw string) (*http.Response, net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	io.WriteString(c, raw)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, c, br
 }
