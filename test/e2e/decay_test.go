@@ -26,6 +26,7 @@ type decayRun struct {
 	name                       string
 	homeServed, homeLate       int // late: answered after the decay (past usefulness), as the client saw it
 	homeLateAtFront            int // answered OK by the frontend after the decay (its deadline, when it cancels), from its receipt
+	homeNoDeadline             int // answered OK by the frontend without a deadline
 	homeShed, feedServed, feed int
 	homeSent                   int
 }
@@ -120,9 +121,14 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			tw := &timedWriter{ResponseWriter: w, start: time.Now()}
 			inner.ServeHTTP(tw, r)
-			if r.URL.Path == "/home" && tw.late(usefulFor) {
+			if r.URL.Path == "/home" {
 				mu.Lock()
-				run.homeLateAtFront++
+				if tw.late(usefulFor) {
+					run.homeLateAtFront++
+				}
+				if tw.status == http.StatusOK && tw.deadline.IsZero() {
+					run.homeNoDeadline++
+				}
 				mu.Unlock()
 			}
 		})
@@ -174,8 +180,8 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 // one, the backlog is served late and /feed starves. TRIAGE_MEASURE=1 runs
 // the 2 s decay (about 50 s) and asserts the shares; otherwise
 // every duration is halved, and the test asserts what does not depend on
-// the machine's load: a request whose rule cancels at its decay is never
-// served after it.
+// the machine's load: a request whose rule cancels at its decay is served
+// with that decay as its deadline.
 func TestDecayOverLoopback(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time load over loopback")
@@ -198,11 +204,19 @@ func TestDecayOverLoopback(t *testing.T) {
 		t.Logf("%-20s %9d %9d %9d %12.1f%% %9d %7d/%d %9d", r.name, r.homeSent, r.homeServed, r.homeLate, 100*r.lateShare(), r.homeShed, r.feedServed, r.feed, r.homeLateAtFront)
 	}
 	none, toShed, cancel := runs[""], runs["SHEDDABLE"], runs["cancel"]
-	if cancel.homeLateAtFront > 0 {
-		t.Errorf("decay to cancel: the frontend served %d requests past their decay, which is their deadline", cancel.homeLateAtFront)
+	// The rule gives every request its decay as its deadline, whatever the
+	// machine's load.
+	if cancel.homeNoDeadline > 0 {
+		t.Errorf("decay to cancel: the frontend served %d requests without their decay as a deadline", cancel.homeNoDeadline)
 	}
 	if !measuring() {
 		return
+	}
+	// Whether an answer is written before that deadline is a race with
+	// the clock on a loaded machine (one in a full go test ./... run wrote
+	// its 200 just past it): measured, not asserted in go test ./....
+	if cancel.homeLateAtFront > 0 {
+		t.Errorf("decay to cancel: the frontend served %d requests past their decay, which is their deadline", cancel.homeLateAtFront)
 	}
 	if none.lateShare() < 0.2 {
 		t.Errorf("without decay only %.1f%% of served requests were late: the scenario builds no backlog", 100*none.lateShare())
