@@ -30,7 +30,8 @@ import (
 
 const replicaTTL = 2 // seconds: the replicas' etcd session TTL
 
-// TestQuotaReplicasFailover, in both throttling modes of the service:
+// TestQuotaReplicasFailover, in both throttling modes of the service,
+// after a 5 s warm-up that measures a request's CPU on this machine:
 //
 //   - 0-8 s: steady load; gmail and calendar at 60% of their quotas,
 //     batch at five times its quota.
@@ -125,10 +126,9 @@ func replicaFailover(t *testing.T, e *etcdtest.Server, bin, mode string) {
 		t.Cleanup(func() { cc.Close() })
 		ccs = append(ccs, cc)
 	}
-	// A request costs about 1.5 ms of CPU (TestQuotasOverLoopback's
-	// warm-up measures it): gmail and calendar at 60% of their quotas,
-	// batch at five times its own.
-	const perReq = 1.5e-3
+	// gmail and calendar at 60% of their quotas, batch at five times its
+	// own, at what a request costs on this machine.
+	perReq := measurePerRequest(t, ccs, backends)
 	loads := []*customerLoad{
 		{name: "gmail", rate: 0.6 * quotaOf["gmail"] / perReq},
 		{name: "calendar", rate: 0.6 * quotaOf["calendar"] / perReq},
@@ -236,7 +236,13 @@ func replicaFailover(t *testing.T, e *etcdtest.Server, bin, mode string) {
 			to = kill + 8
 		}
 		if refused := sum(cl.outOfQuota, from, to); refused > 0 {
-			t.Errorf("%s (within quota): %d requests refused from %d to %d s", cl.name, refused, from, to)
+			var when []string
+			for s := from; s < to; s++ {
+				if n := cl.outOfQuota[s].Load(); n > 0 {
+					when = append(when, fmt.Sprintf("%d at %d s", n, s))
+				}
+			}
+			t.Errorf("%s (within quota): %d requests refused from %d to %d s (%s)", cl.name, refused, from, to, strings.Join(when, ", "))
 		}
 	}
 	if sum(loads[2].outOfQuota, 0, kill) == 0 {
