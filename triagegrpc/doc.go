@@ -44,7 +44,7 @@
 //   - Server.ServerOptions takes gRPC's one InTapHandle: admission decides
 //     at stream arrival, before a goroutine exists. A server that needs its
 //     own tap calls Server.TapHandle from it.
-//   - It sets grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams, 250)
+//   - It sets grpc.MaxConcurrentStreams(DefaultMaxConcurrentStreams, 1000)
 //     per connection, so that one connection cannot hold the whole task;
 //     a MaxConcurrentStreams passed after it wins.
 //   - Its interceptors and stats handler run before yours.

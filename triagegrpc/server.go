@@ -225,10 +225,13 @@ func (s *Server) retryLaterStatus(oe *outcome.Error) error {
 
 // DefaultMaxConcurrentStreams is the bound ServerOptions sets on the
 // streams one connection may have open at once (grpc.MaxConcurrentStreams;
-// grpc-go's own default is no bound, net/http's HTTP/2 server's is this):
-// a client holding streams open without sending their messages holds at
-// most this many per connection.
-const DefaultMaxConcurrentStreams = 250
+// grpc-go's own default is no bound): a client holding streams open
+// without sending their messages holds at most this many per connection.
+// A connection that carries R calls a second needs R times the round trip
+// of a refusal: past the bound, calls wait for a stream on the client's
+// side, where no admission sees them (docs/admission.md, "The stream
+// bound").
+const DefaultMaxConcurrentStreams = 1000
 
 // ServerOptions returns the grpc.ServerOptions that install the tap handle,
 // both interceptors and the stats handler, and bound each connection's

@@ -17,7 +17,8 @@ import (
 
 // A client holding streams open without their messages (a slow sender)
 // gets at most DefaultMaxConcurrentStreams of them per connection: the
-// next waits on the client's side until one ends.
+// next waits on the client's side until one ends. Below the bound, a
+// busy connection's calls reach the server.
 func TestConnectionStreamsAreBounded(t *testing.T) {
 	srv, err := triagegrpc.NewServer()
 	if err != nil {
@@ -33,7 +34,24 @@ func TestConnectionStreamsAreBounded(t *testing.T) {
 	if _, err := relay.Invoke(ctx, cc, "x"); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < triagegrpc.DefaultMaxConcurrentStreams; i++ {
+	// A proxy's connection at 20x a task's capacity (20,000 calls a
+	// second) with refusals taking 45 ms to come back has 900 calls open:
+	// the next still reaches the server. (With 250 it waited on the
+	// client's side, where no admission sees it: issue 54's 20x runs.)
+	const proxyLoad = 900
+	opening, cancelOpening := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelOpening()
+	for i := 0; i < proxyLoad; i++ {
+		if _, err := cc.NewStream(opening, desc, relay.CallMethod); err != nil {
+			t.Fatalf("stream %d of a busy connection: %v, want it open", i, err)
+		}
+	}
+	call, cancelCall := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelCall()
+	if _, err := relay.Invoke(call, cc, "x"); err != nil {
+		t.Fatalf("a call beside %d open streams on its connection: %v, want it answered by the server", proxyLoad, err)
+	}
+	for i := proxyLoad; i < triagegrpc.DefaultMaxConcurrentStreams; i++ {
 		if _, err := cc.NewStream(ctx, desc, relay.CallMethod); err != nil {
 			t.Fatalf("stream %d: %v", i, err)
 		}

@@ -41,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -626,6 +627,11 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	}()
 	var p *phase
 	cpu0, wall0 := processCPU(), time.Now()
+	if dir := os.Getenv("TRIAGE_BENCH_CPUPROFILE"); dir != "" { // the generator's side of the step
+		if err := profileFor(filepath.Join(dir, fmt.Sprintf("generator-%s-%gx.prof", variant, load)), cfg.step); err != nil {
+			return r, err
+		}
+	}
 	if workers > 0 {
 		p = workersLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, workers, mix, 2)
 	} else {

@@ -270,7 +270,11 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 			return []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor()),
 				grpc.MaxConcurrentStreams(triagegrpc.DefaultMaxConcurrentStreams)}, ctl, nil
 		}
-		return srv.ServerOptions(), ctl, nil
+		o := srv.ServerOptions()
+		if v, err := strconv.Atoi(os.Getenv("TRIAGE_BENCH_STREAMS")); err == nil { // experiment: the per-connection stream bound
+			o = append(o, grpc.MaxConcurrentStreams(uint32(v)))
+		}
+		return o, ctl, nil
 	}
 	return nil, nil, fmt.Errorf("unknown variant %q", variant)
 }
