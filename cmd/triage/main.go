@@ -110,7 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runExtproc(ctx, args[1:], stdout, stderr)
 	case "loadtest":
 		return runLoadtest(ctx, args[1:], stdout, stderr)
-	case "version":
+	case "version", "-version", "--version":
 		return runVersion(args[1:], stdout, stderr)
 	case "help":
 		return runHelp(ctx, args[1:], stdout, stderr)

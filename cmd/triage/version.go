@@ -8,32 +8,26 @@ import (
 	"runtime/debug"
 )
 
-// runVersion is `triage version`: the module's version (a tag when
-// installed with go install ...@VERSION, "(devel)" when built in a clone),
-// the commit it was built from when the build recorded one, and the Go
-// that built it.
+// version and commit are set by a build that knows them and cannot
+// leave them in the build info (the Dockerfile builds without .git):
+//
+//	go build -ldflags "-X main.version=v0.1.0 -X main.commit=$(git rev-parse HEAD)" ./cmd/triage
+var version, commit string
+
+// runVersion is `triage version` (or --version): the module's version and
+// the commit it was built from, from -ldflags when the build set them,
+// else from the build info (the tag with go install ...@VERSION, a
+// pseudo-version and vcs.revision with go build in a clone, "(devel)"
+// without either), and the Go that built it.
 func runVersion(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "triage version: unexpected argument %q\n", args[0])
 		return 2
 	}
-	version, commit := "(unknown)", ""
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		version = bi.Main.Version
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				commit = s.Value
-			case "vcs.modified":
-				if s.Value == "true" && commit != "" {
-					commit += "+modified"
-				}
-			}
-		}
-	}
-	fmt.Fprintf(stdout, "triage %s", version)
-	if commit != "" {
-		fmt.Fprintf(stdout, " commit %s", commit)
+	v, c := buildVersion()
+	fmt.Fprintf(stdout, "triage %s", v)
+	if c != "" {
+		fmt.Fprintf(stdout, " commit %s", c)
 	}
 	fmt.Fprintf(stdout, " %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	return 0
@@ -59,4 +53,32 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "triage help: unknown command %q\n\n%s", args[0], usage)
 	return 2
+}
+
+// buildVersion returns the version and commit of this binary: the
+// -ldflags values where set, the build info's otherwise.
+func buildVersion() (string, string) {
+	v, c := "(unknown)", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v = bi.Main.Version
+		modified := false
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				c = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+		if modified && c != "" {
+			c += "+modified"
+		}
+	}
+	if version != "" {
+		v = version
+	}
+	if commit != "" {
+		c = commit
+	}
+	return v, c
 }

@@ -101,6 +101,8 @@ func TestDockerfile(t *testing.T) {
 	out := t.TempDir()
 	cmd := exec.Command("sh", "-c", strings.ReplaceAll(build, "/out/", out+"/"))
 	cmd.Dir = ctx
+	// The build arguments a release passes (RELEASING.md).
+	cmd.Env = append(os.Environ(), "VERSION=v9.8.7", "COMMIT=0123456789abcdef")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the Dockerfile's build (%s) in its build context: %v\n%s", build, err, b)
 	}
@@ -118,8 +120,8 @@ func TestDockerfile(t *testing.T) {
 	if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
 		t.Errorf("the binary needs %v", libs)
 	}
-	if b, err := exec.Command(bin, "version").CombinedOutput(); err != nil {
-		t.Errorf("triage version: %v\n%s", err, b)
+	if b, err := exec.Command(bin, "version").CombinedOutput(); err != nil || !strings.HasPrefix(string(b), "triage v9.8.7 commit 0123456789abcdef ") {
+		t.Errorf("triage version of the image's binary built with VERSION=v9.8.7 COMMIT=0123456789abcdef: %v\n%s", err, b)
 	}
 }
 
