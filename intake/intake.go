@@ -215,7 +215,20 @@ var (
 	keyDecay       = keySpelling{wire.DecayKey, "Triage-Criticality-Decay"}
 	keyAttempt     = keySpelling{wire.AttemptKey, "Triage-Attempt"}
 	keyCustomer    = keySpelling{wire.CustomerKey, "Triage-Customer"}
+	keyXFCC        = keySpelling{wire.ForwardedClientCertKey, "X-Forwarded-Client-Cert"}
 )
+
+// last returns the last value of key in r's header, or "".
+func (r *Request) last(k keySpelling) string {
+	name := k.lower
+	if r.Case == Canonical {
+		name = k.canonical
+	}
+	if v := r.Header[name]; len(v) > 0 {
+		return v[len(v)-1]
+	}
+	return ""
+}
 
 // single returns the only value of key in r's header; absent or repeated
 // gives "" (a repeated triage key is malformed and ignored).
@@ -315,6 +328,8 @@ func (in *Intake) accept(ctx context.Context, r *Request, f *facts, lvl *critica
 			slow = true
 		}
 	}
+	r.Peer.ForwardedClientCert = r.last(keyXFCC)
+	r.Peer = in.trust.Resolve(r.Peer) // behind a trusted proxy, its caller
 	f.trusted = in.trust.Trusted(r.Peer)
 	er := edge.Request{Trusted: f.trusted, Host: r.Host, Path: r.Path, Group: r.Group}
 	if f.trusted {

@@ -338,3 +338,46 @@ func TestIntakeTakesTheControllersClock(t *testing.T) {
 		t.Fatalf("decay %+v %v, want at the controller's clock + 2s (%v)", d, ok, f.Now().Add(2*time.Second))
 	}
 }
+
+// Behind a mesh's sidecar the intake believes the caller its proxy names
+// in x-forwarded-client-cert (trust.Forwarders), in both header
+// spellings: its criticality, and its identity as the customer; the same
+// header from a peer that is not a forwarder changes nothing.
+func TestForwardedCallerThroughATrustedProxy(t *testing.T) {
+	pol := trust.MustNew(trust.Config{
+		Identities: []string{"spiffe://cluster.local/ns/shop/sa/frontend"},
+		Forwarders: trust.Forwarders{Networks: []string{"127.0.0.6/32"}},
+	})
+	in, err := intake.New(intake.WithTrust(pol), intake.WithCustomerFromIdentity())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const xfcc = `By=spiffe://cluster.local/ns/shop/sa/shop;Hash=00;Subject="";URI=spiffe://cluster.local/ns/shop/sa/frontend`
+	proxy, stranger := netip.MustParseAddr("127.0.0.6"), netip.MustParseAddr("10.0.0.9")
+	for _, tc := range []struct {
+		name     string
+		peer     netip.Addr
+		header   map[string][]string
+		hc       intake.HeaderCase
+		level    criticality.Level
+		customer string
+	}{
+		{"gRPC metadata", proxy, map[string][]string{"x-forwarded-client-cert": {xfcc}, "triage-criticality": {"CRITICAL_PLUS"}}, intake.LowerCase, criticality.CriticalPlus, "spiffe://cluster.local/ns/shop/sa/frontend"},
+		{"an HTTP header", proxy, map[string][]string{"X-Forwarded-Client-Cert": {xfcc}, "Triage-Criticality": {"CRITICAL_PLUS"}}, intake.Canonical, criticality.CriticalPlus, "spiffe://cluster.local/ns/shop/sa/frontend"},
+		{"from a stranger", stranger, map[string][]string{"x-forwarded-client-cert": {xfcc}, "triage-criticality": {"CRITICAL_PLUS"}}, intake.LowerCase, criticality.Default, ""},
+		{"the proxy without the header", proxy, map[string][]string{"triage-criticality": {"CRITICAL_PLUS"}}, intake.LowerCase, criticality.Default, ""},
+	} {
+		r := intake.Request{Path: "/svc/M", Peer: trust.Peer{Addr: tc.peer}, Header: tc.header, Case: tc.hc}
+		h, err := in.Accept(context.Background(), &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := criticality.FromContext(h); got != tc.level {
+			t.Errorf("%s: level %v, want %v", tc.name, got, tc.level)
+		}
+		if got := quota.CustomerOf(h); got != tc.customer {
+			t.Errorf("%s: customer %q, want %q", tc.name, got, tc.customer)
+		}
+		h.Finish()
+	}
+}

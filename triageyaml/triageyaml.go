@@ -31,6 +31,8 @@ const MaxSize = 1 << 20
 //	trust:
 //	  networks: ["10.0.0.0/8"]            # peers whose triage headers are believed
 //	  identities: ["spiffe://prod/proxy"] # mTLS identities likewise
+//	  forwarders:                         # proxies whose x-forwarded-client-cert names the caller
+//	    networks: ["127.0.0.6/32"]        # (a mesh's sidecar; docs/trust.md)
 //	criticality:
 //	  default: CRITICAL                   # when no rule matches
 //	  rules:                              # first match wins
@@ -82,6 +84,17 @@ func edgeErrorAt(b []byte, e Edge) string {
 	for i, id := range e.Trust.Identities {
 		if _, err := trust.New(trust.Config{Identities: []string{id}}); err != nil {
 			return at(seqItem(mapValue(tr, "identities"), i))
+		}
+	}
+	fw := mapValue(tr, "forwarders")
+	for i, n := range e.Trust.Forwarders.Networks {
+		if _, err := trust.New(trust.Config{Networks: []string{n}}); err != nil {
+			return at(seqItem(mapValue(fw, "networks"), i))
+		}
+	}
+	for i, id := range e.Trust.Forwarders.Identities {
+		if _, err := trust.New(trust.Config{Identities: []string{id}}); err != nil {
+			return at(seqItem(mapValue(fw, "identities"), i))
 		}
 	}
 	cr := mapValue(root, "criticality")

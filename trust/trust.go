@@ -9,12 +9,25 @@
 // certificate's URI or DNS SAN, e.g. a SPIFFE ID). Nothing is trusted by
 // default, and a peer with no authenticated identity outside the trusted
 // networks is untrusted.
+//
+// URI SANs and DNS SANs are two namespaces: an identity with a scheme
+// ("spiffe://cluster.local/ns/shop/sa/frontend") matches only a URI SAN, a
+// name without one ("frontend.shop.svc") only a DNS SAN.
+//
+// Behind a proxy that terminates mTLS (a mesh's sidecar, an ingress) the
+// peer is the proxy, and the caller's certificate reaches the service in
+// the proxy's x-forwarded-client-cert header (Envoy's XFCC, which Istio
+// sets). Config.Forwarders names the proxies whose header is believed; from
+// any other peer the header is ignored. Resolve turns a request that came
+// through one into its caller: the identities of the header's last element,
+// the one the nearest proxy appended.
 package trust
 
 import (
 	"crypto/tls"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync/atomic"
 )
@@ -27,6 +40,10 @@ type Peer struct {
 	// URI and DNS SANs of a verified client certificate. Unverified
 	// certificates must not be listed.
 	Identities []string
+	// ForwardedClientCert is the request's x-forwarded-client-cert header
+	// as received (its last line, if several), or "": read by Resolve, and
+	// only when the peer is one of the policy's forwarders.
+	ForwardedClientCert string
 }
 
 // Policy says which peers are trusted. The zero value trusts nobody.
@@ -41,6 +58,7 @@ type Policy struct {
 type trustSet struct {
 	networks   []netip.Prefix
 	identities map[string]struct{}
+	forwarders *trustSet // nil: no proxy's x-forwarded-client-cert is read
 }
 
 // Config is the serializable form of a Policy.
@@ -48,8 +66,24 @@ type Config struct {
 	// Networks are CIDR prefixes ("10.0.0.0/8", "127.0.0.1/32", "::1/128")
 	// whose peers are trusted. Empty: no network is trusted.
 	Networks []string `yaml:"networks" json:"networks"`
-	// Identities are exact authenticated identities (certificate URI or DNS
-	// SANs) that are trusted. Empty: no identity is trusted.
+	// Identities are exact authenticated identities that are trusted: a
+	// URI SAN, written with its scheme ("spiffe://..."), or a DNS SAN, a
+	// name without one. Empty: no identity is trusted.
+	Identities []string `yaml:"identities" json:"identities"`
+	// Forwarders are the proxies (by network or identity) whose
+	// x-forwarded-client-cert header names the caller, for a service behind
+	// a mesh's sidecar or an mTLS-terminating ingress: the caller is then
+	// trusted if an identity of the header's last element is in
+	// Identities. The proxy must set the header itself (Envoy's
+	// forward_client_cert_details SANITIZE_SET or APPEND_FORWARD, Istio's
+	// default), or a client could write it. Empty: the header is ignored.
+	Forwarders Forwarders `yaml:"forwarders" json:"forwarders"`
+}
+
+// Forwarders names proxies by network (CIDR prefixes) or by identity (as
+// Config.Identities).
+type Forwarders struct {
+	Networks   []string `yaml:"networks" json:"networks"`
 	Identities []string `yaml:"identities" json:"identities"`
 }
 
@@ -75,21 +109,56 @@ func (pol *Policy) Update(c Config) error {
 }
 
 func compile(c Config) (*trustSet, error) {
-	p := &trustSet{identities: make(map[string]struct{}, len(c.Identities))}
-	for _, n := range c.Networks {
+	p, err := compileSet(c.Networks, c.Identities)
+	if err != nil {
+		return nil, err
+	}
+	if len(c.Forwarders.Networks)+len(c.Forwarders.Identities) > 0 {
+		if p.forwarders, err = compileSet(c.Forwarders.Networks, c.Forwarders.Identities); err != nil {
+			return nil, fmt.Errorf("trust: forwarders: %w", err)
+		}
+	}
+	return p, nil
+}
+
+func compileSet(networks, identities []string) (*trustSet, error) {
+	p := &trustSet{identities: make(map[string]struct{}, len(identities))}
+	for _, n := range networks {
 		pfx, err := netip.ParsePrefix(strings.TrimSpace(n))
 		if err != nil {
 			return nil, fmt.Errorf("trust: network %q: %w", n, err)
 		}
 		p.networks = append(p.networks, pfx.Masked())
 	}
-	for _, id := range c.Identities {
-		if strings.TrimSpace(id) == "" {
-			return nil, fmt.Errorf("trust: empty identity")
+	for _, id := range identities {
+		if err := checkIdentity(id); err != nil {
+			return nil, err
 		}
 		p.identities[id] = struct{}{}
 	}
 	return p, nil
+}
+
+// checkIdentity accepts a URI with a scheme or a DNS name: a name may not
+// hold ':' (no DNS name does), so the two namespaces cannot meet.
+func checkIdentity(id string) error {
+	switch {
+	case strings.TrimSpace(id) == "":
+		return fmt.Errorf("trust: empty identity")
+	case id != strings.TrimSpace(id):
+		return fmt.Errorf("trust: identity %q has surrounding spaces", id)
+	case strings.Contains(id, ":") && !isURI(id):
+		return fmt.Errorf("trust: identity %q: a URI SAN is written scheme://... (or urn:...), a DNS SAN has no ':'", id)
+	}
+	return nil
+}
+
+// isURI reports whether id is written as an absolute URI with an
+// authority (spiffe://..., https://...) or a URN: what a URI SAN names a
+// workload with, and never "host:port".
+func isURI(id string) bool {
+	u, err := url.Parse(id)
+	return err == nil && u.Scheme != "" && (strings.Contains(id, "://") || strings.EqualFold(u.Scheme, "urn"))
 }
 
 // MustNew is New for literal configurations in tests and examples; it
@@ -104,15 +173,17 @@ func MustNew(c Config) *Policy {
 
 // Trusted reports whether p is trusted: its address lies in a trusted
 // network, or one of its authenticated identities is trusted. A nil Policy
-// trusts nobody. It does not allocate.
+// trusts nobody. It does not allocate. A request that came through a
+// forwarder is judged by its caller: pass Resolve's answer.
 func (pol *Policy) Trusted(p Peer) bool {
 	if pol == nil {
 		return false
 	}
 	set := pol.set.Load()
-	if set == nil {
-		return false
-	}
+	return set != nil && set.has(p)
+}
+
+func (set *trustSet) has(p Peer) bool {
 	if p.Addr.IsValid() {
 		a := p.Addr.Unmap()
 		for _, n := range set.networks {
@@ -129,10 +200,32 @@ func (pol *Policy) Trusted(p Peer) bool {
 	return false
 }
 
+// Resolve returns the caller of a request from peer p. When p is one of
+// the policy's forwarders and the request has an x-forwarded-client-cert
+// header, the caller is whom the header's last element names: its URI and
+// DNS SANs as Identities, and no address (a forwarded caller is trusted
+// by identity only). A header that does not parse, or is longer than
+// wire.ForwardedClientCertMaxLen, names a caller with no identity. From
+// any other peer, or without the header, Resolve returns p without its
+// ForwardedClientCert. It allocates only for a forwarded request.
+func (pol *Policy) Resolve(p Peer) Peer {
+	xfcc := p.ForwardedClientCert
+	p.ForwardedClientCert = ""
+	if xfcc == "" || pol == nil {
+		return p
+	}
+	set := pol.set.Load()
+	if set == nil || set.forwarders == nil || !set.forwarders.has(p) {
+		return p
+	}
+	return Peer{Identities: LastForwardedIdentities(xfcc)}
+}
+
 // Identities returns the identities of a TLS connection's verified client
-// certificate: its URI SANs, then its DNS SANs. A connection without a
-// verified chain (no certificate, or one that was not verified) has none.
-// Adapters fill Peer.Identities with it.
+// certificate: its URI SANs that have a scheme (RFC 5280 requires one),
+// then its DNS SANs. A connection without a verified chain (no
+// certificate, or one that was not verified) has none. Adapters fill
+// Peer.Identities with it.
 func Identities(cs *tls.ConnectionState) []string {
 	if cs == nil || len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
 		return nil
@@ -140,7 +233,14 @@ func Identities(cs *tls.ConnectionState) []string {
 	leaf := cs.VerifiedChains[0][0]
 	ids := make([]string, 0, len(leaf.URIs)+len(leaf.DNSNames))
 	for _, u := range leaf.URIs {
-		ids = append(ids, u.String())
+		if u.Scheme != "" {
+			ids = append(ids, u.String())
+		}
 	}
-	return append(ids, leaf.DNSNames...)
+	for _, d := range leaf.DNSNames {
+		if !strings.Contains(d, ":") {
+			ids = append(ids, d)
+		}
+	}
+	return ids
 }

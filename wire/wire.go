@@ -78,6 +78,17 @@ const (
 	CustomerMaxLen = 64
 )
 
+// Not triage's own, read only from a trusted proxy (trust.Forwarders), and
+// never stripped: the service may read it too.
+const (
+	// ForwardedClientCertKey is Envoy's x-forwarded-client-cert: the
+	// client certificate a proxy that terminated mTLS saw.
+	ForwardedClientCertKey = "x-forwarded-client-cert"
+	// ForwardedClientCertMaxLen bounds the header triage reads (a URL-encoded
+	// certificate with its chain fits); a longer one names no caller.
+	ForwardedClientCertMaxLen = 16 << 10
+)
+
 var registry = [...]Key{
 	{CriticalityKey, Request, 14, "criticality of the request: CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS or SHEDDABLE"},
 	{DecayKey, Request, 22, "milliseconds until the criticality decays, and the level it falls to: 1850:SHEDDABLE"},
