@@ -484,6 +484,9 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		h.TraceIn(ctx)
 		if err := h.Start(); err != nil {
+			if md := pushback(err); md != nil {
+				grpc.SetTrailer(ctx, md)
+			}
 			return nil, s.rejection(err)
 		}
 		ran := false
@@ -494,7 +497,11 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if s.trailers != nil {
 			s.trailers.finish(ctx, err)
 		}
-		return resp, ToError(outcome.Upward(err))
+		err = outcome.Upward(err)
+		if md := pushback(err); md != nil {
+			grpc.SetTrailer(ctx, md)
+		}
+		return resp, ToError(err)
 	}
 }
 
@@ -514,6 +521,9 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 		}
 		h.TraceIn(c)
 		if err := h.Start(); err != nil {
+			if md := pushback(err); md != nil {
+				ss.SetTrailer(md)
+			}
 			return s.rejection(err)
 		}
 		if c != ctx || h.UnderAdmission() {
@@ -527,7 +537,11 @@ func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
 		if s.trailers != nil {
 			s.trailers.finishStream(ss, err)
 		}
-		return ToError(outcome.Upward(err))
+		err = outcome.Upward(err)
+		if md := pushback(err); md != nil {
+			ss.SetTrailer(md)
+		}
+		return ToError(err)
 	}
 }
 

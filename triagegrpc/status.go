@@ -6,11 +6,13 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/triagehq/triage/internal/grpcwire"
 	"github.com/triagehq/triage/outcome"
 )
 
@@ -271,3 +273,29 @@ func fromWire(err error) error {
 }
 
 func anyOf(m proto.Message) (*anypb.Any, error) { return anypb.New(m) }
+
+// Pushback trailers, built once.
+var (
+	pushbackNever = metadata.Pairs(grpcwire.RetryPushbackKey, grpcwire.FormatPushback(false, 0))
+)
+
+// pushback returns the grpc-retry-pushback-ms trailer of a refusal or an
+// outcome a handler answers, which stock gRPC clients with a retry policy
+// honour: "-1" for every outcome but task overloaded (the book's retry is
+// one layer above the refusal only, and never for out of quota), the
+// RetryAfter in milliseconds for task overloaded with one, and none
+// otherwise (the client's backoff and retry throttling decide). nil for
+// anything that is not an overload outcome.
+func pushback(err error) metadata.MD {
+	oe, ok := outcome.As(err)
+	if !ok || !oe.Kind.Overload() {
+		return nil
+	}
+	if !oe.Kind.Retriable() {
+		return pushbackNever
+	}
+	if v := grpcwire.FormatPushback(true, oe.RetryAfter); v != "" {
+		return metadata.Pairs(grpcwire.RetryPushbackKey, v)
+	}
+	return nil
+}

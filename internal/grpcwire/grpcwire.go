@@ -1,7 +1,8 @@
 // Package grpcwire reads and writes the parts of gRPC's wire protocol
 // (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md) that
 // triage's HTTP-level adapters handle themselves: which requests are gRPC,
-// the grpc-timeout header and the grpc-message encoding.
+// the grpc-timeout header, the grpc-message encoding and the
+// grpc-retry-pushback-ms trailer.
 package grpcwire
 
 import (
@@ -98,4 +99,23 @@ func EncodeMessage(msg string) string {
 		b.WriteByte(hex[c&15])
 	}
 	return b.String()
+}
+
+// RetryPushbackKey is the trailer by which a server tells a client's retry
+// policy (gRFC A6) when to retry: a non-negative number of milliseconds,
+// or a negative one for "do not retry".
+const RetryPushbackKey = "grpc-retry-pushback-ms"
+
+// FormatPushback returns the grpc-retry-pushback-ms value of a refusal:
+// "-1" when the caller must not retry, after's milliseconds when the
+// server has an opinion of when to retry, "" (send none, the client's
+// backoff applies) otherwise.
+func FormatPushback(retry bool, after time.Duration) string {
+	switch {
+	case !retry:
+		return "-1"
+	case after > 0:
+		return strconv.FormatInt(after.Milliseconds(), 10)
+	}
+	return ""
 }
