@@ -39,13 +39,20 @@ import (
 	"github.com/triagehq/triage/triageyaml"
 )
 
+// probes are the paths of a command's readiness and liveness probes, and
+// its readiness handler (nil: triagehttp.HealthHandler of its lifecycle).
+type probes struct {
+	ready, live string
+	readyH      http.Handler
+}
+
 // serveMetrics serves reg's metrics on addr (at every path but the
 // probes'), and with a lifecycle its probes: triagehttp.ReadyPath (200,
-// or 503 in lame duck) and triagehttp.LivePath (200), or the paths given. An
+// or 503 in lame duck) and triagehttp.LivePath (200), or those of p. An
 // orchestrator's prober (a kubelet) reaches them there without the client
 // certificate the serving address asks for; the metrics listener is
 // meant for the pod's network only.
-func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle, probePaths ...string) (func(), error) {
+func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle, p ...probes) (func(), error) {
 	ml, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -53,12 +60,15 @@ func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle
 	mux := http.NewServeMux()
 	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	if lc != nil {
-		ready, live := triagehttp.ReadyPath, triagehttp.LivePath
-		if len(probePaths) == 2 {
-			ready, live = probePaths[0], probePaths[1]
+		pr := probes{ready: triagehttp.ReadyPath, live: triagehttp.LivePath}
+		if len(p) > 0 {
+			pr = p[0]
 		}
-		mux.Handle(ready, triagehttp.HealthHandler(lc))
-		mux.Handle(live, triagehttp.LivenessHandler())
+		if pr.readyH == nil {
+			pr.readyH = triagehttp.HealthHandler(lc)
+		}
+		mux.Handle(pr.ready, pr.readyH)
+		mux.Handle(pr.live, triagehttp.LivenessHandler())
 	}
 	hs := metricsServer(mux, metricsLimits)
 	go hs.Serve(netutil.LimitListener(ml, metricsLimits.conns))
@@ -97,6 +107,7 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		return 2
 	}
+	warnDeprecated(stderr, "triage quota-server", f.tls)
 	if !flagSet(fs, "bound-only") {
 		f.boundOnly = len(f.binds) > 0
 	}
@@ -149,12 +160,12 @@ func (f *quotaServerFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.refresh, "refresh", 5*time.Second, "how often tasks renew their lease (jittered ±25% by each task)")
 	fs.DurationVar(&f.reload, "reload", time.Second, "how often the policy file is checked for changes")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9090); default none")
-	f.tls.Register(fs, "", "tasks")
+	f.tls.RegisterServer(fs, "", "tasks")
 	f.binds = bindFlag{}
-	fs.Var(f.binds, "bind", "IDENTITY=TASK: a task whose verified client certificate names IDENTITY reports as TASK (repeatable; needs -tls-ca). An identity not bound reports as itself")
-	fs.BoolVar(&f.boundOnly, "bound-only", false, "with -tls-ca, refuse a caller none of whose identities -bind names, instead of letting it report as a task named after its identity (default true when -bind is given: under a mesh's or SPIFFE's CA any workload has an identity)")
+	fs.Var(f.binds, "bind", "IDENTITY=TASK: a task whose verified client certificate names IDENTITY reports as TASK (repeatable; needs -tls-client-ca). An identity not bound reports as itself")
+	fs.BoolVar(&f.boundOnly, "bound-only", false, "with -tls-client-ca, refuse a caller none of whose identities -bind names, instead of letting it report as a task named after its identity (default true when -bind is given: under a mesh's or SPIFFE's CA any workload has an identity)")
 	fs.BoolVar(&f.insecureEtcd, "insecure-etcd", false, "talk to -etcd endpoints beyond loopback without TLS (whoever reaches etcd writes the policy and the election)")
-	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "accept reports from callers without a verified client certificate, their task ids believed as sent (needed to listen beyond loopback without -tls-ca)")
+	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "accept reports from callers without a verified client certificate, their task ids believed as sent (needed to listen beyond loopback without -tls-client-ca)")
 	fs.DurationVar(&f.drain, "drain", time.Second, "on SIGTERM, how long the service answers in lame duck (health NOT_SERVING) before it stops; calls still running 5 s later are cut")
 	fs.StringVar(&f.etcd, "etcd", "", "comma-separated etcd endpoints: run as one of several replicas, the leader elected through etcd (quotareplica); default one process, no etcd")
 	fs.StringVar(&f.advertise, "advertise", "", "with -etcd, the address tasks reach this replica at (told to tasks by the other replicas; required with -etcd)")
@@ -164,7 +175,7 @@ func (f *quotaServerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.grantLog, "grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; quota/grantlog), written off the refresh path; its errors go to stderr and triage_quota_grant_log_errors_total")
 	fs.Int64Var(&f.grantLogMax, "grant-log-max-bytes", 100<<20, "with -grant-log, rotate the file (to FILE.1, FILE.2, ...) before it passes this size")
 	fs.IntVar(&f.grantLogBackups, "grant-log-backups", 5, "with -grant-log, how many rotated files to keep (0 to 100)")
-	f.etcdTLS.Register(fs, "etcd-", "etcd")
+	f.etcdTLS.RegisterClient(fs, "etcd-", "etcd")
 	f.log.register(fs)
 	fs.StringVar(&f.mode, "mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
 }
@@ -199,13 +210,13 @@ func (f *quotaServerFlags) check() error {
 func (f *quotaServerFlags) checkAuth() error {
 	switch {
 	case len(f.binds) > 0 && f.tls.CA == "":
-		return errors.New("-bind needs -tls-ca (identities come from verified client certificates)")
+		return errors.New("-bind needs -tls-client-ca (identities come from verified client certificates)")
 	case f.boundOnly && f.tls.CA == "":
-		return errors.New("-bound-only needs -tls-ca (identities come from verified client certificates)")
+		return errors.New("-bound-only needs -tls-client-ca (identities come from verified client certificates)")
 	case f.tls.CA != "" && f.unauthenticated:
-		return errors.New("-unauthenticated and -tls-ca contradict each other")
+		return errors.New("-unauthenticated and -tls-client-ca contradict each other")
 	case f.tls.CA == "" && !f.unauthenticated && beyondLoopback(f.listen):
-		return fmt.Errorf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-ca so that tasks are authenticated, or -unauthenticated", f.listen)
+		return fmt.Errorf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-client-ca so that tasks are authenticated, or -unauthenticated", f.listen)
 	}
 	return nil
 }

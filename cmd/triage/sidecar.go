@@ -38,6 +38,8 @@ type egressRoute struct {
 type sidecarFlags struct {
 	listen, metrics     string
 	readyPath, livePath string
+	upstreamReady       string       // the upstream's own readiness path, or ""
+	ready               http.Handler // the readiness handler build makes
 	up                  *url.URL
 	egress              []egressRoute
 	edge                edgeFlags
@@ -64,8 +66,8 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 		return err
 	})
 	f.edge.register(fs)
-	f.tls.Register(fs, "", "callers")
-	f.upstreamTLS.Register(fs, "upstream-", "the upstream")
+	f.tls.RegisterServer(fs, "", "callers")
+	f.upstreamTLS.RegisterClient(fs, "upstream-", "the upstream")
 	fs.BoolVar(&f.unauthed, "unauthenticated", false, "serve callers without verified client certificates beyond loopback")
 	fs.Func("egress-internal", "a host pattern whose -egress upstreams receive triage's headers (criticality, customer, attempt, decay): a name, \".suffix\" or *; repeatable. Default: cluster-internal hosts only (one-label names, .svc, .cluster.local, .internal, .local, localhost, loopback and private addresses)", func(v string) error {
 		if strings.TrimSpace(v) == "" {
@@ -80,6 +82,7 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the sidecar answers readiness 503 (lame duck) before it stops; requests still running 10 s later are cut")
 	fs.StringVar(&f.readyPath, "ready-path", triagehttp.ReadyPath, "readiness probe, answered by the sidecar on -listen and -metrics (503 in lame duck)")
 	fs.StringVar(&f.livePath, "live-path", triagehttp.LivePath, "liveness probe, answered by the sidecar on -listen and -metrics")
+	fs.StringVar(&f.upstreamReady, "upstream-ready", "", "the upstream's own readiness path (e.g. /healthz): the sidecar's readiness answers 503 while the upstream does not answer it 2xx or 3xx within a second (asked at most once a second); default: the sidecar's readiness does not ask the upstream")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9092); default none")
 	f.log.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -88,6 +91,7 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 		}
 		return nil, 2, false
 	}
+	warnDeprecated(stderr, "triage sidecar", f.tls)
 	if msg := f.check(fs, *upstream); msg != "" {
 		fmt.Fprintln(stderr, "triage sidecar: "+msg)
 		return nil, 2, false
@@ -170,15 +174,15 @@ func (f *sidecarFlags) check(fs *flag.FlagSet, upstream string) string {
 
 // checkServing returns what is wrong with serving on listen with the
 // TLS files, or "": beyond loopback, callers must be authenticated
-// (-tls-ca) unless -unauthenticated says otherwise.
+// (-tls-client-ca) unless -unauthenticated says otherwise.
 func checkServing(listen string, files tlsfiles.Files, unauthed bool, identities string) string {
 	switch {
 	case files.CA != "" && unauthed:
-		return "-unauthenticated and -tls-ca contradict each other"
+		return "-unauthenticated and -tls-client-ca contradict each other"
 	case files.CA == "" && !unauthed && beyondLoopback(listen):
-		return fmt.Sprintf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-ca so that callers are authenticated, or -unauthenticated", listen)
+		return fmt.Sprintf("-listen %s is beyond loopback: give -tls-cert, -tls-key and -tls-client-ca so that callers are authenticated, or -unauthenticated", listen)
 	case identities != "" && files.CA == "":
-		return "-trust-identity needs -tls-ca (identities come from client certificates it verified)"
+		return "-trust-identity needs -tls-client-ca (identities come from client certificates it verified)"
 	}
 	return ""
 }
@@ -209,7 +213,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return 1
 	}
 	if f.metrics != "" {
-		stopMetrics, err := serveMetrics(f.metrics, reg, lc, f.readyPath, f.livePath)
+		stopMetrics, err := serveMetrics(f.metrics, reg, lc, probes{f.readyPath, f.livePath, f.ready})
 		if err != nil {
 			log.Error("sidecar cannot serve metrics", "addr", f.metrics, "err", err)
 			return 1
@@ -299,8 +303,15 @@ func (f *sidecarFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) ([
 	if err != nil {
 		return nil, nil, err
 	}
+	var probe *triagesidecar.UpstreamProbe
+	if f.upstreamReady != "" {
+		if probe, err = triagesidecar.NewUpstreamProbe(f.up, f.upstreamReady, rt, time.Second, nil); err != nil {
+			return nil, nil, err
+		}
+	}
+	f.ready = triagesidecar.ReadyHandler(lc, probe)
 	mux := http.NewServeMux()
-	mux.Handle(f.readyPath, triagehttp.HealthHandler(lc))
+	mux.Handle(f.readyPath, f.ready)
 	mux.Handle(f.livePath, triagehttp.LivenessHandler())
 	mux.Handle("/", in)
 	ingress, err := f.server(mux, f.tls)
