@@ -4,12 +4,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triageprom"
@@ -21,15 +23,16 @@ import (
 // in another process (sidecar, extproc): whom to trust and how to assign
 // criticality, from -config (reloaded) or the -trust flags.
 type edgeFlags struct {
-	config, networks, identities string
-	trust                        *trust.Policy
-	classifier                   *edge.Classifier
+	config, networks, identities, forwarders string
+	trust                                    *trust.Policy
+	classifier                               *edge.Classifier
 }
 
 func (e *edgeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.config, "config", "", "YAML file of the edge (trust: networks, identities; criticality: default, rules), read again when it changes")
 	fs.StringVar(&e.networks, "trust", "", "comma-separated networks (CIDR) whose criticality, attempt and customer headers are believed; default: nobody's (or -config's)")
-	fs.StringVar(&e.identities, "trust-identity", "", "comma-separated identities (URI or DNS SANs of client certificates) whose headers are believed")
+	fs.StringVar(&e.identities, "trust-identity", "", "comma-separated identities (URI SANs with their scheme, or DNS SANs) of client certificates whose headers are believed")
+	fs.StringVar(&e.forwarders, "trust-forwarder", "", "comma-separated networks (CIDR) of proxies whose x-forwarded-client-cert names the caller, then judged by -trust-identity (a mesh's sidecar: docs/trust.md)")
 }
 
 // build makes the trust policy and the classifier: -config's, or the
@@ -37,8 +40,8 @@ func (e *edgeFlags) register(fs *flag.FlagSet) {
 // CRITICAL).
 func (e *edgeFlags) build() error {
 	if e.config != "" {
-		if e.networks != "" || e.identities != "" {
-			return fmt.Errorf("-config names whom to trust: give -trust and -trust-identity there, not as flags")
+		if e.networks != "" || e.identities != "" || e.forwarders != "" {
+			return fmt.Errorf("-config names whom to trust: give -trust, -trust-identity and -trust-forwarder there, not as flags")
 		}
 		c, err := triageyaml.LoadEdge(e.config)
 		if err != nil {
@@ -48,7 +51,8 @@ func (e *edgeFlags) build() error {
 		return err
 	}
 	var err error
-	if e.trust, err = trust.New(trust.Config{Networks: splitList(e.networks), Identities: splitList(e.identities)}); err != nil {
+	if e.trust, err = trust.New(trust.Config{Networks: splitList(e.networks), Identities: splitList(e.identities),
+		Forwarders: trust.Forwarders{Networks: splitList(e.forwarders)}}); err != nil {
 		return fmt.Errorf("-trust: %w", err)
 	}
 	e.classifier, err = edge.New(edge.HeaderOnly())
@@ -120,4 +124,12 @@ func (a *admissionFlags) controller(m *triageprom.Metrics, reg *prometheus.Regis
 	}
 	reg.MustRegister(triageprom.AdmissionState(ctl))
 	return ctl, nil
+}
+
+// warnDeprecated tells stderr of a deprecated TLS flag the command was
+// given (it still works, for one minor version).
+func warnDeprecated(stderr io.Writer, cmd string, f tlsfiles.Files) {
+	if w := f.Deprecated(); w != "" {
+		fmt.Fprintln(stderr, cmd+": "+w)
+	}
 }

@@ -48,7 +48,7 @@ func parseExtprocFlags(args []string, stderr io.Writer) (*extprocFlags, int, boo
 	f := &extprocFlags{}
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:7092", "gRPC address Envoy's ext_proc filter calls (envoy.service.ext_proc.v3.ExternalProcessor)")
 	f.edge.register(fs)
-	f.tls.Register(fs, "", "Envoy")
+	f.tls.RegisterServer(fs, "", "Envoy")
 	fs.BoolVar(&f.unauthed, "unauthenticated", false, "serve Envoy without a verified client certificate beyond loopback")
 	f.admission.register(fs, DefaultExtprocMaxWait)
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the processor answers health NOT_SERVING before it stops; streams still open 10 s later are cut")
@@ -60,6 +60,7 @@ func parseExtprocFlags(args []string, stderr io.Writer) (*extprocFlags, int, boo
 		}
 		return nil, 2, false
 	}
+	warnDeprecated(stderr, "triage extproc", f.tls)
 	msg := f.admission.check()
 	if msg == "" {
 		msg = checkServing(f.listen, f.tls, f.unauthed, f.edge.identities)

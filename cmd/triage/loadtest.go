@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/triagehq/triage/cmd/triage/internal/reflectreq"
 	"github.com/triagehq/triage/cmd/triage/internal/report"
+	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagegrpc"
@@ -49,7 +49,7 @@ Flags:
 
 type loadtestFlags struct {
 	grpcAddr, method, data, dataHex, dataFile string
-	tlsCA                                     string
+	tls                                       tlsfiles.Files
 	conns                                     int
 	rawURL, httpMethod                        string
 	header                                    http.Header
@@ -73,7 +73,7 @@ func parseLoadtestFlags(args []string, stderr io.Writer) (loadtestFlags, []loadt
 	fs.StringVar(&f.data, "data", "", "the request: for -grpc, the message in JSON (read through the server's reflection service); for -url, the body")
 	fs.StringVar(&f.dataHex, "data-hex", "", "gRPC request message, protobuf wire bytes in hex (default: the empty message)")
 	fs.StringVar(&f.dataFile, "data-file", "", "gRPC request message, a file of protobuf wire bytes (protoc --encode); for -url, the request body")
-	fs.StringVar(&f.tlsCA, "tls-ca", "", "speak TLS, trusting the CA certificates in this PEM file (default: plaintext)")
+	f.tls.RegisterClient(fs, "", "the target") // any of them: speak TLS (default: plaintext)
 	fs.IntVar(&f.conns, "conns", 4, "gRPC connections (calls are spread over them)")
 	fs.StringVar(&f.rawURL, "url", "", "HTTP target URL")
 	fs.StringVar(&f.httpMethod, "http-method", "GET", "HTTP method")
@@ -160,20 +160,18 @@ func (f loadtestFlags) target(ctx context.Context) (t loadtest.Target, name stri
 	return f.grpcTarget(ctx, tlsConf, data)
 }
 
-// tlsConfig is the client TLS of -tls-ca, nil without it.
+// tlsConfig is the client TLS of -tls-ca, -tls-cert and -tls-key (a
+// client certificate, for a target that authenticates its callers), nil
+// without any of them.
 func (f loadtestFlags) tlsConfig() (*tls.Config, error) {
-	if f.tlsCA == "" {
+	if !f.tls.Set() {
 		return nil, nil
 	}
-	pem, err := os.ReadFile(f.tlsCA)
+	c, err := f.tls.Client()
 	if err != nil {
-		return nil, fmt.Errorf("-tls-ca: %w", err)
+		return nil, fmt.Errorf("-tls-ca, -tls-cert, -tls-key: %w", err)
 	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("-tls-ca: no PEM certificate in %s", f.tlsCA)
-	}
-	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+	return c, nil
 }
 
 // body is the request's message of -data (HTTP only: gRPC's is encoded

@@ -174,7 +174,7 @@ func TestProxyCommand(t *testing.T) {
 		want string
 	}{
 		{[]string{"proxy", "--backends", "127.0.0.1:1,0.0.0.0:1"}, "-insecure-backends"},
-		{[]string{"proxy", "--backends", "127.0.0.1:1", "--trust-identity", "spiffe://x/batch"}, "-trust-identity needs -tls-ca"},
+		{[]string{"proxy", "--backends", "127.0.0.1:1", "--trust-identity", "spiffe://x/batch"}, "-trust-identity needs -tls-client-ca"},
 	} {
 		var o, e strings.Builder
 		if code := run(context.Background(), tc.args, &o, &e); code != 2 || !strings.Contains(e.String(), tc.want) {

@@ -60,12 +60,12 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 	fs.IntVar(&f.clientID, "client-id", 0, "this proxy's client id for subsetting (proxies of one job use 0, 1, 2, ...)")
 	fs.StringVar(&f.policy, "policy", "weighted_round_robin", "load balancing policy: round_robin, least_loaded or weighted_round_robin")
 	trusted := fs.String("trust", "", "comma-separated networks (CIDR) whose criticality, attempt and customer claims are believed; default: nobody's")
-	trustedIDs := fs.String("trust-identity", "", "comma-separated identities (URI or DNS SANs of client certificates that -tls-ca verified) whose claims are believed; default: nobody's")
-	f.tls.Register(fs, "", "batch clients")
-	f.backendTLS.Register(fs, "backend-", "the backends")
+	trustedIDs := fs.String("trust-identity", "", "comma-separated identities (URI or DNS SANs of client certificates that -tls-client-ca verified) whose claims are believed; default: nobody's")
+	f.tls.RegisterServer(fs, "", "batch clients")
+	f.backendTLS.RegisterClient(fs, "backend-", "the backends")
 	fs.StringVar(&f.backendServerName, "backend-tls-server-name", "", "name the backends' certificates must carry (default: each backend's host)")
 	fs.BoolVar(&f.insecureBackends, "insecure-backends", false, "dial backends beyond loopback without TLS (the calls forward their callers' metadata, authorization included, in the clear)")
-	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "serve callers without verified client certificates beyond loopback (without -tls-ca, the proxy listens only on loopback unless told this)")
+	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "serve callers without verified client certificates beyond loopback (without -tls-client-ca, the proxy listens only on loopback unless told this)")
 	fs.BoolVar(&f.noAdmission, "no-admission", false, "forward everything, without the proxy's own admission control (not recommended: the proxy is the fuse)")
 	fs.DurationVar(&f.maxWait, "max-wait", triagegrpc.DefaultProxyMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
 	fs.IntVar(&f.queueFactor, "queue-factor", triagegrpc.DefaultProxyQueueFactor, "the proxy's waiting queue, as a multiple of its execution limit (0-64)")
@@ -79,6 +79,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 		}
 		return nil, 2, false
 	}
+	warnDeprecated(stderr, "triage proxy", f.tls)
 	f.addrs = splitList(*backends)
 	f.trustIDs = splitList(*trustedIDs)
 	if msg := f.check(fs); msg != "" {

@@ -79,7 +79,7 @@ func TestQuotaServerTLS(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		args := []string{"quota-server", "-config", policy, "-listen", "127.0.0.1:0",
-			"-tls-cert", srvCert, "-tls-key", srvKey, "-tls-ca", caFile, "-bind", "spiffe://test/host-7=db-7"}
+			"-tls-cert", srvCert, "-tls-key", srvKey, "-tls-client-ca", caFile, "-bind", "spiffe://test/host-7=db-7"}
 		if !boundOnly {
 			args = append(args, "-bound-only=false")
 		}
@@ -127,11 +127,13 @@ func TestQuotaServerTLS(t *testing.T) {
 		want string
 	}{
 		{[]string{"-listen", "0.0.0.0:0"}, "beyond loopback"},
-		{[]string{"-bind", "spiffe://x=t"}, "-bind needs -tls-ca"},
+		{[]string{"-bind", "spiffe://x=t"}, "-bind needs -tls-client-ca"},
 		{[]string{"-bind", "nope"}, "IDENTITY=TASK"},
 		{[]string{"-tls-ca", caFile}, "needs a certificate"},
-		{[]string{"-tls-cert", srvCert, "-tls-key", srvKey, "-tls-ca", caFile, "-unauthenticated"}, "contradict"},
-		{[]string{"-bound-only"}, "-bound-only needs -tls-ca"},
+		{[]string{"-tls-cert", srvCert, "-tls-key", srvKey, "-tls-client-ca", caFile, "-unauthenticated"}, "contradict"},
+		{[]string{"-tls-cert", srvCert, "-tls-key", srvKey, "-tls-ca", caFile, "-unauthenticated"}, "contradict"},                                // the deprecated spelling still works,
+		{[]string{"-tls-cert", srvCert, "-tls-key", srvKey, "-tls-ca", caFile, "-unauthenticated"}, "-tls-ca is deprecated: use -tls-client-ca"}, // with a warning
+		{[]string{"-bound-only"}, "-bound-only needs -tls-client-ca"},
 		// Issue 38: etcd beyond loopback in the clear (0.0.0.0 is beyond
 		// loopback to the check; a dial to it would stay on this machine).
 		{[]string{"-etcd", "0.0.0.0:1", "-advertise", "127.0.0.1:1"}, "-insecure-etcd"},
@@ -180,7 +182,7 @@ func TestProxyTLS(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	addr, done, errb := startCommand(t, ctx, "proxy", "-listen", "127.0.0.1:0", "-backends", blis.Addr().String(),
-		"-tls-cert", proxyCert, "-tls-key", proxyKey, "-tls-ca", caFile, "-trust-identity", "spiffe://test/batch-client",
+		"-tls-cert", proxyCert, "-tls-key", proxyKey, "-tls-client-ca", caFile, "-trust-identity", "spiffe://test/batch-client",
 		"-backend-tls-cert", proxyCert, "-backend-tls-key", proxyKey, "-backend-tls-ca", caFile, "-drain", "0s")
 	call := func(cert *tls.Certificate) (string, error) {
 		cfg := &tls.Config{RootCAs: ca.Pool}

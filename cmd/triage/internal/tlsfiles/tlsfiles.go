@@ -27,16 +27,38 @@ type Files struct {
 	// requires and verifies client certificates; a client verifies the
 	// server against it (empty: the system roots).
 	CA string
+
+	deprecated string // the warning for a deprecated flag given
 }
 
-// Register defines the flags -<prefix>tls-cert, -<prefix>tls-key and
-// -<prefix>tls-ca on fs; peer names the other side in their usage
-// ("clients", "the quota service").
-func (f *Files) Register(fs *flag.FlagSet, prefix, peer string) {
+// RegisterServer defines a server's flags on fs: -<prefix>tls-cert and
+// -<prefix>tls-key, what it presents, and -<prefix>tls-client-ca, the
+// bundle that verifies its clients' certificates (required when given);
+// peer names the clients in their usage ("callers", "tasks").
+// -<prefix>tls-ca is the deprecated spelling of -<prefix>tls-client-ca,
+// kept for one minor version: Deprecated reports its use.
+func (f *Files) RegisterServer(fs *flag.FlagSet, prefix, peer string) {
 	fs.StringVar(&f.Cert, prefix+"tls-cert", "", "PEM certificate chain presented to "+peer+" (with -"+prefix+"tls-key)")
 	fs.StringVar(&f.Key, prefix+"tls-key", "", "PEM private key of -"+prefix+"tls-cert")
-	fs.StringVar(&f.CA, prefix+"tls-ca", "", "PEM CA bundle that verifies "+peer+"' certificates")
+	fs.StringVar(&f.CA, prefix+"tls-client-ca", "", "PEM CA bundle that verifies "+peer+"' client certificates, which are then required")
+	fs.Func(prefix+"tls-ca", "deprecated: -"+prefix+"tls-client-ca", func(v string) error {
+		f.CA, f.deprecated = v, "-"+prefix+"tls-ca is deprecated: use -"+prefix+"tls-client-ca"
+		return nil
+	})
 }
+
+// RegisterClient defines a client's flags on fs: -<prefix>tls-cert and
+// -<prefix>tls-key, the client certificate it presents, and
+// -<prefix>tls-ca, the bundle that verifies the server; peer names the
+// server in their usage ("the upstream", "etcd").
+func (f *Files) RegisterClient(fs *flag.FlagSet, prefix, peer string) {
+	fs.StringVar(&f.Cert, prefix+"tls-cert", "", "PEM client certificate chain presented to "+peer+" (with -"+prefix+"tls-key)")
+	fs.StringVar(&f.Key, prefix+"tls-key", "", "PEM private key of -"+prefix+"tls-cert")
+	fs.StringVar(&f.CA, prefix+"tls-ca", "", "PEM CA bundle that verifies "+peer+"'s certificate (default: the system roots)")
+}
+
+// Deprecated returns a warning for a deprecated flag that was given, or "".
+func (f Files) Deprecated() string { return f.deprecated }
 
 // Set reports whether any file is named.
 func (f Files) Set() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
