@@ -70,6 +70,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.drain_body()
+        if self.path == "/healthz":  # the sidecar's -upstream-ready, the liveness probe
+            self.send_response(200)
+            self.send_header("Content-Length", "3")
+            self.end_headers()
+            self.wfile.write(b"ok\n")
+            return
         if DOWNSTREAM is not None:
             status, up = call_downstream(self.headers)
             if status != 200:

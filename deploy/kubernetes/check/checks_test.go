@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -38,6 +39,82 @@ var checks = []struct {
 	{"prometheus rules", checkRules},
 	{"dashboard", checkDashboard},
 	{"edge configuration", checkEdge},
+	{"images pinned", checkImages},
+	{"network policies", checkNetworkPolicies},
+}
+
+// Every workload's pods are selected by a NetworkPolicy, and etcd's
+// client port admits only the quota service's pods (the quota policy
+// lives there).
+func checkNetworkPolicies(t *testing.T, b *built) {
+	var pols []*networkingv1.NetworkPolicy
+	for _, o := range b.objects {
+		if p, ok := o.value.(*networkingv1.NetworkPolicy); ok {
+			pols = append(pols, p)
+		}
+	}
+	selects := func(p *networkingv1.NetworkPolicy, labels map[string]string) bool {
+		for k, v := range p.Spec.PodSelector.MatchLabels {
+			if labels[k] != v {
+				return false
+			}
+		}
+		return len(p.Spec.PodSelector.MatchExpressions) == 0
+	}
+	for _, w := range b.workloads() {
+		var mine []*networkingv1.NetworkPolicy
+		for _, p := range pols {
+			if selects(p, w.pod.Labels) {
+				mine = append(mine, p)
+			}
+		}
+		if len(mine) == 0 {
+			t.Errorf("%s %s: no NetworkPolicy selects its pods", w.kind, w.name)
+			continue
+		}
+		if w.name != "etcd" {
+			continue
+		}
+		for _, p := range mine {
+			for _, rule := range p.Spec.Ingress {
+				for _, port := range rule.Ports {
+					if port.Port == nil || port.Port.String() != "client" {
+						continue
+					}
+					if len(rule.From) == 0 {
+						t.Errorf("etcd's client port is open to every pod")
+					}
+					for _, from := range rule.From {
+						if from.PodSelector == nil || from.PodSelector.MatchLabels["app.kubernetes.io/name"] != "quota" || from.NamespaceSelector != nil || from.IPBlock != nil {
+							t.Errorf("etcd's client port admits %+v, want the quota service's pods only", from)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// Every container's image names a version (a tag other than latest, or a
+// digest), so that a rollout runs what was tested and the kubelet does not
+// pull it again at each start (it pulls :latest and untagged images
+// always, and a locally built image then fails to start).
+func checkImages(t *testing.T, b *built) {
+	for _, w := range b.workloads() {
+		for _, c := range append(w.pod.Spec.InitContainers, w.pod.Spec.Containers...) {
+			ref := c.Image
+			if _, digest, ok := strings.Cut(ref, "@"); ok && strings.HasPrefix(digest, "sha256:") {
+				continue
+			}
+			tag := ""
+			if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+				tag = ref[i+1:]
+			}
+			if tag == "" || tag == "latest" || !strings.ContainsAny(tag, "0123456789") {
+				t.Errorf("%s/%s: image %q is not pinned to a version", w.name, c.Name, ref)
+			}
+		}
+	}
 }
 
 func TestKit(t *testing.T) {
@@ -49,7 +126,7 @@ func TestKit(t *testing.T) {
 				kinds[o.kind]++
 			}
 			t.Logf("%s: %d objects decoded strictly: %v", overlay, len(b.objects), kinds)
-			for _, want := range []string{"Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "PrometheusRule", "ServiceMonitor", "Secret", "ConfigMap"} {
+			for _, want := range []string{"Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "PrometheusRule", "ServiceMonitor", "Secret", "ConfigMap", "NetworkPolicy"} {
 				if kinds[want] == 0 {
 					t.Errorf("no %s in the build", want)
 				}
@@ -556,6 +633,17 @@ func checkRules(t *testing.T, b *built) {
 	pr, _ := b.get("PrometheusRule", "triage").(*monitoringv1.PrometheusRule)
 	if pr == nil {
 		t.Fatal("no PrometheusRule triage")
+	}
+	// kube-prometheus-stack loads rules and monitors labelled with its
+	// release; `prometheus: k8s` (kube-prometheus's) it ignores.
+	sm, _ := b.get("ServiceMonitor", "triage").(*monitoringv1.ServiceMonitor)
+	if sm == nil {
+		t.Fatal("no ServiceMonitor triage")
+	}
+	for kind, labels := range map[string]map[string]string{"PrometheusRule": pr.Labels, "ServiceMonitor": sm.GetLabels()} {
+		if labels["release"] == "" {
+			t.Errorf("the %s has no release label: kube-prometheus-stack would not load it (labels %v)", kind, labels)
+		}
 	}
 	raw, err := os.ReadFile(filepath.Join(repo, "deploy", "prometheus", "triage-rules.yml"))
 	if err != nil {

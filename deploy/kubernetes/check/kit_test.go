@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -53,6 +54,8 @@ func typed(apiVersion, kind string) (any, bool) {
 		return &appsv1.Deployment{}, true
 	case "apps/v1/StatefulSet":
 		return &appsv1.StatefulSet{}, true
+	case "networking.k8s.io/v1/NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}, true
 	case "policy/v1/PodDisruptionBudget":
 		return &policyv1.PodDisruptionBudget{}, true
 	case "autoscaling/v2/HorizontalPodAutoscaler":

@@ -4,9 +4,16 @@
 //
 //	go run ./cmd/devcerts -namespace triage-dev ../overlays/dev/certs
 //
-// It writes DIR/ca.crt, DIR/ca.key and DIR/NAME/tls.crt and tls.key for
+// It writes DIR/ca.crt and DIR/ca.key, DIR/etcd-ca.crt and
+// DIR/etcd-ca.key (etcd's own authority: it signs only etcd and its
+// client, the quota service), and DIR/NAME/tls.crt and tls.key for
 // shop, quota, quota-etcd-client and etcd, with the names each is reached
-// at in the namespace and a SPIFFE identity per service account.
+// at in the namespace and a SPIFFE identity per service account, and for
+// frontend, a caller's client certificate with the identity the edge
+// configuration trusts, for calling the shop:
+//
+//	triage loadtest -url https://shop.NS.svc:7090/ -tls-ca DIR/ca.crt \
+//	  -tls-cert DIR/frontend/tls.crt -tls-key DIR/frontend/tls.key
 package main
 
 import (
@@ -60,29 +67,26 @@ func leaves(ns string) []leaf {
 		{name: "quota", dns: svc("quota", "quota-peers", "*.quota-peers"), account: "quota", usage: both},
 		{name: "quota-etcd-client", account: "quota", usage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 		{name: "etcd", dns: append(svc("etcd", "*.etcd"), "localhost"), account: "etcd", usage: both},
+		// A caller of the shop: a client certificate only.
+		{name: "frontend", account: "frontend", usage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}},
 	}
 }
 
 func write(dir, ns string) error {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
 	now := time.Now()
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "triage dev CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(90 * 24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	if err := writePEM(filepath.Join(dir, "ca.crt"), "CERTIFICATE", caDER); err != nil {
-		return err
-	}
-	if err := writeKey(filepath.Join(dir, "ca.key"), caKey); err != nil {
-		return err
+	cas := map[string]*authority{}
+	for _, name := range []string{"ca", "etcd-ca"} {
+		a, err := newAuthority(name, now)
+		if err != nil {
+			return err
+		}
+		if err := writePEM(filepath.Join(dir, name+".crt"), "CERTIFICATE", a.der); err != nil {
+			return err
+		}
+		if err := writeKey(filepath.Join(dir, name+".key"), a.key); err != nil {
+			return err
+		}
+		cas[name] = a
 	}
 	for i, l := range leaves(ns) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -96,7 +100,8 @@ func write(dir, ns string) error {
 			DNSNames: l.dns, URIs: []*url.URL{id},
 			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: l.usage,
 		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		a := cas[l.ca()]
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
 		if err != nil {
 			return err
 		}
@@ -108,6 +113,43 @@ func write(dir, ns string) error {
 		}
 	}
 	return nil
+}
+
+// ca is the authority that signs l: etcd's own for etcd and its one
+// client, so that no other workload's certificate (the shop's, a
+// caller's) is accepted by etcd, where the quota policy lives.
+func (l leaf) ca() string {
+	if l.name == "etcd" || l.name == "quota-etcd-client" {
+		return "etcd-ca"
+	}
+	return "ca"
+}
+
+type authority struct {
+	cert *x509.Certificate
+	der  []byte
+	key  *ecdsa.PrivateKey
+}
+
+func newAuthority(name string, now time.Time) (*authority, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "triage dev " + name},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(90 * 24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &authority{cert: cert, der: der, key: key}, nil
 }
 
 func writeKey(path string, k *ecdsa.PrivateKey) error {
