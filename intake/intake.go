@@ -211,11 +211,11 @@ type Request struct {
 type keySpelling struct{ lower, canonical string }
 
 var (
-	keyCriticality = keySpelling{wire.CriticalityKey, "Triage-Criticality"}
-	keyDecay       = keySpelling{wire.DecayKey, "Triage-Criticality-Decay"}
-	keyAttempt     = keySpelling{wire.AttemptKey, "Triage-Attempt"}
-	keyCustomer    = keySpelling{wire.CustomerKey, "Triage-Customer"}
-	keyXFCC        = keySpelling{wire.ForwardedClientCertKey, "X-Forwarded-Client-Cert"}
+	keyCriticality = keySpelling{wire.CriticalityKey, wire.CriticalityHeader}
+	keyDecay       = keySpelling{wire.DecayKey, wire.DecayHeader}
+	keyAttempt     = keySpelling{wire.AttemptKey, wire.AttemptHeader}
+	keyCustomer    = keySpelling{wire.CustomerKey, wire.CustomerHeader}
+	keyXFCC        = keySpelling{wire.ForwardedClientCertKey, wire.ForwardedClientCertHeader}
 )
 
 // last returns the last value of key in r's header, or "".

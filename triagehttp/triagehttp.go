@@ -83,15 +83,15 @@ import (
 	"github.com/triagehq/triage/wire"
 )
 
-// Canonical header names of the wire keys (see package wire), so lookups do
-// not canonicalize on every request. TestHeaderNames checks them.
+// Header names in net/http's canonical spelling: the wire keys' (package
+// wire spells them), and Retry-After.
 const (
-	criticalityHeader = "Triage-Criticality"
-	decayHeader       = "Triage-Criticality-Decay"
-	attemptHeader     = "Triage-Attempt"
-	customerHeader    = "Triage-Customer"
-	outcomeHeader     = "Triage-Outcome"
-	lameDuckHeader    = "Triage-Lame-Duck"
+	criticalityHeader = wire.CriticalityHeader
+	decayHeader       = wire.DecayHeader
+	attemptHeader     = wire.AttemptHeader
+	customerHeader    = wire.CustomerHeader
+	outcomeHeader     = wire.OutcomeHeader
+	lameDuckHeader    = wire.LameDuckHeader
 	retryAfterHeader  = "Retry-After"
 )
 

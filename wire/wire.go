@@ -78,6 +78,19 @@ const (
 	CustomerMaxLen = 64
 )
 
+// The keys in net/http's canonical spelling (textproto's), for header maps
+// that hold it, so that lookups do not canonicalize on every request.
+// TestCanonicalSpellings checks each against its key.
+const (
+	CriticalityHeader         = "Triage-Criticality"
+	DecayHeader               = "Triage-Criticality-Decay"
+	AttemptHeader             = "Triage-Attempt"
+	CustomerHeader            = "Triage-Customer"
+	OutcomeHeader             = "Triage-Outcome"
+	LameDuckHeader            = "Triage-Lame-Duck"
+	ForwardedClientCertHeader = "X-Forwarded-Client-Cert"
+)
+
 // Not triage's own, read only from a trusted proxy (trust.Forwarders), and
 // never stripped: the service may read it too.
 const (

@@ -1,6 +1,7 @@
 package wire_test
 
 import (
+	"net/textproto"
 	"strings"
 	"testing"
 
@@ -62,6 +63,22 @@ func TestIsTriage(t *testing.T) {
 	} {
 		if got := wire.Folded(name); got != want {
 			t.Errorf("Folded(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestCanonicalSpellings(t *testing.T) {
+	for key, header := range map[string]string{
+		wire.CriticalityKey:         wire.CriticalityHeader,
+		wire.DecayKey:               wire.DecayHeader,
+		wire.AttemptKey:             wire.AttemptHeader,
+		wire.CustomerKey:            wire.CustomerHeader,
+		wire.OutcomeKey:             wire.OutcomeHeader,
+		wire.LameDuckKey:            wire.LameDuckHeader,
+		wire.ForwardedClientCertKey: wire.ForwardedClientCertHeader,
+	} {
+		if got := textproto.CanonicalMIMEHeaderKey(key); got != header {
+			t.Errorf("%s is spelled %q, net/http spells it %q", key, header, got)
 		}
 	}
 }

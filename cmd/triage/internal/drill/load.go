@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/triagehq/triage/wire"
 )
 
 // load is the open-loop load generator: users who do not slow down when
@@ -114,7 +116,7 @@ func (lg *load) fire(ctx context.Context, c class, start time.Time) {
 			answer(true, resp.Header.Get("X-Degraded") == "1", "")
 			return
 		}
-		reason := resp.Header.Get("Triage-Outcome")
+		reason := resp.Header.Get(wire.OutcomeHeader)
 		if reason == "" {
 			reason = fmt.Sprintf("HTTP %d", resp.StatusCode)
 		}

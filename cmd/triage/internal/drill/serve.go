@@ -45,6 +45,7 @@ import (
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
+	"github.com/triagehq/triage/wire"
 )
 
 // The roles of the stack, Figure 21-2: an HTTP frontend, backends A and B,
@@ -541,7 +542,7 @@ func naiveRetry(ctx context.Context, method string, req, reply any, cc *grpc.Cli
 	for n := range 3 {
 		octx := ctx
 		if n > 0 {
-			octx = metadata.AppendToOutgoingContext(ctx, "triage-attempt", attempt.Format(n))
+			octx = metadata.AppendToOutgoingContext(ctx, wire.AttemptKey, attempt.Format(n))
 		}
 		if err = invoker(octx, method, req, reply, cc, opts...); err == nil || ctx.Err() != nil {
 			return err
@@ -628,8 +629,8 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 		n := attempt.Incoming(ctx)
 		if !t.cfg.Protect { // no triage server: the counter is plain metadata
 			n = 0
-			if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get("triage-attempt")) == 1 {
-				n, _ = attempt.Parse(md.Get("triage-attempt")[0])
+			if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(wire.AttemptKey)) == 1 {
+				n, _ = attempt.Parse(md.Get(wire.AttemptKey)[0])
 			}
 		}
 		t.attempts[min(max(n, 0), 3)].Add(1)
