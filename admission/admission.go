@@ -96,6 +96,13 @@ type Observer interface {
 	Degraded(l criticality.Level)
 }
 
+// WaitObserver is an Observer that also learns how long each request that
+// got an execution slot waited in the queue for it: 0 for one that got a
+// slot at once. The Controller calls Waited if its Observer has it.
+type WaitObserver interface {
+	Waited(l criticality.Level, d time.Duration)
+}
+
 // Nop is an Observer that does nothing.
 type Nop struct{}
 
@@ -123,6 +130,7 @@ type Controller struct {
 	random  func() float64
 	seeded  bool // random was given: sampling draws from it too
 	obs     Observer
+	waitObs WaitObserver // obs, if it is one
 	gates   []gate
 	maxWait time.Duration
 	// messageTimeout and lateAfter (ns) judge a request's lateness at
@@ -261,6 +269,7 @@ func New(opts ...Option) (*Controller, error) {
 		clock:          clk,
 		random:         c.random,
 		obs:            c.obs,
+		waitObs:        waitObserver(c.obs),
 		gates:          c.gates,
 		maxWait:        c.maxWait,
 		targetDelay:    int64(c.targetDelay),
@@ -396,6 +405,14 @@ func Tee(obs ...Observer) Observer {
 
 type tee []Observer
 
+func (t tee) Waited(l criticality.Level, d time.Duration) {
+	for _, o := range t {
+		if w, ok := o.(WaitObserver); ok {
+			w.Waited(l, d)
+		}
+	}
+}
+
 func (t tee) Admitted(l criticality.Level) {
 	for _, o := range t {
 		o.Admitted(l)
@@ -418,4 +435,10 @@ func (t tee) Degraded(l criticality.Level) {
 	for _, o := range t {
 		o.Degraded(l)
 	}
+}
+
+// waitObserver returns o as a WaitObserver, or nil if it is not one.
+func waitObserver(o Observer) WaitObserver {
+	w, _ := o.(WaitObserver)
+	return w
 }

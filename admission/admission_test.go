@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -744,5 +745,47 @@ func queuedReturns(t *testing.T, c *admission.Controller, n int64) {
 			t.Fatalf("queued %d, want %d", c.Stats().Queued, n)
 		}
 		runtime.Gosched()
+	}
+}
+
+// waits records what a WaitObserver is told.
+type waits struct {
+	admission.Nop
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (w *waits) Waited(_ criticality.Level, d time.Duration) {
+	w.mu.Lock()
+	w.d = append(w.d, d)
+	w.mu.Unlock()
+}
+
+// An Observer that is a WaitObserver learns each admitted request's wait
+// for its slot: 0 for one that got it at once, the time it queued for
+// one that waited (on the fake clock).
+func TestWaitObserverLearnsTheQueueWait(t *testing.T) {
+	f := clock.NewFake(epoch)
+	w := &waits{}
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour), admission.WithObserver(w))
+	var first, second admission.Ticket
+	c.Arrive(&first, criticality.Critical, 0, time.Time{})
+	if err := c.Start(context.Background(), &first); err != nil {
+		t.Fatal(err)
+	}
+	c.Arrive(&second, criticality.Critical, 0, time.Time{})
+	done := make(chan error, 1)
+	go func() { done <- c.Start(context.Background(), &second) }()
+	waitQueued(t, c, 1, f)
+	f.Advance(30 * time.Millisecond)
+	c.Done(&first)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.Done(&second)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.d) != 2 || w.d[0] != 0 || w.d[1] != 30*time.Millisecond {
+		t.Fatalf("waits %v, want [0 30ms]", w.d)
 	}
 }

@@ -243,7 +243,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 		select {
 		case err := <-w.ch:
 			timer.Stop()
-			return c.answered(t, err)
+			return c.answered(t, err, now)
 		case <-timer.C():
 			if rest > 0 {
 				var (
@@ -251,7 +251,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 					done bool
 				)
 				if w, err, done = c.demote(w, p.decayTo); done {
-					return c.answered(t, err)
+					return c.answered(t, err, now)
 				}
 				timer, rest = c.clock.NewTimer(rest), 0
 				continue
@@ -285,13 +285,13 @@ func (c *Controller) waitOn(ctx context.Context, l criticality.Level, byDeadline
 	return left, left > 0
 }
 
-// answered ends a wait that got its answer: a slot (nil) or a
-// displacement.
-func (c *Controller) answered(t *Ticket, err error) error {
+// answered ends a wait that began at since and got its answer: a slot
+// (nil) or a displacement.
+func (c *Controller) answered(t *Ticket, err error, since time.Time) error {
 	if err != nil {
 		return err
 	}
-	return c.started(t, true)
+	return c.started(t, max(c.clock.Now().Sub(since), time.Nanosecond))
 }
 
 // received returns the answer w got, if it got one. c.mu is held: once

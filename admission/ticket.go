@@ -287,7 +287,7 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 		return err
 	}
 	if c.queued.Load() == 0 && c.tryAcquire() {
-		return c.started(t, false)
+		return c.started(t, 0)
 	}
 	return c.wait(ctx, t, late)
 }
@@ -307,7 +307,7 @@ func (c *Controller) StartNow(t *Ticket) error {
 		return err
 	}
 	if c.queued.Load() == 0 && c.tryAcquire() {
-		return c.started(t, false)
+		return c.started(t, 0)
 	}
 	c.waited.Store(true)
 	if c.queued.Load() >= c.queueCap(c.limit.Load()) {
@@ -354,14 +354,19 @@ func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
 	return late, nil
 }
 
-func (c *Controller) started(t *Ticket, waited bool) error {
+// started gives t its slot; waited is how long it queued for it (0: it
+// did not).
+func (c *Controller) started(t *Ticket, waited time.Duration) error {
 	t.state = ticketRunning
-	t.queued = waited
-	if t.sampled && waited {
+	t.queued = waited > 0
+	if t.sampled && t.queued {
 		t.started = c.readLater() // service starts when the slot is given
 		t.mark = c.paused.Load()
 	}
 	c.obs.Admitted(t.level)
+	if c.waitObs != nil {
+		c.waitObs.Waited(t.level, waited)
+	}
 	return nil
 }
 

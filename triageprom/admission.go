@@ -1,6 +1,9 @@
 package triageprom
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/triagehq/triage/admission"
@@ -12,6 +15,7 @@ import (
 type AdmissionObserver struct {
 	admitted [criticality.NumLevels]prometheus.Counter
 	degraded [criticality.NumLevels]prometheus.Counter
+	wait     [criticality.NumLevels]lazyObserver // a level's series appears with its first wait
 	rejected [criticality.NumLevels][admission.NumReasons][2]prometheus.Counter
 	limit    prometheus.Gauge
 }
@@ -28,12 +32,14 @@ type AdmissionObserver struct {
 // Series: triage_admission_admitted_total{criticality},
 // triage_admission_rejected_total{criticality,reason,answer} (answer is
 // task-overloaded or overloaded-dont-retry),
-// triage_admission_degraded_total{criticality}, triage_admission_limit.
+// triage_admission_degraded_total{criticality}, triage_admission_limit,
+// triage_admission_wait_seconds{criticality} (a histogram).
 func (m *Metrics) Admission() *AdmissionObserver {
 	o := &AdmissionObserver{limit: m.admLimit}
 	for _, l := range criticality.All() {
 		o.admitted[l] = m.admAdmitted.WithLabelValues(l.String())
 		o.degraded[l] = m.admDegraded.WithLabelValues(l.String())
+		o.wait[l] = lazyObserver{vec: m.admWait, label: l.String()}
 		for r := admission.Reason(0); r < admission.NumReasons; r++ {
 			o.rejected[l][r][0] = m.admRejected.WithLabelValues(l.String(), r.String(), "task-overloaded")
 			o.rejected[l][r][1] = m.admRejected.WithLabelValues(l.String(), r.String(), "overloaded-dont-retry")
@@ -57,13 +63,31 @@ func (o *AdmissionObserver) Rejected(l criticality.Level, r admission.Reason, do
 	o.rejected[lvl(l)][r][i].Inc()
 }
 
+// Waited implements admission.WaitObserver.
+func (o *AdmissionObserver) Waited(l criticality.Level, d time.Duration) {
+	o.wait[lvl(l)].get().Observe(d.Seconds())
+}
+
+// lazyObserver is one series of a histogram vector, made at its first use.
+type lazyObserver struct {
+	once  sync.Once
+	o     prometheus.Observer
+	vec   *prometheus.HistogramVec
+	label string
+}
+
+func (l *lazyObserver) get() prometheus.Observer {
+	l.once.Do(func() { l.o = l.vec.WithLabelValues(l.label) })
+	return l.o
+}
+
 // Degraded implements admission.Observer.
 func (o *AdmissionObserver) Degraded(l criticality.Level) { o.degraded[lvl(l)].Inc() }
 
 // LimitChanged implements admission.Observer.
 func (o *AdmissionObserver) LimitChanged(n int) { o.limit.Set(float64(n)) }
 
-var _ admission.Observer = (*AdmissionObserver)(nil)
+var _ admission.WaitObserver = (*AdmissionObserver)(nil)
 
 // AdmissionState returns a collector that reads a Controller's Stats at
 // scrape time: triage_admission_pending, _pending_cap, _executing,

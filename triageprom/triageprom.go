@@ -43,6 +43,7 @@ type Metrics struct {
 	admAdmitted *prometheus.CounterVec
 	admRejected *prometheus.CounterVec
 	admDegraded *prometheus.CounterVec
+	admWait     *prometheus.HistogramVec
 	admLimit    prometheus.Gauge
 
 	shadow shadowMetrics
@@ -73,6 +74,15 @@ func New() *Metrics {
 			Name: "triage_admission_rejected_total",
 			Help: "Requests rejected by admission control, by criticality, reason (concurrency, utilization, deadline) and answer (task-overloaded, overloaded-dont-retry).",
 		}, []string{"criticality", "reason", "answer"}),
+		admWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "triage_admission_wait_seconds",
+			Help: "Time a request waited in admission control's queue for its execution slot (0 for one that got it at once), by criticality.",
+			// Classic buckets around the target delay and the max wait,
+			// and a native histogram for a Prometheus that takes one.
+			Buckets:                        []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
+			NativeHistogramBucketFactor:    1.1,
+			NativeHistogramMaxBucketNumber: 100,
+		}, []string{"criticality"}),
 		admDegraded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "triage_admission_degraded_total",
 			Help: "Requests told by admission control to serve a degraded answer, by criticality.",
@@ -106,6 +116,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.admAdmitted.Describe(ch)
 	m.admRejected.Describe(ch)
 	m.admDegraded.Describe(ch)
+	m.admWait.Describe(ch)
 	m.admLimit.Describe(ch)
 	m.shadow.vec.Describe(ch)
 }
@@ -119,6 +130,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.admAdmitted.Collect(ch)
 	m.admRejected.Collect(ch)
 	m.admDegraded.Collect(ch)
+	m.admWait.Collect(ch)
 	m.admLimit.Collect(ch)
 	m.shadow.vec.Collect(ch)
 }
