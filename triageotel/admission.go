@@ -2,7 +2,9 @@ package triageotel
 
 import (
 	"context"
+	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/triagehq/triage/admission"
@@ -13,6 +15,7 @@ import (
 type admissionInstruments struct {
 	admitted, rejected, degraded metric.Int64Counter
 	limit                        metric.Int64Gauge
+	wait                         metric.Float64Histogram
 	// read at collection (AdmissionState)
 	pending, pendingCap, executing, queued, away, stalled metric.Int64ObservableGauge
 	service, retryShare, signal, forced                   metric.Float64ObservableGauge
@@ -27,6 +30,10 @@ func newAdmissionInstruments(m metric.Meter, counter func(name, unit, desc strin
 	a.degraded = counter("triage.admission.degraded", "{request}", "Requests told by admission control to serve a degraded answer, by criticality.")
 	var err error
 	a.limit, err = m.Int64Gauge("triage.admission.limit", metric.WithUnit("{request}"), metric.WithDescription("Execution limit found by admission control."))
+	add(err)
+	a.wait, err = m.Float64Histogram("triage.admission.wait", metric.WithUnit("s"),
+		metric.WithDescription("Time a request waited in admission control's queue for its execution slot (0 for one that got it at once), by criticality."),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
 	add(err)
 	gauge := func(name, desc string) metric.Int64ObservableGauge {
 		g, err := m.Int64ObservableGauge(name, metric.WithUnit("{request}"), metric.WithDescription(desc))
@@ -60,14 +67,16 @@ type AdmissionObserver struct {
 	in       *admissionInstruments
 	admitted [criticality.NumLevels]metric.AddOption
 	degraded [criticality.NumLevels]metric.AddOption
+	wait     [criticality.NumLevels]metric.RecordOption
 	rejected [criticality.NumLevels][admission.NumReasons][2]metric.AddOption
 }
 
 // Admission returns the observer to pass to admission.WithObserver:
 // triage.admission.admitted{triage.criticality},
 // triage.admission.rejections{triage.criticality, triage.reason,
-// triage.answer}, triage.admission.degraded{triage.criticality} and the
-// gauge triage.admission.limit. Register the controller's state with
+// triage.answer}, triage.admission.degraded{triage.criticality}, the
+// histogram triage.admission.wait{triage.criticality} and the gauge
+// triage.admission.limit. Register the controller's state with
 // AdmissionState once it exists.
 func (m *Metrics) Admission() *AdmissionObserver {
 	o := &AdmissionObserver{in: &m.adm}
@@ -75,6 +84,7 @@ func (m *Metrics) Admission() *AdmissionObserver {
 		c := keyCriticality.String(l.String())
 		o.admitted[l] = addSet(c)
 		o.degraded[l] = addSet(c)
+		o.wait[l] = metric.WithAttributeSet(attribute.NewSet(c))
 		for r := admission.Reason(0); r < admission.NumReasons; r++ {
 			o.rejected[l][r][0] = addSet(c, keyReason.String(r.String()), keyAnswer.String("task-overloaded"))
 			o.rejected[l][r][1] = addSet(c, keyReason.String(r.String()), keyAnswer.String("overloaded-dont-retry"))
@@ -102,6 +112,11 @@ func (o *AdmissionObserver) Rejected(l criticality.Level, r admission.Reason, do
 		i = 1
 	}
 	o.in.rejected.Add(bg, 1, o.rejected[lvl(l)][r][i])
+}
+
+// Waited implements admission.WaitObserver.
+func (o *AdmissionObserver) Waited(l criticality.Level, d time.Duration) {
+	o.in.wait.Record(bg, d.Seconds(), o.wait[lvl(l)])
 }
 
 // Degraded implements admission.Observer.

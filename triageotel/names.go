@@ -22,6 +22,7 @@ var names = map[string]string{
 	"triage_admission_signal_utilization":       "triage.admission.signal.utilization",
 	"triage_admission_forced_shed_fraction":     "triage.admission.forced_shed",
 	"triage_admission_attempts_total":           "triage.admission.attempts",
+	"triage_admission_wait_seconds":             "triage.admission.wait", // a histogram in both: compared by count
 	"triage_client_requests_total":              "triage.client.requests",
 	"triage_client_accepts_total":               "triage.client.accepts",
 	"triage_client_backend_rejections_total":    "triage.client.backend_rejections",

@@ -339,8 +339,10 @@ func gatherProm(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 				out[key] = m.Counter.GetValue()
 			case m.Gauge != nil:
 				out[key] = m.Gauge.GetValue()
-			case m.Histogram != nil:
+			case m.Histogram != nil && mf.GetName() == "triage_quota_task_refresh_age_seconds":
 				out[key] = math.NaN() // compared by meaning, below
+			case m.Histogram != nil:
+				out[key] = float64(m.Histogram.GetSampleCount())
 			}
 		}
 	}
@@ -397,6 +399,10 @@ func collectOTel(t *testing.T, r *sdkmetric.ManualReader) map[string]float64 {
 			case metricdata.Gauge[float64]:
 				for _, p := range d.DataPoints {
 					out[m.Name+attrs(p.Attributes)] = p.Value
+				}
+			case metricdata.Histogram[float64]: // compared by count
+				for _, p := range d.DataPoints {
+					out[m.Name+attrs(p.Attributes)] = float64(p.Count)
 				}
 			default:
 				t.Errorf("%s: unexpected data %T", m.Name, m.Data)
