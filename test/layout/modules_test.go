@@ -106,7 +106,7 @@ func main() {}
 	// that nothing of it stays behind.
 	env := append(os.Environ(),
 		"GOPROXY=file://"+proxy+"|file://"+filepath.Join(cache, "cache", "download")+"|"+goproxy,
-		"GOMODCACHE="+t.TempDir(), "GOFLAGS=-mod=mod -modcacherw", "GOSUMDB=off", "GOWORK=off", "GONOSUMDB=", "GOPRIVATE=")
+		"GOMODCACHE="+t.TempDir(), "GOFLAGS=-mod=mod -modcacherw -trimpath", "GOSUMDB=off", "GOWORK=off", "GONOSUMDB=", "GOPRIVATE=")
 	for _, args := range [][]string{{"get", otel.Path + "@" + otel.Version}, {"build", "-o", os.DevNull, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir, cmd.Env = user, env
@@ -117,6 +117,18 @@ func main() {}
 	b, _ := os.ReadFile(filepath.Join(user, "go.mod"))
 	if !strings.Contains(string(b), module+" "+coreVersion) {
 		t.Errorf("the user's module resolved another core than triageotel requires (%s):\n%s", coreVersion, b)
+	}
+	// go install ...@VERSION, outside any module: triage version prints
+	// the version it was installed at.
+	bin := t.TempDir()
+	install := exec.Command("go", "install", module+"/cmd/triage@"+coreVersion)
+	install.Dir, install.Env = t.TempDir(), append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw -trimpath")
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("go install %s/cmd/triage@%s: %v\n%s", module, coreVersion, err, out)
+	}
+	out, err := exec.Command(filepath.Join(bin, "triage"), "version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "triage "+coreVersion+" ") {
+		t.Errorf("triage version of go install @%s: %q (%v)", coreVersion, out, err)
 	}
 }
 
