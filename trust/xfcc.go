@@ -27,14 +27,17 @@ func LastForwardedIdentities(xfcc string) []string {
 		return nil
 	}
 	var uris, dns []string
-	for pair := range splitTop(last, ';') {
-		key, value, ok := strings.Cut(pair, "=")
-		if !ok {
-			return nil
+	ok = true
+	eachTop(last, ';', func(pair string) bool {
+		key, value, found := strings.Cut(pair, "=")
+		if !found {
+			ok = false
+			return false
 		}
 		key = strings.TrimSpace(key)
-		if value, ok = unquote(strings.TrimSpace(value)); !ok {
-			return nil
+		if value, found = unquote(strings.TrimSpace(value)); !found {
+			ok = false
+			return false
 		}
 		switch {
 		case len(uris)+len(dns) == maxForwardedIdentities || checkIdentity(value) != nil:
@@ -43,6 +46,10 @@ func LastForwardedIdentities(xfcc string) []string {
 		case strings.EqualFold(key, "DNS") && !strings.Contains(value, ":"):
 			dns = append(dns, value)
 		}
+		return true
+	})
+	if !ok {
+		return nil
 	}
 	return append(uris, dns...)
 }
@@ -53,6 +60,15 @@ const maxForwardedIdentities = 16
 // lastElement returns what follows the last ',' outside quotes, or false if
 // a quote is left open.
 func lastElement(s string) (string, bool) {
+	last := ""
+	balanced := eachTop(s, ',', func(part string) bool { last = part; return true })
+	return last, balanced
+}
+
+// eachTop calls f with each part of s between seps outside double quotes
+// ('\' escaping the next byte inside them) until f returns false, and
+// reports whether every quote was closed.
+func eachTop(s string, sep byte, f func(string) bool) bool {
 	start, quoted := 0, false
 	for i := 0; i < len(s); i++ {
 		switch {
@@ -60,32 +76,15 @@ func lastElement(s string) (string, bool) {
 			i++
 		case s[i] == '"':
 			quoted = !quoted
-		case s[i] == ',' && !quoted:
+		case s[i] == sep && !quoted:
+			if !f(s[start:i]) {
+				return !quoted
+			}
 			start = i + 1
 		}
 	}
-	return s[start:], !quoted
-}
-
-// splitTop yields the parts of s between seps outside quotes.
-func splitTop(s string, sep byte) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		start, quoted := 0, false
-		for i := 0; i < len(s); i++ {
-			switch {
-			case s[i] == '\\' && quoted:
-				i++
-			case s[i] == '"':
-				quoted = !quoted
-			case s[i] == sep && !quoted:
-				if !yield(s[start:i]) {
-					return
-				}
-				start = i + 1
-			}
-		}
-		yield(s[start:])
-	}
+	f(s[start:])
+	return !quoted
 }
 
 // unquote returns v without its double quotes and with '\"' and '\\'
