@@ -91,9 +91,9 @@ var _ admission.WaitObserver = (*AdmissionObserver)(nil)
 
 // AdmissionState returns a collector that reads a Controller's Stats at
 // scrape time: triage_admission_pending, _pending_cap, _executing,
-// _queued, _away, _stalled, _service_seconds, _retry_share,
-// triage_admission_signal_utilization{signal},
-// triage_admission_forced_shed_fraction{criticality} (ForceShed drills) and
+// _queued, _away, _stalled, _service_seconds, _retry_ratio,
+// triage_admission_signal_ratio{signal},
+// triage_admission_forced_shed_ratio{criticality} (ForceShed drills) and
 // the attempt histogram,
 // triage_admission_attempts_total{criticality, attempt}.
 func AdmissionState(ctl *admission.Controller) prometheus.Collector { return stateCollector{ctl} }
@@ -108,9 +108,9 @@ var (
 	descAway       = prometheus.NewDesc("triage_admission_away", "Running requests waiting on a downstream call, without an execution slot (in pending).", nil, nil)
 	descStalled    = prometheus.NewDesc("triage_admission_stalled", "Running requests waiting on their own client (a response it does not read, a message it does not send), without an execution slot (not in pending).", nil, nil)
 	descService    = prometheus.NewDesc("triage_admission_service_seconds", "Mean service time of the last interval.", nil, nil)
-	descRetryShare = prometheus.NewDesc("triage_admission_retry_share", "Share of retries among recent requests (the attempt histogram).", nil, nil)
-	descSignal     = prometheus.NewDesc("triage_admission_signal_utilization", "Utilization signal value as a fraction of its target.", []string{"signal"}, nil)
-	descForced     = prometheus.NewDesc("triage_admission_forced_shed_fraction", "Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).", []string{"criticality"}, nil)
+	descRetryShare = prometheus.NewDesc("triage_admission_retry_ratio", "Share of retries among recent requests (the attempt histogram).", nil, nil)
+	descSignal     = prometheus.NewDesc("triage_admission_signal_ratio", "Utilization signal value as a fraction of its target (1: at the target).", []string{"signal"}, nil)
+	descForced     = prometheus.NewDesc("triage_admission_forced_shed_ratio", "Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).", []string{"criticality"}, nil)
 	descAttempts   = prometheus.NewDesc("triage_admission_attempts_total", "Requests that arrived, by criticality and attempt counter (0: first attempt; 2: second retry or later): the attempt histogram the don't-retry rule reads (SRE book Figure 21-1).", []string{"criticality", "attempt"}, nil)
 )
 

@@ -100,13 +100,13 @@ func TestAdmissionMetricsOverLoopbackHTTP(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP triage_admission_forced_shed_fraction Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).
-# TYPE triage_admission_forced_shed_fraction gauge
-triage_admission_forced_shed_fraction{criticality="CRITICAL"} 0
-triage_admission_forced_shed_fraction{criticality="CRITICAL_PLUS"} 0
-triage_admission_forced_shed_fraction{criticality="SHEDDABLE"} 0.25
-triage_admission_forced_shed_fraction{criticality="SHEDDABLE_PLUS"} 0
-`), "triage_admission_forced_shed_fraction"); err != nil {
+# HELP triage_admission_forced_shed_ratio Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).
+# TYPE triage_admission_forced_shed_ratio gauge
+triage_admission_forced_shed_ratio{criticality="CRITICAL"} 0
+triage_admission_forced_shed_ratio{criticality="CRITICAL_PLUS"} 0
+triage_admission_forced_shed_ratio{criticality="SHEDDABLE"} 0.25
+triage_admission_forced_shed_ratio{criticality="SHEDDABLE_PLUS"} 0
+`), "triage_admission_forced_shed_ratio"); err != nil {
 		t.Fatal(err)
 	}
 	// The attempt histogram: every request arrived as a first attempt of

@@ -10,13 +10,11 @@ import (
 // at scrape time (SRE book ch. 21, "Load from Connections"):
 // triage_connections_open, triage_connections_accepted_total,
 // triage_connections_delayed_total (accepts that waited for the accept
-// rate or the maximum open), triage_connections_rate (new connections
-// per second over the last ten seconds), triage_connections_busy (open
+// rate or the maximum open), triage_connections_busy (open
 // connections carrying a call now; the rest of the open ones are idle;
 // counted for servers that report calls, such as gRPC servers with
-// triagegrpc.WithConnLoad), and triage_health_checks_total and
-// triage_health_checks_rate (health checks answered, and their rate over
-// the last ten seconds).
+// triagegrpc.WithConnLoad), and triage_health_checks_total (health checks
+// answered). Rates are the counters' rate() in PromQL.
 func ConnLoadState(l *connload.Listener) prometheus.Collector { return connCollector{l} }
 
 type connCollector struct{ l *connload.Listener }
@@ -25,14 +23,12 @@ var (
 	descConnOpen     = prometheus.NewDesc("triage_connections_open", "Connections open now.", nil, nil)
 	descConnAccepted = prometheus.NewDesc("triage_connections_accepted_total", "Connections accepted.", nil, nil)
 	descConnDelayed  = prometheus.NewDesc("triage_connections_delayed_total", "Connections that waited for the accept rate or the maximum open before being accepted.", nil, nil)
-	descConnRate     = prometheus.NewDesc("triage_connections_rate", "New connections per second over the last ten seconds.", nil, nil)
 	descConnBusy     = prometheus.NewDesc("triage_connections_busy", "Open connections carrying a call now (the others are idle).", nil, nil)
 	descHealthChecks = prometheus.NewDesc("triage_health_checks_total", "Health checks answered (checks, and health watches opened).", nil, nil)
-	descHealthRate   = prometheus.NewDesc("triage_health_checks_rate", "Health checks answered per second over the last ten seconds.", nil, nil)
 )
 
 func (c connCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConnOpen, descConnAccepted, descConnDelayed, descConnRate, descConnBusy, descHealthChecks, descHealthRate} {
+	for _, d := range []*prometheus.Desc{descConnOpen, descConnAccepted, descConnDelayed, descConnBusy, descHealthChecks} {
 		ch <- d
 	}
 }
@@ -42,8 +38,6 @@ func (c connCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descConnOpen, prometheus.GaugeValue, float64(s.Open))
 	ch <- prometheus.MustNewConstMetric(descConnAccepted, prometheus.CounterValue, float64(s.Accepted))
 	ch <- prometheus.MustNewConstMetric(descConnDelayed, prometheus.CounterValue, float64(s.Delayed))
-	ch <- prometheus.MustNewConstMetric(descConnRate, prometheus.GaugeValue, s.Rate)
 	ch <- prometheus.MustNewConstMetric(descConnBusy, prometheus.GaugeValue, float64(s.Busy))
 	ch <- prometheus.MustNewConstMetric(descHealthChecks, prometheus.CounterValue, float64(s.HealthChecks))
-	ch <- prometheus.MustNewConstMetric(descHealthRate, prometheus.GaugeValue, s.HealthCheckRate)
 }
