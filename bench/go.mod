@@ -7,7 +7,7 @@ replace github.com/triagehq/triage => ../
 require (
 	github.com/failsafe-go/failsafe-go v0.9.8
 	github.com/go-kratos/aegis v0.2.0
-	github.com/triagehq/triage v0.0.0-20261128091847-5cc1198a349c
+	github.com/triagehq/triage v0.0.0-20261128094337-3fddbe650ed1
 	github.com/zeromicro/go-zero v1.10.3
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12

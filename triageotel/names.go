@@ -18,9 +18,9 @@ var names = map[string]string{
 	"triage_admission_away":                     "triage.admission.away",
 	"triage_admission_stalled":                  "triage.admission.stalled",
 	"triage_admission_service_seconds":          "triage.admission.service_time",
-	"triage_admission_retry_share":              "triage.admission.retry_share",
-	"triage_admission_signal_utilization":       "triage.admission.signal.utilization",
-	"triage_admission_forced_shed_fraction":     "triage.admission.forced_shed",
+	"triage_admission_retry_ratio":              "triage.admission.retry_share",
+	"triage_admission_signal_ratio":             "triage.admission.signal.utilization",
+	"triage_admission_forced_shed_ratio":        "triage.admission.forced_shed",
 	"triage_admission_attempts_total":           "triage.admission.attempts",
 	"triage_admission_wait_seconds":             "triage.admission.wait", // a histogram in both: compared by count
 	"triage_client_requests_total":              "triage.client.requests",
@@ -58,10 +58,8 @@ var names = map[string]string{
 	"triage_connections_open":                   "triage.connections.open",
 	"triage_connections_accepted_total":         "triage.connections.accepted",
 	"triage_connections_delayed_total":          "triage.connections.delayed",
-	"triage_connections_rate":                   "triage.connections.rate",
 	"triage_connections_busy":                   "triage.connections.busy",
 	"triage_health_checks_total":                "triage.health_checks",
-	"triage_health_checks_rate":                 "triage.health_checks.rate",
 	"triage_slow_sender_refusals_total":         "triage.slow_sender.refusals",
 }
 

@@ -417,8 +417,7 @@ func collectOTel(t *testing.T, r *sdkmetric.ManualReader) map[string]float64 {
 // service time) are compared within 10%; everything else exactly.
 func compare(t *testing.T, prom, otel map[string]float64) []row {
 	t.Helper()
-	moving := map[string]bool{"triage_quota_lease_age_seconds": true, "triage_connections_rate": true,
-		"triage_health_checks_rate": true, "triage_admission_service_seconds": true, "triage_quota_task_refresh_age_seconds": true,
+	moving := map[string]bool{"triage_quota_lease_age_seconds": true, "triage_admission_service_seconds": true, "triage_quota_task_refresh_age_seconds": true,
 		"triage_quota_usage_cpu": true, "triage_quota_demand_cpu": true, "triage_quota_global_usage_cpu": true, "triage_quota_global_demand_cpu": true}
 	names := triageotel.Names()
 	var rows []row

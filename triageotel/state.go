@@ -180,26 +180,22 @@ func (m *Metrics) QuotaReplica(r QuotaReplicaState) (metric.Registration, error)
 }
 
 // ConnLoad registers a callback that reads a connload.Listener's Stats:
-// triage.connections.open, .accepted, .delayed, .rate, .busy,
-// triage.health_checks and triage.health_checks.rate.
+// triage.connections.open, .accepted, .delayed, .busy and
+// triage.health_checks (rates are the counters').
 func (m *Metrics) ConnLoad(l *connload.Listener) (metric.Registration, error) {
 	in := &instruments{m: m.meter}
 	open := in.gauge("triage.connections.open", "{connection}", "Connections open now.")
 	accepted := in.counter("triage.connections.accepted", "{connection}", "Connections accepted.")
 	delayed := in.counter("triage.connections.delayed", "{connection}", "Connections that waited for the accept rate or the maximum open before being accepted.")
-	rate := in.gauge("triage.connections.rate", "{connection}/s", "New connections per second over the last ten seconds.")
 	busy := in.gauge("triage.connections.busy", "{connection}", "Open connections carrying a call now (the others are idle).")
 	checks := in.counter("triage.health_checks", "{check}", "Health checks answered (checks, and health watches opened).")
-	checkRate := in.gauge("triage.health_checks.rate", "{check}/s", "Health checks answered per second over the last ten seconds.")
 	return in.register(func(_ context.Context, ob metric.Observer) error {
 		s := l.Stats()
 		ob.ObserveFloat64(open, float64(s.Open))
 		ob.ObserveInt64(accepted, int64(s.Accepted))
 		ob.ObserveInt64(delayed, int64(s.Delayed))
-		ob.ObserveFloat64(rate, s.Rate)
 		ob.ObserveFloat64(busy, float64(s.Busy))
 		ob.ObserveInt64(checks, int64(s.HealthChecks))
-		ob.ObserveFloat64(checkRate, s.HealthCheckRate)
 		return nil
 	})
 }

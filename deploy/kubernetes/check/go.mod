@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.95.2
-	github.com/triagehq/triage v0.0.0-20261128091847-5cc1198a349c
+	github.com/triagehq/triage v0.0.0-20261128094337-3fddbe650ed1
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	sigs.k8s.io/yaml v1.6.0
