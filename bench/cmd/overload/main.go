@@ -627,10 +627,8 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	}()
 	var p *phase
 	cpu0, wall0 := processCPU(), time.Now()
-	if dir := os.Getenv("TRIAGE_BENCH_CPUPROFILE"); dir != "" { // the generator's side of the step
-		if err := profileFor(filepath.Join(dir, fmt.Sprintf("generator-%s-%gx.prof", variant, load)), cfg.step); err != nil {
-			return r, err
-		}
+	if err := profileGenerator(variant, load, cfg.step); err != nil {
+		return r, err
 	}
 	if workers > 0 {
 		p = workersLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, workers, mix, 2)
@@ -766,4 +764,14 @@ func printTable(w io.Writer, rep report) {
 		fmt.Fprintf(w, "%-17s %5s %8.2f %8.1f %8.1f %8.1f %8v %6v %s\n", r.Variant, load, r.Goodput, r.P50ms, r.P99ms, r.PeakRSSMB, r.Survived, r.Valid, notes)
 	}
 	_ = codes.OK
+}
+
+// profileGenerator profiles this process, the generator, for the next d
+// into TRIAGE_BENCH_CPUPROFILE's directory, if it is set.
+func profileGenerator(variant string, load float64, d time.Duration) error {
+	dir := os.Getenv("TRIAGE_BENCH_CPUPROFILE")
+	if dir == "" {
+		return nil
+	}
+	return profileFor(filepath.Join(dir, fmt.Sprintf("generator-%s-%gx.prof", variant, load)), d)
 }
