@@ -36,33 +36,7 @@ func TestModulesResolve(t *testing.T) {
 	if out, _ := exec.Command("git", "-C", root, "rev-parse", "--is-shallow-repository").Output(); strings.TrimSpace(string(out)) != "false" {
 		t.Skipf("needs the repository's history (git rev-parse --is-shallow-repository: %q); git fetch --unshallow", strings.TrimSpace(string(out)))
 	}
-	var coreVersion string
-	for _, gomod := range []string{"triageotel/go.mod", "bench/go.mod", "deploy/kubernetes/check/go.mod"} {
-		b, err := os.ReadFile(filepath.Join(root, gomod))
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := modfile.ParseLax(gomod, b, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		found := false
-		for _, r := range f.Require {
-			if r.Mod.Path != module && !strings.HasPrefix(r.Mod.Path, module+"/") {
-				continue
-			}
-			found = true
-			if err := versionExists(root, r.Mod); err != nil {
-				t.Errorf("%s requires %s: %v", gomod, r.Mod, err)
-			}
-			if gomod == "triageotel/go.mod" && r.Mod.Path == module {
-				coreVersion = r.Mod.Version
-			}
-		}
-		if !found {
-			t.Errorf("%s requires no version of %s", gomod, module)
-		}
-	}
+	coreVersion := checkRequirements(t, root)
 	if coreVersion == "" || t.Failed() {
 		t.FailNow()
 	}
@@ -93,20 +67,7 @@ var _ = admission.New
 
 func main() {}
 `)
-	cache, err := goEnv("GOMODCACHE")
-	if err != nil {
-		t.Fatal(err)
-	}
-	goproxy, err := goEnv("GOPROXY")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Everything else from the module cache this machine already has,
-	// then the real proxy; extracted into a cache of the test's own, so
-	// that nothing of it stays behind.
-	env := append(os.Environ(),
-		"GOPROXY=file://"+proxy+"|file://"+filepath.Join(cache, "cache", "download")+"|"+goproxy,
-		"GOMODCACHE="+t.TempDir(), "GOFLAGS=-mod=mod -modcacherw -trimpath", "GOSUMDB=off", "GOWORK=off", "GONOSUMDB=", "GOPRIVATE=")
+	env := outsideEnv(t, proxy)
 	for _, args := range [][]string{{"get", otel.Path + "@" + otel.Version}, {"build", "-o", os.DevNull, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir, cmd.Env = user, env
@@ -130,6 +91,60 @@ func main() {}
 	if err != nil || !strings.HasPrefix(string(out), "triage "+coreVersion+" ") {
 		t.Errorf("triage version of go install @%s: %q (%v)", coreVersion, out, err)
 	}
+}
+
+// checkRequirements checks that every go.mod beside the core's requires
+// a version of this repository's modules that exists, and returns the
+// core's version triageotel requires.
+func checkRequirements(t *testing.T, root string) string {
+	t.Helper()
+	var coreVersion string
+	for _, gomod := range []string{"triageotel/go.mod", "bench/go.mod", "deploy/kubernetes/check/go.mod"} {
+		b, err := os.ReadFile(filepath.Join(root, gomod))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := modfile.ParseLax(gomod, b, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, r := range f.Require {
+			if r.Mod.Path != module && !strings.HasPrefix(r.Mod.Path, module+"/") {
+				continue
+			}
+			found = true
+			if err := versionExists(root, r.Mod); err != nil {
+				t.Errorf("%s requires %s: %v", gomod, r.Mod, err)
+			}
+			if gomod == "triageotel/go.mod" && r.Mod.Path == module {
+				coreVersion = r.Mod.Version
+			}
+		}
+		if !found {
+			t.Errorf("%s requires no version of %s", gomod, module)
+		}
+	}
+	return coreVersion
+}
+
+// outsideEnv is the go command's environment outside the tree: this
+// repository's modules from the file proxy at proxy, everything else from
+// the module cache this machine already has, then the real proxy,
+// extracted into a cache of the test's own so that nothing stays behind.
+func outsideEnv(t *testing.T, proxy string) []string {
+	t.Helper()
+	cache, err := goEnv("GOMODCACHE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goproxy, err := goEnv("GOPROXY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(os.Environ(),
+		"GOPROXY=file://"+proxy+"|file://"+filepath.Join(cache, "cache", "download")+"|"+goproxy,
+		"GOMODCACHE="+t.TempDir(), "GOFLAGS=-mod=mod -modcacherw -trimpath", "GOSUMDB=off", "GOWORK=off", "GONOSUMDB=", "GOPRIVATE=")
 }
 
 // versionExists says whether m's version is a tag of the repository at
