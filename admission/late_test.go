@@ -188,3 +188,37 @@ func TestOverShareGetsHalfTheRoom(t *testing.T) {
 		t.Fatalf("room %d, %d over share: %d more plain arrivals, want the rest", room, over, n)
 	}
 }
+
+// A message the transport read while the request waited on its client
+// (Scheduled, then Received: triagehttp's read-ahead of a body on a slow
+// link) took the client's time, not the task's: the request is not late
+// at Start however long the message took (issue 55), while the task's own
+// delay before Scheduled still counts.
+func TestReceivedMessageIsJudgedFromItsArrival(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := lateController(t, f, admission.SchedulerDelay)
+	var tk admission.Ticket
+	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Advance(time.Millisecond)
+	c.Scheduled(&tk)
+	f.Advance(10 * admission.DefaultMessageTimeout) // the body trickles in
+	c.Received(&tk)
+	f.Advance(time.Millisecond)
+	if err := c.Start(context.Background(), &tk); err != nil {
+		t.Fatalf("Start after a slow message the transport read: %v, want a slot", err)
+	}
+	c.Done(&tk)
+
+	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Advance(admission.DefaultMessageTimeout + time.Millisecond) // the task's own delay
+	c.Scheduled(&tk)
+	c.Received(&tk)
+	if err := c.Start(context.Background(), &tk); err == nil || reason(t, err) != admission.Late {
+		t.Fatalf("Start after the task's own delay past the message timeout: %v, want Late", err)
+	}
+	c.Done(&tk)
+}

@@ -20,6 +20,7 @@ type Ticket struct {
 	epoch           int64 // of the prestart ring it was counted in
 	awayAt, awayFor int64 // sampled: the last Away, the time spent away before it (less pauses)
 	mark            int64 // sampled: paused at Arrive, then at Start
+	ready           int64 // Scheduled, under SchedulerDelay: when (Received)
 	level           criticality.Level
 	state           uint8
 	sampled         bool // measured: delay before Start, service time
@@ -579,6 +580,25 @@ func (c *Controller) Scheduled(t *Ticket) {
 	if t.sampled {
 		c.addDelay(c.readLater() - t.arrive - c.pausedSince(t.mark))
 	}
+	if c.lateAfter > 0 {
+		t.ready = c.readLater()
+	}
+}
+
+// Received tells c that the message of a request waiting on its client
+// (Scheduled) has come, read by the transport itself (triagehttp's
+// read-ahead of a body): the time the client took to send it was the
+// client's, so Start judges the request's lateness (WithMessageTimeout)
+// by the task's own delays only, before Scheduled and from now. Without
+// it, that time counts. It does nothing unless t is Scheduled and not
+// yet started.
+func (c *Controller) Received(t *Ticket) {
+	if t.state != ticketScheduled || t.ready == 0 {
+		return
+	}
+	now := c.readLater()
+	t.arrive += now - t.ready
+	t.ready = now
 }
 
 // addDelay counts a sampled request's delay before its goroutine ran

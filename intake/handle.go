@@ -124,6 +124,17 @@ func (h *Handle) MessageArrived() {
 	x.message.CompareAndSwap(0, state)
 }
 
+// Received tells the Handle that the transport itself read the request's
+// message while the request waited on its client (Scheduled; triagehttp's
+// read-ahead of a body): the time the client took is not the task's, so
+// admission does not judge the request late for it at Start
+// (admission.Controller.Received), however slow its link. Optional.
+func (h *Handle) Received() {
+	if x := h.x; x != nil && x.ctl != nil {
+		x.ctl.Received(&x.ticket)
+	}
+}
+
 // SenderLate reports whether the request's first message came more than
 // the message timeout (admission.Controller.MessageTimeout) after the
 // request's goroutine was ready for it (Scheduled, MessageArrived): a

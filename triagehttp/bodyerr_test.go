@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/triagehttp"
 )
 
 // Issue 38: an error reading the body ahead is the handler's to answer,
@@ -51,11 +52,18 @@ func TestBodyReadAheadErrorsReachTheHandler(t *testing.T) {
 	}
 }
 
-// Issue 38: over HTTP/2 a body that does not come within the message
+// Issue 38: over HTTP/2 a body that does not come within the body
 // timeout ends its own stream with 408, not the connection that other
 // callers (a load balancer's) share: the next stream on it is served.
 func TestSlowBodyOverHTTP2EndsOnlyItsStream(t *testing.T) {
-	mw, _ := admittedMiddleware(t, admission.WithMessageTimeout(100*time.Millisecond))
+	ctl, err := admission.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithBodyTimeout(100*time.Millisecond, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
 	addr := serveH2C(t, mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Write([]byte("ok"))

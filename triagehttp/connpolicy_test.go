@@ -26,7 +26,7 @@ func h2cClient(t *testing.T) *http.Client {
 
 // HTTP/2 served by net/http gets the connection policy gRPC streams get
 // (intake.Conn, bound with ConnContext): a request whose body did not
-// come within the message timeout is answered 408 and penalises its
+// come within the body timeout is answered 408 and penalises its
 // connection, whose next requests are refused at arrival, paced, without
 // their handler, while another connection and the same connection's
 // health checks are served; after the penalty, the connection is served
@@ -38,7 +38,8 @@ func TestSlowSenderPenaltyOverHTTP2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithHealthCheck("/healthz"))
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithHealthCheck("/healthz"),
+		triagehttp.WithBodyTimeout(50*time.Millisecond, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,10 +25,13 @@
 //
 //   - The middleware reads each request's body ahead, up to 64 KiB
 //     (WithBodyBuffer), before the request takes an execution slot, so
-//     that a slow sender holds none; a body that does not come within
-//     500 ms (admission.WithMessageTimeout) is answered 408. Of a gRPC
-//     request (Content-Type application/grpc) it reads the first
-//     message only: a stream's later messages may wait on the answers.
+//     that a slow sender holds none; a body on a slow link is read as
+//     long as it keeps coming, one that stops is answered 408 after
+//     20 s and a second for every 500 bytes that came (WithBodyTimeout).
+//     Of a gRPC request (Content-Type application/grpc) it reads the
+//     first message only, waiting half the message timeout
+//     (admission.WithMessageTimeout) for it: a stream's later messages
+//     may wait on the answers.
 //   - Triage-* headers from a peer that is not trusted are removed; the
 //     request's criticality is then the rules' or the default, CRITICAL.
 //   - Requests wait in Go's run queue before the middleware sees them, so
@@ -105,6 +108,8 @@ type config struct {
 	lifecycle  *lifecycle.Lifecycle
 	admission  *admission.Controller
 	bodyBuffer int
+	bodyTime   time.Duration // WithBodyTimeout
+	bodyRate   int
 	writeError func(http.ResponseWriter, *http.Request, error) bool
 }
 
@@ -152,9 +157,9 @@ func WithClock(clk clock.Clock) Option { return withIntake(intake.WithClock(clk)
 // slot; a rejected request is answered 503 with Triage-Outcome and never
 // reaches the handler. An admitted request's body is read first, up to
 // the body buffer (WithBodyBuffer), while it holds no room in the task
-// (admission.Controller.Scheduled), within the controller's message
-// timeout: a client slow to send its body waits on itself, and one that
-// has not sent it by then is answered 408 Request Timeout without its
+// (admission.Controller.Scheduled), within the body timeout
+// (WithBodyTimeout): a client slow to send its body waits on itself, and
+// one whose body stops coming is answered 408 Request Timeout without its
 // handler running. Default: none.
 func WithAdmission(ctl *admission.Controller) Option {
 	return optionFunc(func(c *config) {
@@ -173,6 +178,22 @@ const DefaultBodyBuffer = 64 << 10
 // it all while holding its slot). Each request being read holds at most
 // this much memory.
 func WithBodyBuffer(n int) Option { return optionFunc(func(c *config) { c.bodyBuffer = n }) }
+
+// Defaults of WithBodyTimeout: Apache's mod_reqtimeout (body=20,MinRate=500).
+const (
+	DefaultBodyTimeout = 20 * time.Second
+	DefaultBodyMinRate = 500 // bytes a second
+)
+
+// WithBodyTimeout bounds the read-ahead of a body (WithBodyBuffer): it
+// may take d, and one second more for every minRate bytes that came, so
+// that a body on a slow link is read, however long, while it keeps
+// coming, and one that stops is answered 408 Request Timeout without its
+// handler running (minRate 0: d in all). The request holds no execution
+// slot meanwhile. Default DefaultBodyTimeout and DefaultBodyMinRate.
+func WithBodyTimeout(d time.Duration, minRate int) Option {
+	return optionFunc(func(c *config) { c.bodyTime, c.bodyRate = d, minRate })
+}
 
 // WithQuota installs per-customer quotas (intake.WithQuota): a customer
 // over its quota is answered 429 with Triage-Outcome: out-of-quota and
@@ -279,12 +300,15 @@ func WithLifecycle(l *lifecycle.Lifecycle) Option {
 // that unwraps (http.ResponseController) to it. The returned func is safe
 // for concurrent use.
 func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
-	c := config{bodyBuffer: DefaultBodyBuffer, writeError: writeError}
+	c := config{bodyBuffer: DefaultBodyBuffer, bodyTime: DefaultBodyTimeout, bodyRate: DefaultBodyMinRate, writeError: writeError}
 	for _, o := range opts {
 		o.apply(&c)
 	}
 	if c.bodyBuffer < 0 {
 		return nil, fmt.Errorf("triagehttp: body buffer must be at least 0, got %d", c.bodyBuffer)
+	}
+	if c.bodyTime <= 0 || c.bodyRate < 0 {
+		return nil, fmt.Errorf("triagehttp: body timeout must be over 0 and its minimum rate at least 0, got %v and %d", c.bodyTime, c.bodyRate)
 	}
 	in, err := intake.New(c.intake...)
 	if err != nil {
@@ -305,18 +329,20 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 			whole := false // the whole body read ahead
 			if err == nil && c.admission != nil && c.bodyBuffer > 0 && !ir.HealthCheck && hasBody(r) {
 				h.Scheduled()
-				timeout := c.admission.MessageTimeout()
+				ra := readAhead{limit: c.bodyBuffer, firstMessage: c.admission.MessageTimeout() / 2, body: c.bodyTime, minRate: c.bodyRate}
 				if h.InShadow() {
-					timeout = 0 // as without triage
+					ra = readAhead{limit: c.bodyBuffer} // no deadline, as without triage
 				}
 				var err error
-				if whole, err = readBody(w, r, c.bodyBuffer, timeout); err != nil {
+				if whole, err = ra.read(w, r); err != nil {
 					h.MessageTimedOut()
 					slowBody(w, r)
 					return
 				}
 				if h.InShadow() {
 					h.MessageArrived() // a late one is counted at Start
+				} else {
+					h.Received() // however slow the link: the client's time
 				}
 			}
 			if err == nil {
@@ -643,24 +669,37 @@ func hasBody(r *http.Request) bool {
 	return r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 }
 
-// readBody reads up to limit bytes of r's body within timeout (0: no
-// bound) and puts them back in front of the rest; whole says it read all
-// of it, or all it could before an error other than the timeout, which
-// the handler's body then returns; err is the timeout's. A gRPC request's
-// first message is waited for instead (readFirstMessage), and never
-// refused. The read
-// deadline is the connection's (http.ResponseController); afterwards the
-// server's ReadTimeout, if it has one, holds again from when the request
-// came in.
-func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Duration) (whole bool, err error) {
+// readAhead is a body's read-ahead (WithBodyBuffer, WithBodyTimeout):
+// the zero durations wait as long as the body takes.
+type readAhead struct {
+	limit        int
+	firstMessage time.Duration // a gRPC request's wait for its first message
+	body         time.Duration // WithBodyTimeout
+	minRate      int
+}
+
+// read reads up to ra.limit of r's body ahead and puts it back in front
+// of the rest; whole says it read the body to its end. A gRPC request's
+// first message is waited for at most ra.firstMessage (readFirstMessage).
+// Any other body may take ra.body, and a second more for every
+// ra.minRate bytes that came (pacedBody): past that, the error is
+// os.ErrDeadlineExceeded, answered 408 by the caller. Any other read
+// error is left for the handler, as without triage. The read deadline is
+// the connection's (http.ResponseController); afterwards the server's
+// ReadTimeout, if it has one, holds again from when the request came in.
+func (ra readAhead) read(w http.ResponseWriter, r *http.Request) (whole bool, err error) {
 	grpc := grpcwire.IsGRPC(r.Header.Get("Content-Type"))
-	if grpc && timeout > 0 {
-		return readFirstMessage(r, limit, timeout/2), nil
+	if grpc && ra.firstMessage > 0 {
+		return readFirstMessage(r, ra.limit, ra.firstMessage), nil
 	}
 	start := time.Now()
 	rc := http.NewResponseController(w)
-	deadlines := timeout > 0 && rc.SetReadDeadline(start.Add(timeout)) == nil
-	head, whole, err := readHead(r.Body, grpc, limit)
+	var body io.Reader = r.Body
+	deadlines := ra.body > 0 && rc.SetReadDeadline(start.Add(ra.body)) == nil
+	if deadlines && ra.minRate > 0 {
+		body = &pacedBody{Reader: r.Body, rc: rc, by: start.Add(ra.body), minRate: ra.minRate}
+	}
+	head, whole, err := readHead(body, grpc, ra.limit)
 	if deadlines {
 		var restore time.Time
 		if srv, _ := r.Context().Value(http.ServerContextKey).(*http.Server); srv != nil && srv.ReadTimeout > 0 {
@@ -683,6 +722,26 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, timeout time.Du
 	}
 	r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
 	return false, nil
+}
+
+// pacedBody moves a body's read deadline on by a second for every
+// minRate bytes that come (Apache's mod_reqtimeout MinRate): a body that
+// keeps coming at that rate is never cut off, one that stops is.
+type pacedBody struct {
+	io.Reader
+	rc      *http.ResponseController
+	by      time.Time // the deadline before any byte came
+	minRate int
+	n       int64
+}
+
+func (p *pacedBody) Read(b []byte) (int, error) {
+	n, err := p.Reader.Read(b)
+	if n > 0 {
+		p.n += int64(n)
+		p.rc.SetReadDeadline(p.by.Add(time.Duration(p.n) * time.Second / time.Duration(p.minRate)))
+	}
+	return n, err
 }
 
 // readFirstMessage waits up to wait for a gRPC request's first message

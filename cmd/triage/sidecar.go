@@ -48,6 +48,8 @@ type sidecarFlags struct {
 	insecureEgress      bool
 	egressInternal      []string // -egress-internal patterns; none: clusterInternal decides
 	drain, timeout      time.Duration
+	bodyTimeout         time.Duration // -body-timeout
+	bodyMinRate         int
 	tls, upstreamTLS    tlsfiles.Files
 	log                 logFlags
 }
@@ -79,6 +81,8 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 	fs.BoolVar(&f.insecureEgress, "insecure-egress", false, "let -egress call http:// upstreams beyond loopback (the calls and their triage headers in the clear)")
 	f.admission.register(fs, triagegrpc.DefaultProxyMaxWait)
 	fs.DurationVar(&f.timeout, "timeout", 0, "deadline of a request that comes without one (gRPC's grpc-timeout is honoured); 0: none")
+	fs.DurationVar(&f.bodyTimeout, "body-timeout", triagehttp.DefaultBodyTimeout, "how long the sidecar reads a request's body ahead (its first 64 KiB, before it is let through), plus a second for every -body-min-rate bytes that came; a body that stops is answered 408")
+	fs.IntVar(&f.bodyMinRate, "body-min-rate", triagehttp.DefaultBodyMinRate, "bytes a second a body must keep coming at to be read past -body-timeout (0: -body-timeout in all)")
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the sidecar answers readiness 503 (lame duck) before it stops; requests still running 10 s later are cut")
 	fs.StringVar(&f.readyPath, "ready-path", triagehttp.ReadyPath, "readiness probe, answered by the sidecar on -listen and -metrics (503 in lame duck)")
 	fs.StringVar(&f.livePath, "live-path", triagehttp.LivePath, "liveness probe, answered by the sidecar on -listen and -metrics")
@@ -150,6 +154,8 @@ func (f *sidecarFlags) check(fs *flag.FlagSet, upstream string) string {
 		return "-upstream is required"
 	case f.drain < 0 || f.drain > time.Hour || f.timeout < 0:
 		return "-drain must be between 0 and 1h, -timeout at least 0"
+	case f.bodyTimeout <= 0 || f.bodyMinRate < 0:
+		return "-body-timeout must be positive, -body-min-rate at least 0"
 	case !strings.HasPrefix(f.readyPath, "/") || !strings.HasPrefix(f.livePath, "/") || f.readyPath == f.livePath:
 		return "-ready-path and -live-path must be two different paths starting with /"
 	}
@@ -284,7 +290,8 @@ func (f *sidecarFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) ([
 	if err != nil {
 		return nil, nil, err
 	}
-	mw := []triagehttp.Option{triagehttp.WithTrust(f.edge.trust), triagehttp.WithClassifier(f.edge.classifier), triagehttp.WithLifecycle(lc)}
+	mw := []triagehttp.Option{triagehttp.WithTrust(f.edge.trust), triagehttp.WithClassifier(f.edge.classifier), triagehttp.WithLifecycle(lc),
+		triagehttp.WithBodyTimeout(f.bodyTimeout, f.bodyMinRate)}
 	ctl, err := f.admission.controller(m, reg)
 	if err != nil {
 		return nil, nil, err

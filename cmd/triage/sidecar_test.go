@@ -122,6 +122,8 @@ func TestSidecarFlags(t *testing.T) {
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-egress", "0.0.0.0:1=http://127.0.0.1:2"}, "only on loopback"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-min-inflight", "0"}, "-min-inflight"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-tolerance", "1"}, "-tolerance"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-timeout", "0s"}, "-body-timeout"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-min-rate", "-1"}, "-body-min-rate"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-config", "x.yaml", "-trust", "127.0.0.1/32"}, "-config names whom to trust"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-config", "/nonexistent.yaml"}, "nonexistent"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-upstream-tls-ca", "ca.pem"}, "https upstream"},
