@@ -48,6 +48,7 @@ type envoy struct {
 	timeout     func() <-chan time.Time // message_timeout; nil: never
 	peer        string                  // the downstream's source.address
 	noAttribute bool
+	before      func(http.Header) // the filters before ext_proc, if any
 }
 
 // answer is what the client got, what the upstream saw, and how.
@@ -68,6 +69,9 @@ func dialEnvoy(addr string) (*grpc.ClientConn, error) {
 func (e *envoy) do(ctx context.Context, method, path string, h http.Header, body []byte) answer {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the stream is reset if still open
+	if e.before != nil {
+		e.before(h)
+	}
 	stream, err := extprocv3.NewExternalProcessorClient(e.cc).Process(ctx)
 	if err != nil {
 		return e.failure(ctx, method, path, h, body, "processor unreachable", http.StatusInternalServerError)
@@ -243,7 +247,7 @@ func echoUpstream() *httptest.Server {
 	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var seen []string
 		for k, v := range r.Header {
-			if strings.HasPrefix(strings.ToLower(k), "triage-") {
+			if lk := strings.ToLower(k); strings.HasPrefix(lk, "triage-") || strings.HasPrefix(lk, "triage_") || strings.HasPrefix(lk, "x-triage-claimed-") {
 				seen = append(seen, strings.ToLower(k)+"="+strings.Join(v, ","))
 			}
 		}

@@ -24,6 +24,11 @@
 // Request and response bodies and trailers, if Envoy is configured to
 // send them, are passed through unchanged.
 //
+// A caller's triage keys may come as claims (wire.ClaimPrefix), moved
+// there by the header_mutation filter docs/envoy.md puts before this one,
+// so that Envoy failing open forwards none of them as keys: the Server
+// reads a claim as the key it names and removes it.
+//
 // The caller is the peer Envoy names in the request attribute
 // source.address (and connection.uri_san_peer_certificate for its
 // identity); configure the filter's request_attributes with them. A
@@ -199,7 +204,7 @@ func (s *Server) start(h *intake.Handle) error {
 // admitted request's Handle (nil if refused), and whether it was
 // refused.
 func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (*extprocv3.ProcessingResponse, *intake.Handle, bool, error) {
-	ir, err := requestOf(req, hh)
+	ir, claims, err := requestOf(req, hh)
 	if errors.Is(err, errTooManyHeaders) {
 		return tooManyHeaders(), nil, true, nil
 	}
@@ -227,7 +232,7 @@ func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRe
 	k, _ := call.Keys(h)
 	call.End()
 	k.Attempt = attempt.Incoming(h)
-	return admitted(k, sent, ir.Header), h, false, nil
+	return admitted(k, append(sent, claims...), ir.Header), h, false, nil
 }
 
 // errTooManyHeaders is requestOf's error for a request over MaxHeaders.
@@ -243,11 +248,12 @@ func tooManyHeaders() *extprocv3.ProcessingResponse {
 }
 
 // requestOf builds the intake's Request from Envoy's headers and
-// attributes.
-func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (intake.Request, error) {
-	ir := intake.Request{Case: intake.LowerCase, Header: map[string][]string{}}
+// attributes, a claim header (wire.ClaimPrefix) read as the key it names;
+// claims are the claim headers' names.
+func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (ir intake.Request, claims []string, err error) {
+	ir = intake.Request{Case: intake.LowerCase, Header: map[string][]string{}}
 	if hh.GetHeaders() != nil && len(hh.Headers.Headers) > MaxHeaders {
-		return ir, errTooManyHeaders
+		return ir, nil, errTooManyHeaders
 	}
 	for _, hv := range hh.GetHeaders().GetHeaders() {
 		v := hv.Value
@@ -255,6 +261,10 @@ func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (int
 			v = string(hv.RawValue)
 		}
 		k := strings.ToLower(hv.Key)
+		if key, ok := wire.Claimed(k); ok { // the caller's key, moved by Envoy's filter (docs/envoy.md)
+			claims = append(claims, k)
+			k = key
+		}
 		switch k {
 		case ":authority":
 			ir.Host = v
@@ -269,7 +279,7 @@ func requestOf(req *extprocv3.ProcessingRequest, hh *extprocv3.HttpHeaders) (int
 		ir.Host = first(ir.Header, "host")
 	}
 	ir.Peer = peerOf(req.Attributes, hh.Attributes)
-	return ir, nil
+	return ir, claims, nil
 }
 
 // decodedPath is the path part of a :path header with its percent-encoding
@@ -327,8 +337,9 @@ func first(h map[string][]string, k string) string {
 	return ""
 }
 
-// admitted is the answer that lets a request through: the triage
-// headers intake removed are removed, and the request's own set.
+// admitted is the answer that lets a request through: the headers in
+// sent that intake did not keep (an untrusted peer's triage keys, every
+// claim) are removed, and the request's own set.
 func admitted(k egress.Keys, sent []string, after map[string][]string) *extprocv3.ProcessingResponse {
 	m := &extprocv3.HeaderMutation{}
 	for _, k := range sent {

@@ -102,6 +102,23 @@ const (
 	ForwardedClientCertMaxLen = 16 << 10
 )
 
+// ClaimPrefix names a caller's request key as Envoy's filters copy it
+// ahead of triage's processor (docs/envoy.md): x-triage-claimed-criticality
+// is the caller's triage-criticality under a name no service reads, so that
+// Envoy, failing open while the processor is down, forwards no caller's
+// claim as a key. The processor reads a claim as the key it names, trusted
+// as the key would be, and removes it.
+const ClaimPrefix = "x-triage-claimed-"
+
+// Claimed returns the key a claim header names (ClaimPrefix, any case):
+// "x-triage-claimed-criticality" names "triage-criticality".
+func Claimed(name string) (key string, ok bool) {
+	if len(name) <= len(ClaimPrefix) || !strings.EqualFold(name[:len(ClaimPrefix)], ClaimPrefix) {
+		return "", false
+	}
+	return Prefix + strings.ToLower(name[len(ClaimPrefix):]), true
+}
+
 var registry = [...]Key{
 	{CriticalityKey, Request, 14, "criticality of the request: CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS or SHEDDABLE"},
 	{DecayKey, Request, 22, "milliseconds until the criticality decays, and the level it falls to: 1850:SHEDDABLE"},

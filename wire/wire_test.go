@@ -82,3 +82,18 @@ func TestCanonicalSpellings(t *testing.T) {
 		}
 	}
 }
+
+func TestClaimed(t *testing.T) {
+	for in, want := range map[string]string{
+		"x-triage-claimed-criticality": "triage-criticality",
+		"X-Triage-Claimed-Customer":    "triage-customer",
+		"x-triage-claimed-":            "",
+		"x-triage-claim-criticality":   "",
+		"triage-criticality":           "",
+	} {
+		got, ok := wire.Claimed(in)
+		if got != want || ok != (want != "") {
+			t.Errorf("Claimed(%q) = %q, %v; want %q", in, got, ok, want)
+		}
+	}
+}
