@@ -49,6 +49,7 @@ type envoy struct {
 	peer        string                  // the downstream's source.address
 	noAttribute bool
 	before      func(http.Header) // the filters before ext_proc, if any
+	cluster     string            // the xds.cluster_name attribute, if any
 }
 
 // answer is what the client got, what the upstream saw, and how.
@@ -192,6 +193,7 @@ func (e *envoy) requestHeaders(method, path string, h http.Header, endOfStream b
 		attrs, _ := structpb.NewStruct(map[string]any{"source.address": e.peer})
 		req.Attributes = map[string]*structpb.Struct{"envoy.filters.http.ext_proc": attrs}
 	}
+	clusterAttributes(req, e.cluster)
 	return req
 }
 

@@ -38,7 +38,8 @@
 //
 // A Server is safe for concurrent use; it keeps nothing per stream beyond
 // the stream's own goroutine, and is bounded by its admission
-// controller's queue. Docs: docs/envoy.md.
+// controller's queue; made with NewPerCluster, by MaxClusters controllers
+// and their intakes as well. Docs: docs/envoy.md.
 package triageextproc
 
 import (
@@ -48,7 +49,9 @@ import (
 	"io"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -59,6 +62,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
@@ -74,7 +78,15 @@ import (
 const (
 	SourceAddressAttribute = "source.address"
 	PeerURISANAttribute    = "connection.uri_san_peer_certificate"
+	// ClusterAttribute names the upstream cluster Envoy routes the
+	// request to: with NewPerCluster, each has its own admission
+	// controller.
+	ClusterAttribute = "xds.cluster_name"
 )
+
+// MaxClusters bounds the clusters a Server made with NewPerCluster keeps
+// a controller for: requests to clusters past it share the default one.
+const MaxClusters = 256
 
 // MaxHeaders bounds the request headers the Server reads: a request with
 // more is answered 431 (Request Header Fields Too Large) by the processor,
@@ -94,8 +106,18 @@ type Server struct {
 	// headers and all. Set it before Register.
 	DecisionTimeout time.Duration
 
-	in   *intake.Intake
-	keys *egress.Caller // what an admitted request carries on: egress.Call.Keys
+	in       *intake.Intake // requests to no cluster, or past MaxClusters
+	clusters *clusters      // NewPerCluster's; nil: in serves every request
+	keys     *egress.Caller // what an admitted request carries on: egress.Call.Keys
+}
+
+// clusters is the intake of each upstream cluster (NewPerCluster): its
+// own admission controller, the Server's other options.
+type clusters struct {
+	opts  []intake.Option
+	admit func(cluster string) (*admission.Controller, error)
+	mu    sync.RWMutex
+	by    map[string]*intake.Intake // at most MaxClusters
 }
 
 // DefaultDecisionTimeout is the decision bound without DecisionTimeout:
@@ -117,6 +139,73 @@ func New(opts ...intake.Option) (*Server, error) {
 		return nil, err
 	}
 	return &Server{in: in, keys: keys}, nil
+}
+
+// NewPerCluster is New with one admission controller for each upstream
+// cluster Envoy names in the request attribute ClusterAttribute (add it to
+// the filter's request_attributes), so that behind a gateway one service
+// at its limit does not refuse another's requests. admit makes a
+// cluster's controller on its first request, and the default one, for
+// requests that name no cluster, at once (cluster ""); it replaces any
+// intake.WithAdmission in opts. Up to MaxClusters clusters get their own;
+// requests to others, and to a cluster whose admit failed, share the
+// default.
+func NewPerCluster(admit func(cluster string) (*admission.Controller, error), opts ...intake.Option) (*Server, error) {
+	ctl, err := admit("")
+	if err != nil {
+		return nil, err
+	}
+	opts = slices.Clip(opts)
+	s, err := New(append(opts, intake.WithAdmission(ctl))...)
+	if err != nil {
+		return nil, err
+	}
+	s.clusters = &clusters{opts: opts, admit: admit, by: map[string]*intake.Intake{}}
+	return s, nil
+}
+
+// intakeFor returns the intake of the cluster named in attrs.
+func (s *Server) intakeFor(attrs ...map[string]*structpb.Struct) *intake.Intake {
+	if s.clusters == nil {
+		return s.in
+	}
+	name := attribute(ClusterAttribute, attrs...)
+	if name == "" {
+		return s.in
+	}
+	if in := s.clusters.get(name); in != nil {
+		return in
+	}
+	return s.clusters.make(name, s.in)
+}
+
+func (c *clusters) get(name string) *intake.Intake {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.by[name]
+}
+
+// make makes the intake of a new cluster, or returns def past MaxClusters
+// or when admit fails.
+func (c *clusters) make(name string, def *intake.Intake) *intake.Intake {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if in := c.by[name]; in != nil {
+		return in
+	}
+	if len(c.by) >= MaxClusters {
+		return def
+	}
+	ctl, err := c.admit(name)
+	if err != nil {
+		return def
+	}
+	in, err := intake.New(append(c.opts, intake.WithAdmission(ctl))...)
+	if err != nil {
+		return def
+	}
+	c.by[name] = in
+	return in
 }
 
 // Register registers s on gs as Envoy's ExternalProcessor.
@@ -218,7 +307,7 @@ func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRe
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	h, err := s.in.Accept(ctx, &ir)
+	h, err := s.intakeFor(req.Attributes, hh.Attributes).Accept(ctx, &ir)
 	if err == nil {
 		err = s.start(h)
 	}
@@ -317,6 +406,18 @@ func peerOf(sets ...map[string]*structpb.Struct) trust.Peer {
 		}
 	}
 	return p
+}
+
+// attribute is the string value of the request attribute name.
+func attribute(name string, sets ...map[string]*structpb.Struct) string {
+	for _, attrs := range sets {
+		for _, st := range attrs {
+			if v := st.GetFields()[name].GetStringValue(); v != "" {
+				return v
+			}
+		}
+	}
+	return ""
 }
 
 // triageKeys returns the triage header names in h.

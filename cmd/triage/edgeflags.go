@@ -116,14 +116,19 @@ func (a *admissionFlags) controller(m *triageprom.Metrics, reg *prometheus.Regis
 	if a.off {
 		return nil, nil
 	}
+	return a.newController(m, reg)
+}
+
+// newController makes a controller from the flags, its state exported to reg
+// (the caller's labels, if reg wraps them).
+func (a *admissionFlags) newController(m *triageprom.Metrics, reg prometheus.Registerer) (*admission.Controller, error) {
 	ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
 		admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
 		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit))
 	if err != nil {
 		return nil, err
 	}
-	reg.MustRegister(triageprom.AdmissionState(ctl))
-	return ctl, nil
+	return ctl, reg.Register(triageprom.AdmissionState(ctl))
 }
 
 // warnDeprecated tells stderr of a deprecated TLS flag the command was

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/lifecycle"
@@ -116,17 +117,19 @@ func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // server builds the gRPC server: the processor, health and lifecycle.
 func (f *extprocFlags) server(m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
 	opts := []intake.Option{intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier)}
-	ctl, err := f.admission.controller(m, reg)
-	if err != nil {
-		return nil, nil, err
-	}
-	if ctl != nil {
-		opts = append(opts, intake.WithAdmission(ctl))
-	}
 	if f.admission.shadow {
 		opts = append(opts, intake.WithShadow(shadow.All(), m.Shadow()))
 	}
-	ep, err := triageextproc.New(opts...)
+	// One controller for each upstream cluster Envoy names, its state
+	// labelled with the cluster ("" for requests that name none).
+	admit := func(cluster string) (*admission.Controller, error) {
+		return f.admission.newController(m, prometheus.WrapRegistererWith(prometheus.Labels{"cluster": cluster}, reg))
+	}
+	newServer := func() (*triageextproc.Server, error) { return triageextproc.NewPerCluster(admit, opts...) }
+	if f.admission.off {
+		newServer = func() (*triageextproc.Server, error) { return triageextproc.New(opts...) }
+	}
+	ep, err := newServer()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -140,7 +140,8 @@ func TestSidecarFlags(t *testing.T) {
 	}
 }
 
-// triage extproc answers Envoy's ext_proc protocol and gRPC health.
+// triage extproc answers Envoy's ext_proc protocol and gRPC health, and
+// keeps a controller for each upstream cluster Envoy names.
 func TestExtprocCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -165,7 +166,7 @@ func TestExtprocCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	attrs, _ := structpb.NewStruct(map[string]any{"source.address": "127.0.0.1:4000"})
+	attrs, _ := structpb.NewStruct(map[string]any{"source.address": "127.0.0.1:4000", "xds.cluster_name": "orders"})
 	err = stream.Send(&extprocv3.ProcessingRequest{
 		Attributes: map[string]*structpb.Struct{"envoy.filters.http.ext_proc": attrs},
 		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{EndOfStream: true, Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
@@ -182,6 +183,13 @@ func TestExtprocCommand(t *testing.T) {
 	set := resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders()
 	if len(set) != 1 || set[0].GetHeader().GetKey() != "triage-criticality" || string(set[0].GetHeader().GetRawValue()) != "SHEDDABLE_PLUS" {
 		t.Errorf("request headers answered %v", resp)
+	}
+	// Each upstream cluster has its own controller, its state labelled.
+	_, body := get(t, "http://"+metricsAddr+"/metrics")
+	for _, want := range []string{`triage_admission_pending{cluster="orders"} 1`, `triage_admission_pending{cluster=""} 0`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics: no %s", want)
+		}
 	}
 	stream.CloseSend()
 	cancel()
