@@ -34,6 +34,8 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/bench/internal/child"
+
+	"github.com/triagehq/triage/bench/internal/triagebin"
 )
 
 type config struct {
@@ -96,17 +98,8 @@ func run(c config, conns, stacks string) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		c.triage = filepath.Join(dir, "triage")
-		// In the main module, whose go.sum has the command's dependencies.
-		root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/triagehq/triage").Output()
-		if err != nil {
-			return fmt.Errorf("finding the triage module: %v", err)
-		}
-		build := exec.Command("go", "build", "-o", c.triage, "./cmd/triage")
-		build.Dir = strings.TrimSpace(string(root))
-		build.Stderr = os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("building triage: %v", err)
+		if c.triage, err = triagebin.Build(dir); err != nil {
+			return err
 		}
 	}
 	fmt.Printf("wrk -t1 -c N -d %v --timeout %v -H 'X-Api-Key: %s' FRONTEND%s on CPU 1; the drill's stack on CPU 0; medians of %d runs\n\n",

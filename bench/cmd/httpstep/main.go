@@ -34,6 +34,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/statetrace"
+	"github.com/triagehq/triage/bench/internal/triagebin"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -192,16 +193,9 @@ func drive(args []string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	triage := filepath.Join(dir, "triage")
-	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/triagehq/triage").Output()
+	triage, err := triagebin.Build(dir)
 	if err != nil {
-		return fmt.Errorf("finding triage's module: %w", err)
-	}
-	build := exec.Command("go", "build", "-o", triage, "./cmd/triage")
-	build.Dir = strings.TrimSpace(string(root))
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("building triage: %w", err)
+		return err
 	}
 	rounds := burn.Calibrate(*work)
 	var runs []run

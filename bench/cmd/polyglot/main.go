@@ -39,6 +39,7 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/triagehq/triage/bench/internal/triagebin"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/loadtest"
 )
@@ -93,11 +94,8 @@ func (c *config) prepare() error {
 	if err != nil {
 		return fmt.Errorf("finding the triage module: %v", err)
 	}
-	c.triage = filepath.Join(c.out, "triage")
-	build := exec.Command("go", "build", "-o", c.triage, "./cmd/triage")
-	build.Dir = strings.TrimSpace(string(root))
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building triage: %v\n%s", err, b)
+	if c.triage, err = triagebin.Build(c.out); err != nil {
+		return err
 	}
 	c.dir = filepath.Join(strings.TrimSpace(string(root)), "bench", "polyglot")
 	return nil

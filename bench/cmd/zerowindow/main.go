@@ -9,14 +9,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -26,6 +23,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/triagehq/triage/bench/internal/triagebin"
 	"github.com/triagehq/triage/internal/testkit/h2attack"
 )
 
@@ -56,15 +54,8 @@ func run(connsList string, calls int, bin, trustNet string) error {
 			return err
 		}
 		defer os.RemoveAll(dir)
-		root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/triagehq/triage").Output()
-		if err != nil {
+		if bin, err = triagebin.Build(dir); err != nil {
 			return err
-		}
-		bin = filepath.Join(dir, "triage")
-		build := exec.Command("go", "build", "-o", bin, "./cmd/triage")
-		build.Dir = strings.TrimSpace(string(root))
-		if b, err := build.CombinedOutput(); err != nil {
-			return fmt.Errorf("building triage: %v\n%s", err, b)
 		}
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -94,28 +85,12 @@ func row(bin, upstream, trustNet string, n, calls int) error {
 	if trustNet != "" {
 		args = append(args, "-trust", trustNet)
 	}
-	sc := exec.Command(bin, args...)
-	out, err := sc.StdoutPipe()
+	sc, err := triagebin.Start(bin, args...)
 	if err != nil {
 		return err
 	}
-	sc.Stderr = os.Stderr
-	if err := sc.Start(); err != nil {
-		return err
-	}
-	defer func() { sc.Process.Kill(); sc.Wait() }()
-	addr := ""
-	r := bufio.NewReader(out)
-	for addr == "" {
-		line, err := r.ReadString('\n')
-		if err != nil {
-			return fmt.Errorf("the sidecar did not say where it listens: %v", err)
-		}
-		if i := strings.Index(line, "listening on "); i >= 0 {
-			addr = strings.Fields(line[i+len("listening on "):])[0]
-		}
-	}
-	go func() { bufio.NewReader(r).WriteTo(devNull{}) }()
+	defer sc.Stop()
+	addr := sc.Addr
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -150,7 +125,3 @@ func row(bin, upstream, trustNet string, n, calls int) error {
 	fmt.Printf("%d connections x %d calls with no window: CRITICAL_PLUS served %d/50 beside them, %d/50 right after\n", n, calls, beside, after)
 	return nil
 }
-
-type devNull struct{}
-
-func (devNull) Write(p []byte) (int, error) { return len(p), nil }
