@@ -24,10 +24,12 @@ type clientWaits struct {
 	others  [maxWaiters]uint64 // the other goroutines seen, in order
 	n       int                // how many of others are set; maxWaiters+1: too many
 	waiting uint8              // bit 0: its own goroutine; bit i+1: others[i]
+	own     uint8              // Own's waits under way: Own may wait twice at once (its writer's, from any goroutine)
 	since   time.Time          // when every goroutine seen began to wait; zero: one works
 	timer   clock.Timer
 	stalled bool
-	counted bool // the stall counts against the connection's (Conn)
+	counted bool  // the stall counts against the connection's (Conn)
+	ender   Ender // EndWith's
 }
 
 // bit returns the waiting bit of goroutine g, learning it if new; ok is
@@ -61,7 +63,10 @@ func (c *clientWaits) idle() bool {
 // block on the client's flow control or socket, or a receive of the
 // client's next message. g is Own for the handler's own goroutine, and
 // for any other a number unique to it among the request's goroutines
-// (the adapters use the runtime's goroutine id).
+// (the adapters use the runtime's goroutine id). Own's waits nest: it
+// waits until as many ClientResume as ClientWait (a proxy's wait on its
+// upstream that is a wait on the client, and its writer's flush from
+// another goroutine, overlap).
 //
 // A request is stalled (admission.Controller.Stall: it gives its execution
 // slot and its room back, and is not charged) once every goroutine of it
@@ -87,6 +92,9 @@ func (h *Handle) ClientWait(g uint64) {
 	b, ok := c.bit(g)
 	if !ok {
 		return
+	}
+	if g == Own && c.own < 255 {
+		c.own++
 	}
 	c.waiting |= b
 	if !c.idle() || !c.since.IsZero() {
@@ -116,6 +124,14 @@ func (h *Handle) ClientResume(g uint64) {
 	if !ok {
 		c.mu.Unlock()
 		return
+	}
+	if g == Own && c.own > 1 { // another of Own's waits goes on
+		c.own--
+		c.mu.Unlock()
+		return
+	}
+	if g == Own {
+		c.own = 0
 	}
 	c.waiting &^= b
 	c.since = time.Time{}
@@ -181,20 +197,54 @@ func (c *clientWaits) forget(g uint64) bool {
 
 // clientStalled is the timer's: it stalls the request if every goroutine
 // of it still waits on the client and has for the target delay (a timer
-// of an earlier wait may fire late).
+// of an earlier wait may fire late). Past its connection's or the task's
+// bound on stalls, it ends the request's waits through its Ender instead,
+// if the transport gave one (EndWith); without one the request keeps its
+// slot.
 func (x *admitted) clientStalled() {
+	if x.tryStall() {
+		return
+	}
+	if e := x.client.ender; e != nil {
+		e.EndClientWaits()
+	}
+}
+
+// tryStall stalls the request if it should; false if it should and may
+// not.
+func (x *admitted) tryStall() bool {
 	c := &x.client
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stalled || c.since.IsZero() || !c.idle() || x.clk.Now().Sub(c.since) < x.ctl.TargetDelay() {
-		return
+		return true
 	}
 	if !x.conn.stall() {
-		return
+		return false
 	}
 	c.counted = true
 	c.stalled = true
+	x.overBound = false
 	x.cost.Stall()
+	return !x.overBound
+}
+
+// Ender ends a running request's waits on its client, so that its handler
+// returns: the transport's (triagehttp sets the request's read and write
+// deadlines in the past). EndClientWaits may be called from any
+// goroutine, at most once a stall.
+type Ender interface{ EndClientWaits() }
+
+// EndWith gives the Handle what ends the request's waits on its client: a
+// request that has waited on its client for the target delay when its
+// connection or the task already holds as many stalled requests as it
+// may (WithMaxConnStalls, admission.WithMaxStalled) is ended through e,
+// rather than keep its execution slot while its client sends or reads
+// nothing. Call it before the handler runs.
+func (h *Handle) EndWith(e Ender) {
+	if x := h.x; x != nil && x.ctl != nil {
+		x.client.ender = e
+	}
 }
 
 // endClientWaits stops the timer at Finish and gives back the

@@ -52,6 +52,9 @@ type admitted struct {
 	h        *Handle     // the request: its context bounds a wait for a slot
 	conn     connMark    // the request's connection's counts
 	client   clientWaits // its goroutines' waits on its own client
+	// overBound: the last Stall found the task's stalls at their bound
+	// (under client.mu, through the cost Tracker).
+	overBound bool
 	// readyAt is when the request's goroutine began to run (Scheduled);
 	// message says whether its first message then came late (messageLate)
 	// or not (messageOnTime), once it has (MessageArrived).
@@ -326,7 +329,11 @@ func (x *admitted) Unblock() { x.ctl.Back(&x.ticket) }
 // Stall and Unstall tell admission control that the request waits on its
 // own client (admission.Controller.Stall and Unstall); the cost Tracker
 // calls them under its lock.
-func (x *admitted) Stall() { x.ctl.Stall(&x.ticket) }
+func (x *admitted) Stall() {
+	if !x.ctl.Stall(&x.ticket) {
+		x.overBound = true // past the task's bound (clientStalled)
+	}
+}
 
 // Unstall waits for an execution slot, ahead of every request not yet
 // started, until the request's context ends.

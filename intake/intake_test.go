@@ -259,6 +259,32 @@ func TestClientWaitStallsOnlyWhenEveryGoroutineWaits(t *testing.T) {
 	}
 }
 
+// Own's waits nest (issue 55): a proxy's wait on its upstream that is a
+// wait on its client, and its writer's flush from another goroutine, both
+// wait as Own; the flush's end does not end the other wait, so the
+// request still stalls; it resumes when the last of them ends.
+func TestOwnWaitsNest(t *testing.T) {
+	in, ctl, f := admittedIntake(t, 1)
+	h := started(t, in, &intake.Request{Path: "/svc/M"})
+	d := ctl.TargetDelay()
+	h.ClientWait(intake.Own)   // the wait on the upstream
+	h.ClientWait(intake.Own)   // a flush
+	h.ClientResume(intake.Own) // the flush is done
+	f.Advance(d)
+	if s := ctl.Stats(); s.Stalled != 1 || s.Executing != 0 {
+		t.Fatalf("one of Own's two waits ended, the other on for the target delay: %+v, want stalled", s)
+	}
+	h.ClientResume(intake.Own)
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 1 {
+		t.Fatalf("both ended: %+v, want the slot back", s)
+	}
+	f.Advance(10 * d)
+	if s := ctl.Stats(); s.Stalled != 0 {
+		t.Fatalf("no wait: %+v", s)
+	}
+	h.Finish()
+}
+
 // A connection's stalled requests are bounded (WithMaxConnStalls): past
 // the bound, a request waiting on its client keeps its slot.
 func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {

@@ -334,14 +334,16 @@ func Middleware(opts ...Option) (func(http.Handler) http.Handler, error) {
 					ra = readAhead{limit: c.bodyBuffer} // no deadline, as without triage
 				}
 				var err error
-				if whole, err = ra.read(w, r); err != nil {
+				var arrived bool
+				if whole, arrived, err = ra.read(w, r); err != nil {
 					h.MessageTimedOut()
 					slowBody(w, r)
 					return
 				}
-				if h.InShadow() {
+				switch {
+				case h.InShadow():
 					h.MessageArrived() // a late one is counted at Start
-				} else {
+				case arrived:
 					h.Received() // however slow the link: the client's time
 				}
 			}
@@ -374,6 +376,19 @@ type clientIO struct {
 	b clientBody
 }
 
+// EndClientWaits ends the request's waits on its client when it may not
+// stall (intake.Handle.EndWith: its connection or the task holds as many
+// stalled requests as it may): its body's reads and its writes fail at
+// once (read and write deadlines in the past), so that its handler
+// returns rather than keep its execution slot while the client sends or
+// reads nothing. A hijacked connection keeps its slot.
+func (c *clientIO) EndClientWaits() {
+	rc := http.NewResponseController(c.w.rw)
+	past := time.Unix(1, 0)
+	rc.SetReadDeadline(past)
+	rc.SetWriteDeadline(past)
+}
+
 // onClient wraps w, and r's body unless the middleware read all of it
 // ahead (whole). The wrapped writer has exactly the optional interfaces
 // w has (http.Flusher and FlushError, http.Hijacker, io.ReaderFrom,
@@ -388,6 +403,7 @@ func onClient(w http.ResponseWriter, r *http.Request, h *intake.Handle, whole bo
 		c.b = clientBody{ReadCloser: r.Body, h: h, owner: owner}
 		r.Body = &c.b
 	}
+	h.EndWith(c)
 	switch shapeOf(w) {
 	case http1Shape:
 		return http1Writer{netWriter{&c.w}}, r
@@ -679,18 +695,21 @@ type readAhead struct {
 }
 
 // read reads up to ra.limit of r's body ahead and puts it back in front
-// of the rest; whole says it read the body to its end. A gRPC request's
-// first message is waited for at most ra.firstMessage (readFirstMessage).
+// of the rest; whole says it read the body to its end, arrived that what
+// it waited for came (false for a gRPC request that goes on without its
+// first message). A gRPC request's first message is waited for at most
+// ra.firstMessage (readFirstMessage).
 // Any other body may take ra.body, and a second more for every
 // ra.minRate bytes that came (pacedBody): past that, the error is
 // os.ErrDeadlineExceeded, answered 408 by the caller. Any other read
 // error is left for the handler, as without triage. The read deadline is
 // the connection's (http.ResponseController); afterwards the server's
 // ReadTimeout, if it has one, holds again from when the request came in.
-func (ra readAhead) read(w http.ResponseWriter, r *http.Request) (whole bool, err error) {
+func (ra readAhead) read(w http.ResponseWriter, r *http.Request) (whole, arrived bool, err error) {
 	grpc := grpcwire.IsGRPC(r.Header.Get("Content-Type"))
 	if grpc && ra.firstMessage > 0 {
-		return readFirstMessage(r, ra.limit, ra.firstMessage), nil
+		whole, arrived = readFirstMessage(r, ra.limit, ra.firstMessage)
+		return whole, arrived, nil
 	}
 	start := time.Now()
 	rc := http.NewResponseController(w)
@@ -709,19 +728,19 @@ func (ra readAhead) read(w http.ResponseWriter, r *http.Request) (whole bool, er
 	}
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return false, err
+		return false, false, err
 	case err != nil:
 		// Any other error (a body over http.MaxBytesReader's limit, a
 		// malformed chunk, a client gone) is the handler's to answer, as
 		// without triage: its body reads what came, then the error.
 		r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), errReader{err}), body: r.Body}
-		return true, nil
+		return true, true, nil
 	case whole:
 		r.Body = &prefixedBody{Reader: bytes.NewReader(head), body: r.Body}
-		return true, nil
+		return true, true, nil
 	}
 	r.Body = &prefixedBody{Reader: io.MultiReader(bytes.NewReader(head), r.Body), body: r.Body}
-	return false, nil
+	return false, true, nil
 }
 
 // pacedBody moves a body's read deadline on by a second for every
@@ -749,9 +768,10 @@ func (p *pacedBody) Read(b []byte) (int, error) {
 // body; whole says the body ended with it. A stream whose server speaks
 // first sends nothing until it has heard from the server, so past wait
 // the request goes on without its message: its body's reads then wait
-// for the one under way, as waits on the client (onClient). Half the
-// message timeout, so that Start does not find the request late.
-func readFirstMessage(r *http.Request, limit int, wait time.Duration) (whole bool) {
+// for the one under way, as waits on the client (onClient), and arrived
+// is false. Half the message timeout, so that Start does not refuse the
+// request as late.
+func readFirstMessage(r *http.Request, limit int, wait time.Duration) (whole, arrived bool) {
 	body := r.Body
 	done := make(chan headRead, 1)
 	go func() {
@@ -764,10 +784,10 @@ func readFirstMessage(r *http.Request, limit int, wait time.Duration) (whole boo
 	select {
 	case h := <-done:
 		r.Body = h.body(body)
-		return h.whole || h.err != nil
+		return h.whole || h.err != nil, true
 	case <-t.C:
 		r.Body = &pendingBody{done: done, body: body}
-		return false
+		return false, false
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/internal/testkit/h2attack"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
@@ -464,4 +465,119 @@ func rawRequest(t *testing.T, addr, raw string) (*http.Response, net.Conn, *bufi
 		t.Fatal(err)
 	}
 	return resp, c, br
+}
+
+// echoAndEmpty is the echo stream with a unary EmptyCall beside it.
+type echoAndEmpty struct{ echoStream }
+
+func (echoAndEmpty) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
+	return &testgrpc.Empty{}, nil
+}
+
+// Streams that send one message and then nothing, and calls that send no
+// message at all, hold no execution slot (issue 55): through the sidecar
+// the handler waits on the upstream, which waits on the caller, so while
+// the request's body is open and its read waits on the caller, the wait
+// on the upstream is a wait on the caller too, and the request gives its
+// slot back after the target delay. With one slot, a unary call beside
+// three paused streams and three message-less calls is served (before:
+// the first paused stream kept the slot, and the call timed out).
+func TestIngressPausedStreamsHoldNoSlot(t *testing.T) {
+	up := grpcUpstream(t, echoAndEmpty{})
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1), admission.WithMessageTimeout(40*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveConns(t, in)
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 3 {
+		stream, err := client.FullDuplexCall(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatalf("paused stream %d: its first answer: %v", i, err)
+		}
+		loopback.WaitFor(t, fmt.Sprintf("paused stream %d stalled", i), func() bool { return ctl.Stats().Stalled == int64(i+1) })
+	}
+	stop, err := h2attack.MessagelessGRPC(addr, "/grpc.testing.TestService/EmptyCall", 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	loopback.WaitFor(t, "the message-less calls stalled", func() bool { return ctl.Stats().Stalled == 6 })
+	cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+	defer ccancel()
+	if _, err := client.EmptyCall(cctx, &testgrpc.Empty{}); err != nil {
+		t.Fatalf("a call beside three paused streams and three message-less calls, one slot: %v (%+v)", err, ctl.Stats())
+	}
+}
+
+// A request that would stall past its connection's bound on stalls is
+// ended, not left holding its slot (issue 55: "a caller can hold at most
+// its share of slots however it stalls"): with two stalls a connection
+// and one slot, the third paused stream on a connection ends with an
+// error, and a call beside it is served (before: the third kept the
+// slot, and the call timed out).
+func TestIngressStallPastTheBoundEnds(t *testing.T) {
+	up := grpcUpstream(t, echoAndEmpty{})
+	ctl, err := admission.New(admission.WithLimits(1, 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl), triagehttp.WithMaxConnStalls(2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := serveConns(t, in)
+	dial := func() testgrpc.TestServiceClient {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return testgrpc.NewTestServiceClient(cc)
+	}
+	attacker, client := dial(), dial()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var third testgrpc.TestService_FullDuplexCallClient
+	for i := range 3 {
+		stream, err := attacker.FullDuplexCall(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatalf("paused stream %d: its first answer: %v", i, err)
+		}
+		if i < 2 {
+			loopback.WaitFor(t, fmt.Sprintf("paused stream %d stalled", i), func() bool { return ctl.Stats().Stalled == int64(i+1) })
+		}
+		third = stream
+	}
+	if _, err := third.Recv(); err == nil {
+		t.Fatal("the stream past the connection's bound on stalls got an answer, want its end")
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+	defer ccancel()
+	if _, err := client.EmptyCall(cctx, &testgrpc.Empty{}); err != nil {
+		t.Fatalf("a call beside two stalled streams and one past the bound, one slot: %v (%+v)", err, ctl.Stats())
+	}
 }

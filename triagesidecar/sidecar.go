@@ -45,6 +45,7 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/grpcwire"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -204,10 +205,11 @@ func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
 	}
 	to := target(upstream)
 	rp := &httputil.ReverseProxy{
-		Transport: c.transport,
+		Transport: upstreamWaits{c.transport},
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(to)
 			pr.Out.Host = pr.In.Host
+			openUntilRead(pr.Out)
 			pr.SetXForwarded()
 			ctx := pr.In.Context()
 			call := keys.Begin(ctx, to.Host)
@@ -484,4 +486,105 @@ func writeFailure(w http.ResponseWriter, r *http.Request, httpStatus, grpcCode i
 		return
 	}
 	http.Error(w, msg, httpStatus)
+}
+
+// openBody is a forwarded request's body while the caller may still be
+// sending it: until it ends, the handler's waits on the upstream (for the
+// response's headers, for each read of its body; upstreamWaits) are waits
+// on the caller (intake.Handle.ClientWait) once the body's reads have
+// begun, since an upstream whose request is not over (a stream, a call
+// whose message has not come) may be waiting for the rest of it. The
+// request then stalls, giving its execution slot back, when the caller
+// sends nothing for the target delay, as it does waiting on its caller
+// directly. Once the body has ended, a wait on the upstream is the
+// upstream's work and keeps the slot; before its reads begin (the
+// transport dialing, or waiting for 100 Continue), so is it.
+type openBody struct {
+	io.ReadCloser
+	h       *intake.Handle
+	mu      sync.Mutex
+	reading bool // a read has begun
+	ended   bool
+	inWait  bool // the handler waits on the upstream
+	waiting bool // the handler's wait is told to h as a wait on the caller
+}
+
+// openUntilRead wraps out's body in an openBody, under admission control.
+func openUntilRead(out *http.Request) {
+	h := intake.HandleOf(out.Context())
+	if out.Body == nil || out.Body == http.NoBody || h == nil || !h.UnderAdmission() {
+		return
+	}
+	out.Body = &openBody{ReadCloser: out.Body, h: h}
+}
+
+func (b *openBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	b.reading = true
+	b.tell()
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.mu.Lock()
+		b.ended = true
+		b.tell()
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+// await runs f, a wait of the handler's on the upstream.
+func (b *openBody) await(f func()) {
+	b.mu.Lock()
+	b.inWait = true
+	b.tell()
+	b.mu.Unlock()
+	f()
+	b.mu.Lock()
+	b.inWait = false
+	b.tell()
+	b.mu.Unlock()
+}
+
+// tell brings the Handle in line with the state: the handler waits on the
+// caller while it waits on the upstream, the body's reads have begun and
+// it has not ended. Under b.mu, so that two goroutines' changes reach the
+// Handle in order.
+func (b *openBody) tell() {
+	want := b.inWait && b.reading && !b.ended
+	switch {
+	case want && !b.waiting:
+		b.h.ClientWait(intake.Own)
+	case !want && b.waiting:
+		b.h.ClientResume(intake.Own)
+	}
+	b.waiting = want
+}
+
+// upstreamWaits is the ingress's transport: the waits on the upstream of
+// a request whose body is an openBody go through it.
+type upstreamWaits struct{ http.RoundTripper }
+
+func (t upstreamWaits) RoundTrip(req *http.Request) (resp *http.Response, err error) {
+	b, ok := req.Body.(*openBody)
+	if !ok {
+		return t.RoundTripper.RoundTrip(req)
+	}
+	b.await(func() { resp, err = t.RoundTripper.RoundTrip(req) })
+	if resp != nil {
+		resp.Body = &upstreamBody{ReadCloser: resp.Body, open: b}
+	}
+	return resp, err
+}
+
+// upstreamBody is a response's body whose reads are waits on the
+// upstream (openBody.await).
+type upstreamBody struct {
+	io.ReadCloser
+	open *openBody
+}
+
+func (u *upstreamBody) Read(p []byte) (n int, err error) {
+	u.open.await(func() { n, err = u.ReadCloser.Read(p) })
+	return n, err
 }

@@ -1,5 +1,6 @@
 // Package h2attack is a hostile HTTP/2 peer for tests and benchmarks: a
-// client that grants no flow-control window.
+// client that grants no flow-control window, and one whose calls send no
+// message.
 package h2attack
 
 import (
@@ -16,6 +17,21 @@ import (
 // message, END_STREAM), then reads and drops every frame and never opens
 // a window. It returns a func that closes the connections.
 func ZeroWindowGRPC(addr, method string, conns, calls int) (stop func(), err error) {
+	return grpcCalls(addr, method, conns, calls, true)
+}
+
+// MessagelessGRPC opens conns cleartext HTTP/2 connections to addr and
+// starts calls gRPC calls to method on each that send their headers and
+// nothing else (no message, no END_STREAM), reading and dropping every
+// frame. It returns a func that closes the connections.
+func MessagelessGRPC(addr, method string, conns, calls int) (stop func(), err error) {
+	return grpcCalls(addr, method, conns, calls, false)
+}
+
+// grpcCalls opens the connections: with zeroWindow, no flow-control
+// window and unary calls (an empty message, END_STREAM); without, the
+// default window and headers only.
+func grpcCalls(addr, method string, conns, calls int, zeroWindow bool) (stop func(), err error) {
 	var cs []net.Conn
 	stop = func() {
 		for _, c := range cs {
@@ -34,7 +50,11 @@ func ZeroWindowGRPC(addr, method string, conns, calls int) (stop func(), err err
 			return nil, err
 		}
 		fr := http2.NewFramer(c, c)
-		fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		if zeroWindow {
+			fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0})
+		} else {
+			fr.WriteSettings()
+		}
 		for i := range calls {
 			var hb bytes.Buffer
 			enc := hpack.NewEncoder(&hb)
@@ -44,7 +64,9 @@ func ZeroWindowGRPC(addr, method string, conns, calls int) (stop func(), err err
 			}
 			id := uint32(2*i + 1)
 			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
-			fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
+			if zeroWindow {
+				fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
+			}
 		}
 		go func() {
 			for {
