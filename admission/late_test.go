@@ -8,6 +8,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/testkit/loopback"
 )
 
 // Slow senders (issue 20): under SchedulerDelay, the time between Arrive
@@ -221,4 +222,73 @@ func TestReceivedMessageIsJudgedFromItsArrival(t *testing.T) {
 		t.Fatalf("Start after the task's own delay past the message timeout: %v, want Late", err)
 	}
 	c.Done(&tk)
+}
+
+// Requests over their share that took no room while they waited for
+// their message (Scheduled) and then queue for a slot rank below the
+// fresh requests of their level, as late ones do (issue 55): a plain
+// request arriving when they fill the room takes one's place, and gets
+// the next slot ahead of them.
+func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := lateController(t, f, admission.SchedulerDelay)
+	ctx := context.Background()
+	var running admission.Ticket
+	if err := c.Arrive(&running, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx, &running); err != nil {
+		t.Fatal(err)
+	}
+	var over []<-chan error
+	for n := 0; n < 100; n++ {
+		tk := new(admission.Ticket)
+		if err := c.ArriveOverShare(tk, criticality.Critical, 0, time.Time{}); err != nil {
+			break
+		}
+		c.Scheduled(tk) // it waits for its message, holding no room
+		ch := start(c, ctx, tk)
+		refused := false
+		loopback.WaitFor(t, "the request queued or refused", func() bool {
+			select {
+			case err := <-ch:
+				refused = err != nil
+				return true
+			default:
+				return c.Stats().Queued == int64(len(over)+1)
+			}
+		})
+		if refused {
+			break // the queue is full
+		}
+		over = append(over, ch)
+	}
+	if len(over) < 2 {
+		t.Fatalf("%d over their share queued", len(over))
+	}
+	var plain admission.Ticket
+	if err := c.Arrive(&plain, criticality.Critical, 0, time.Time{}); err != nil {
+		t.Fatalf("a plain request beside %d over their share: %v, want admitted", len(over), err)
+	}
+	got := start(c, ctx, &plain)
+	// It queued, taking the place of one over its share: that one is refused.
+	loopback.WaitFor(t, "an over-share waiter displaced", func() bool {
+		for i, ch := range over {
+			select {
+			case err := <-ch:
+				if err == nil {
+					t.Fatal("an over-share waiter got a slot")
+				}
+				over = append(over[:i], over[i+1:]...)
+				return true
+			default:
+			}
+		}
+		return false
+	})
+	c.Done(&running)
+	if err := <-got; err != nil {
+		t.Fatalf("the plain request's Start: %v, want the next slot", err)
+	}
+	c.Done(&plain)
 }

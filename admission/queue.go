@@ -95,11 +95,12 @@ func (c *Controller) popHighest() *waiter {
 // criticality that has some as displaced: that request is refused when it
 // reaches Start (on a busy CPU, admitted requests wait as runnable
 // goroutines that no queue of ours holds, so they cannot be taken out
-// before they run).
-func (c *Controller) evictBelow(l criticality.Level) bool {
+// before they run). A stale request (over its client's share) displaces
+// only waiters ranked below the stale ones of its level.
+func (c *Controller) evictBelow(l criticality.Level, stale bool) bool {
 	if c.queued.Load() > 0 {
 		c.mu.Lock()
-		ok := c.displaceBelow(rank(l, false))
+		ok := c.displaceBelow(rank(l, stale))
 		c.mu.Unlock()
 		if ok {
 			return true

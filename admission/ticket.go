@@ -26,6 +26,7 @@ type Ticket struct {
 	sampled         bool // measured: delay before Start, service time
 	owes            bool // displaced while not started: refused at Start (Scheduled)
 	queued          bool // Start gave it its slot after a wait in the queue
+	overShare       bool // arrived over its client's share: queues as late
 }
 
 // Level returns the request's criticality.
@@ -61,9 +62,11 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 // adapter, ConnShare streams of its connection waiting for their
 // goroutines): it is admitted only into the first half of the task's
 // room, so that one client's burst, which fills the room until its
-// requests run, leaves the other half to the other clients. A client
-// alone still gets the whole task in time: its requests wait less, and
-// the pending cap grows.
+// requests run, leaves the other half to the other clients; if it queues
+// for a slot, it ranks below the fresh requests of its level, as a late
+// one does, so that another client's request arriving to a full queue
+// takes its place. A client alone still gets the whole task in time: its
+// requests wait less, and the pending cap grows.
 func (c *Controller) ArriveOverShare(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
 	return c.arrive(t, l, attemptN, deadline, OverShare)
 }
@@ -148,7 +151,7 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	if a&OverShare != 0 {
 		room = (room + 1) / 2
 	}
-	if c.occupancy(now)+c.reserved(l)+1 > room && !c.evictBelow(l) {
+	if c.occupancy(now)+c.reserved(l)+1 > room && !c.evictBelow(l, a&OverShare != 0) {
 		c.capHit.Store(true)
 		return c.rejectAs(l, Concurrency, now, a)
 	}
@@ -157,7 +160,7 @@ func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		c.capHit.Store(true)
 		return c.rejectAs(l, Concurrency, now, a)
 	}
-	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled}
+	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled, overShare: a&OverShare != 0}
 	if sampled {
 		t.mark = c.paused.Load()
 	}
@@ -352,7 +355,7 @@ func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
 		}
 		late = now-t.arrive > c.lateAfter
 	}
-	return late, nil
+	return late || t.overShare, nil
 }
 
 // started gives t its slot; waited is how long it queued for it (0: it

@@ -231,3 +231,58 @@ func TestConnShareHalvesTheRoomOfABurst(t *testing.T) {
 		t.Fatalf("room %d, share 2: one connection's burst took %d, other connections %d; want about half each", room, n, more)
 	}
 }
+
+// WithPeerShare: past its share of requests in the task, an untrusted
+// peer's next requests take only the first half of the room, however
+// many connections it uses, so that another peer still finds room; a
+// trusted peer is not counted, and the counts go when the requests end
+// (issue 55).
+func TestPeerShareLeavesRoomForOthers(t *testing.T) {
+	f := clock.NewFake(time.Unix(0, 0))
+	ctl, err := admission.New(admission.WithClock(f), admission.WithLimits(2, 2, 2), admission.WithQueueFactor(4),
+		admission.WithInterval(time.Hour), admission.WithMaxWait(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := intake.New(intake.WithAdmission(ctl), intake.WithClock(f), intake.WithPeerShare(2),
+		intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"10.0.0.1/32"}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacker := trust.Peer{Addr: netip.MustParseAddr("192.0.2.7")}
+	var held []*intake.Handle
+	for i := 0; ; i++ {
+		// a connection of its own for each request: the connection share never applies
+		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: attacker, Conn: intake.NewConn()})
+		if err != nil {
+			break
+		}
+		held = append(held, h)
+		if i > 100 {
+			t.Fatal("the attacker was never refused")
+		}
+	}
+	other := trust.Peer{Addr: netip.MustParseAddr("198.51.100.9")}
+	h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: other, Conn: intake.NewConn()})
+	if err != nil {
+		t.Fatalf("another peer, beside %d of the attacker's requests: %v, want admitted", len(held), err)
+	}
+	h.Abandon()
+	proxy := trust.Peer{Addr: netip.MustParseAddr("10.0.0.1")}
+	h, err = in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: proxy, Conn: intake.NewConn()})
+	if err != nil {
+		t.Fatalf("a trusted proxy: %v, want admitted", err)
+	}
+	h.Abandon()
+	for _, h := range held {
+		h.Abandon()
+	}
+	// Its count is gone: the attacker is admitted to the whole room again.
+	for i := range len(held) {
+		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: attacker, Conn: intake.NewConn()})
+		if err != nil {
+			t.Fatalf("after its requests ended, the attacker's request %d: %v", i, err)
+		}
+		defer h.Abandon()
+	}
+}

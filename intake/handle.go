@@ -51,6 +51,7 @@ type admitted struct {
 	clk      clock.Clock
 	h        *Handle     // the request: its context bounds a wait for a slot
 	conn     connMark    // the request's connection's counts
+	peer     peerMark    // its peer's count (WithPeerShare)
 	client   clientWaits // its goroutines' waits on its own client
 	// overBound: the last Stall found the task's stalls at their bound
 	// (under client.mu, through the cost Tracker).
@@ -176,6 +177,7 @@ func (h *Handle) InShadow() bool { return h.x != nil && h.x.shadow != nil }
 func (h *Handle) Abandon() {
 	if x := h.x; x != nil {
 		x.conn.leave()
+		x.peer.leave()
 		if !x.begun.CompareAndSwap(false, true) {
 			return // started, or abandoned already
 		}
@@ -256,6 +258,7 @@ func (h *Handle) start(wait context.Context) error {
 		if err := x.ctl.Start(wait, &x.ticket); err != nil {
 			h.traceStart(x.since(began), err)
 			x.conn.leave()
+			x.peer.leave()
 			x.penaliseLate(h, err)
 			x.ctl.Done(&x.ticket)
 			if x.quota != nil {
@@ -349,6 +352,7 @@ func (h *Handle) UnderAdmission() bool { return h.x != nil && h.x.ctl != nil }
 func (h *Handle) Finish() {
 	if x := h.x; x != nil {
 		x.conn.leave()
+		x.peer.leave()
 		x.endClientWaits()
 		used := x.cost.Stop() // first: no outgoing call touches the ticket after it
 		if x.ctl != nil {

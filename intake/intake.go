@@ -61,6 +61,8 @@ type Intake struct {
 	// the connection policy (Conn)
 	connShare       int32
 	maxConnStalls   int32
+	peerShare       int32  // WithPeerShare
+	peers           *peers // nil: not counted
 	penaliseTrusted bool
 	slowRefused     atomic.Uint64
 	// shadow mode (WithShadow)
@@ -403,7 +405,7 @@ func (in *Intake) decay(ctx context.Context, d edge.Decision, wireDecay string) 
 // nothing (the ticket lives on the stack until the request is admitted).
 // r is the request (its connection); cancels says the Handle will hold a
 // decay's cancel func.
-func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Request, cancels bool) (*Handle, error) {
+func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Request, cancels bool) (h *Handle, err error) {
 	var res quota.Reservation
 	enf, ctl := in.quota, in.admission // nil for a request one of them would refuse in shadow
 	if in.skips(shadow.Quota, f.shadowed) {
@@ -428,6 +430,22 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 		if c := r.Conn; c != nil && in.connShare > 0 && c.waiting.Load() >= in.connShare {
 			a |= admission.OverShare
 		}
+		if in.peers != nil && !f.trusted && r.Peer.Addr.IsValid() {
+			over, counted := in.peers.enter(r.Peer.Addr, in.peerShare)
+			if over {
+				a |= admission.OverShare
+			}
+			if counted {
+				defer func() {
+					if h != nil && h.x != nil && h.x.ctl != nil {
+						h.x.peer.p, h.x.peer.addr = in.peers, r.Peer.Addr
+						h.x.peer.counted.Store(true)
+					} else {
+						in.peers.leave(r.Peer.Addr)
+					}
+				}()
+			}
+		}
 		if r.RunQueued {
 			a |= admission.RunQueued
 		}
@@ -447,7 +465,7 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 	if ctl == nil && enf == nil && !cancels {
 		return newHandle(ctx, l, f), nil
 	}
-	h := newAdmittedHandle(ctx, l, f)
+	h = newAdmittedHandle(ctx, l, f)
 	x := h.x
 	x.ctl, x.ticket, x.clk = ctl, t, in.clock
 	if enf != nil {

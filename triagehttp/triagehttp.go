@@ -233,6 +233,12 @@ func WithHealthCheck(paths ...string) Option {
 // Default: none.
 func WithTracer(t intake.Tracer) Option { return withIntake(intake.WithTracer(t)) }
 
+// WithIntake passes options to the middleware's intake (intake.New): any
+// of the intake's own, such as intake.WithPeerShare.
+func WithIntake(opts ...intake.Option) Option {
+	return optionFunc(func(c *config) { c.intake = append(c.intake, opts...) })
+}
+
 // WithConnShare sets how many of a connection's requests may be accepted
 // and not yet started before its next is over the connection's share, and
 // how many requests without their body a slow sender's connection may

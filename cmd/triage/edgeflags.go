@@ -88,6 +88,7 @@ type admissionFlags struct {
 	queueFactor int
 	minInflight int
 	tolerance   float64
+	peerShare   int // -peer-share
 }
 
 func (a *admissionFlags) register(fs *flag.FlagSet, maxWait time.Duration) {
@@ -97,7 +98,13 @@ func (a *admissionFlags) register(fs *flag.FlagSet, maxWait time.Duration) {
 	fs.IntVar(&a.queueFactor, "queue-factor", DefaultSidecarQueueFactor, "the waiting queue, as a multiple of the number of requests let through at once (0-64)")
 	fs.IntVar(&a.minInflight, "min-inflight", 2, "fewest requests let through to the upstream at once, however high its latency (2 keeps a one-thread upstream busy while the next arrives)")
 	fs.Float64Var(&a.tolerance, "tolerance", triagegrpc.DefaultProxyTolerance, "how far the upstream's latency may rise above its recent best before fewer requests are let through at once (> 1)")
+	fs.IntVar(&a.peerShare, "peer-share", DefaultPeerShare, "requests of one untrusted caller address in flight before its next ones may take only half the waiting room, leaving the rest to other callers however many connections it opens (0: off)")
 }
+
+// DefaultPeerShare is -peer-share: an untrusted address with more
+// requests in flight than this competes for half the room
+// (intake.WithPeerShare).
+const DefaultPeerShare = 32
 
 // check returns what is wrong with the flags, or "".
 func (a *admissionFlags) check() string {
@@ -106,6 +113,8 @@ func (a *admissionFlags) check() string {
 		return "-max-wait must be positive, -queue-factor between 0 and 64, -tolerance in (1, 100]"
 	case a.minInflight < 1 || a.minInflight > admission.DefaultMaxLimit:
 		return fmt.Sprintf("-min-inflight must be between 1 and %d", admission.DefaultMaxLimit)
+	case a.peerShare < 0:
+		return "-peer-share must be at least 0"
 	}
 	return ""
 }

@@ -116,7 +116,7 @@ func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) in
 
 // server builds the gRPC server: the processor, health and lifecycle.
 func (f *extprocFlags) server(m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
-	opts := []intake.Option{intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier)}
+	opts := []intake.Option{intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier), intake.WithPeerShare(f.admission.peerShare)}
 	if f.admission.shadow {
 		opts = append(opts, intake.WithShadow(shadow.All(), m.Shadow()))
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/shadow"
@@ -291,7 +292,7 @@ func (f *sidecarFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) ([
 		return nil, nil, err
 	}
 	mw := []triagehttp.Option{triagehttp.WithTrust(f.edge.trust), triagehttp.WithClassifier(f.edge.classifier), triagehttp.WithLifecycle(lc),
-		triagehttp.WithBodyTimeout(f.bodyTimeout, f.bodyMinRate)}
+		triagehttp.WithBodyTimeout(f.bodyTimeout, f.bodyMinRate), triagehttp.WithIntake(intake.WithPeerShare(f.admission.peerShare))}
 	ctl, err := f.admission.controller(m, reg)
 	if err != nil {
 		return nil, nil, err

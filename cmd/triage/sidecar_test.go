@@ -123,6 +123,7 @@ func TestSidecarFlags(t *testing.T) {
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-min-inflight", "0"}, "-min-inflight"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-tolerance", "1"}, "-tolerance"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-timeout", "0s"}, "-body-timeout"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-peer-share", "-1"}, "-peer-share"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-min-rate", "-1"}, "-body-min-rate"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-config", "x.yaml", "-trust", "127.0.0.1/32"}, "-config names whom to trust"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-config", "/nonexistent.yaml"}, "nonexistent"},

@@ -30,7 +30,7 @@ const method = "/grpc.testing.TestService/EmptyCall"
 
 var attacks = []attack{
 	{"zero window: 16 HTTP/2 connections x 30 gRPC calls, never read", "h2c", func(ctx context.Context, addr string) {
-		stop, err := h2attack.ZeroWindowGRPC(addr, method, 16, 30)
+		stop, err := h2attack.ZeroWindowGRPCFrom(attackerIP, addr, method, 16, 30)
 		if err == nil {
 			<-ctx.Done()
 			stop()
@@ -104,6 +104,16 @@ var attacks = []attack{
 	}},
 }
 
+// attackerIP is the attackers' source address: a loopback address the
+// sidecar does not trust (its -trust is the good client's, 127.0.0.1).
+var attackerIP = net.IPv4(127, 0, 0, 2)
+
+// dial connects to addr from attackerIP.
+func dial(addr string) (net.Conn, error) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: attackerIP}}
+	return d.Dial("tcp", addr)
+}
+
 // each runs n copies of f until ctx ends, and waits for them.
 func each(ctx context.Context, n int, f func(context.Context)) {
 	var wg sync.WaitGroup
@@ -126,7 +136,7 @@ type h2 struct {
 // server's frames (acknowledging its settings) on a goroutine that ends
 // with the connection.
 func dialH2(addr string) (*h2, error) {
-	c, err := net.Dial("tcp", addr)
+	c, err := dial(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -318,7 +328,7 @@ func slowloris(ctx context.Context, addr string, n int, head, body string) {
 		}
 	}()
 	for range n {
-		c, err := net.Dial("tcp", addr)
+		c, err := dial(addr)
 		if err != nil {
 			break
 		}
@@ -355,7 +365,7 @@ func rawLoop(ctx context.Context, addr string, rate int, req string, limit ...in
 	for i := 0; ctx.Err() == nil && (len(limit) == 0 || i < limit[0]); i++ {
 		if c == nil {
 			var err error
-			if c, err = net.Dial("tcp", addr); err != nil {
+			if c, err = dial(addr); err != nil {
 				return
 			}
 			go io.Copy(io.Discard, c)
@@ -380,7 +390,7 @@ func tunnels(ctx context.Context, addr string, n int) {
 		}
 	}()
 	for range n {
-		c, err := net.Dial("tcp", addr)
+		c, err := dial(addr)
 		if err != nil {
 			break
 		}

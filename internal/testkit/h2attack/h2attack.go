@@ -17,7 +17,13 @@ import (
 // message, END_STREAM), then reads and drops every frame and never opens
 // a window. It returns a func that closes the connections.
 func ZeroWindowGRPC(addr, method string, conns, calls int) (stop func(), err error) {
-	return grpcCalls(addr, method, conns, calls, true)
+	return grpcCalls(&net.Dialer{}, addr, method, conns, calls, true)
+}
+
+// ZeroWindowGRPCFrom is ZeroWindowGRPC from the local address src (a
+// loopback address other than the victim's callers', say).
+func ZeroWindowGRPCFrom(src net.IP, addr, method string, conns, calls int) (stop func(), err error) {
+	return grpcCalls(&net.Dialer{LocalAddr: &net.TCPAddr{IP: src}}, addr, method, conns, calls, true)
 }
 
 // MessagelessGRPC opens conns cleartext HTTP/2 connections to addr and
@@ -25,13 +31,13 @@ func ZeroWindowGRPC(addr, method string, conns, calls int) (stop func(), err err
 // nothing else (no message, no END_STREAM), reading and dropping every
 // frame. It returns a func that closes the connections.
 func MessagelessGRPC(addr, method string, conns, calls int) (stop func(), err error) {
-	return grpcCalls(addr, method, conns, calls, false)
+	return grpcCalls(&net.Dialer{}, addr, method, conns, calls, false)
 }
 
 // grpcCalls opens the connections: with zeroWindow, no flow-control
 // window and unary calls (an empty message, END_STREAM); without, the
 // default window and headers only.
-func grpcCalls(addr, method string, conns, calls int, zeroWindow bool) (stop func(), err error) {
+func grpcCalls(d *net.Dialer, addr, method string, conns, calls int, zeroWindow bool) (stop func(), err error) {
 	var cs []net.Conn
 	stop = func() {
 		for _, c := range cs {
@@ -39,7 +45,7 @@ func grpcCalls(addr, method string, conns, calls int, zeroWindow bool) (stop fun
 		}
 	}
 	for range conns {
-		c, err := net.Dial("tcp", addr)
+		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			stop()
 			return nil, err
