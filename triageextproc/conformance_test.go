@@ -193,19 +193,8 @@ func TestConformance(t *testing.T) {
 	t.Run("processor gone", func(t *testing.T) {
 		for _, open := range []bool{false, true} {
 			r := newRig(t)
-			r.stop()
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			dead := lis.Addr().String()
-			lis.Close()
-			cc, err := dialEnvoy(dead)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cc.Close()
-			r.env.cc, r.env.failOpen = cc, open
+			r.gone(t)
+			r.env.failOpen = open
 			a := r.env.do(ctx, "GET", "/", http.Header{"Triage-Criticality": {"SHEDDABLE"}}, nil)
 			want := 500
 			if open {
@@ -236,4 +225,23 @@ func (r *rig) hold(t *testing.T) (release func()) {
 	}
 	loopback.WaitFor(t, "the holding request admitted", func() bool { return r.ctl.Stats().Executing == 1 })
 	return func() { stream.CloseSend(); stream.Recv() }
+}
+
+// gone stops the rig's processor and points its Envoy at an address
+// nobody listens on.
+func (r *rig) gone(t *testing.T) {
+	t.Helper()
+	r.stop()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	lis.Close()
+	cc, err := dialEnvoy(dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	r.env.cc = cc
 }

@@ -3,7 +3,6 @@ package triageextproc_test
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -140,19 +139,8 @@ func TestFailOpenForwardsNoCallerKeys(t *testing.T) {
 
 	t.Run("processor gone", func(t *testing.T) {
 		r := newRig(t)
-		r.stop()
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		dead := lis.Addr().String()
-		lis.Close()
-		cc, err := dialEnvoy(dead)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		r.env.cc, r.env.failOpen, r.env.before = cc, true, before
+		r.gone(t)
+		r.env.failOpen, r.env.before = true, before
 		a := r.env.do(ctx, "GET", "/", claims(), nil)
 		seen := a.upstreamSaw.Get("Seen")
 		if a.status != 200 || !strings.HasPrefix(a.how, "unprocessed") || strings.Contains(" "+seen, " triage") {

@@ -321,20 +321,8 @@ func badTimeouts(ctx context.Context, addr string) {
 // slowloris opens n connections, each sending head and then body a byte
 // a second.
 func slowloris(ctx context.Context, addr string, n int, head, body string) {
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for range n {
-		c, err := dial(addr)
-		if err != nil {
-			break
-		}
-		conns = append(conns, c)
-		c.Write([]byte(head))
-	}
+	conns := open(addr, n, func(c net.Conn) { c.Write([]byte(head)) })
+	defer closeAll(conns)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -383,24 +371,34 @@ func rawLoop(ctx context.Context, addr string, rate int, req string, limit ...in
 
 // tunnels opens n WebSocket tunnels and holds them open.
 func tunnels(ctx context.Context, addr string, n int) {
-	var conns []net.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for range n {
-		c, err := dial(addr)
-		if err != nil {
-			break
-		}
-		conns = append(conns, c)
+	conns := open(addr, n, func(c net.Conn) {
 		fmt.Fprintf(c, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
 		c.SetReadDeadline(time.Now().Add(2 * time.Second))
 		if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			c.Close()
 		}
 		c.SetReadDeadline(time.Time{})
-	}
+	})
+	defer closeAll(conns)
 	<-ctx.Done()
+}
+
+// open opens up to n connections to addr, calling first on each.
+func open(addr string, n int, first func(net.Conn)) []net.Conn {
+	var conns []net.Conn
+	for range n {
+		c, err := dial(addr)
+		if err != nil {
+			break
+		}
+		conns = append(conns, c)
+		first(c)
+	}
+	return conns
+}
+
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		c.Close()
+	}
 }

@@ -31,6 +31,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/triagehq/triage/bench/internal/echo"
 	"github.com/triagehq/triage/bench/internal/triagebin"
 )
 
@@ -232,7 +233,7 @@ func upstream() (addr string, stop func(), err error) {
 		return "", nil, err
 	}
 	gs := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(gs, echo{})
+	testgrpc.RegisterTestServiceServer(gs, echo.Server{})
 	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc"):
@@ -259,24 +260,4 @@ func upstream() (addr string, stop func(), err error) {
 		}
 	}()
 	return lis.Addr().String(), func() { srv.Close(); gs.Stop() }, nil
-}
-
-type echo struct {
-	testgrpc.UnimplementedTestServiceServer
-}
-
-func (echo) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
-	return &testgrpc.Empty{}, nil
-}
-
-// FullDuplexCall answers each message until the client's end.
-func (echo) FullDuplexCall(s testgrpc.TestService_FullDuplexCallServer) error {
-	for {
-		if _, err := s.Recv(); err != nil {
-			return nil
-		}
-		if err := s.Send(&testgrpc.StreamingOutputCallResponse{}); err != nil {
-			return err
-		}
-	}
 }

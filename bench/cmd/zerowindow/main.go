@@ -23,17 +23,10 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/triagehq/triage/bench/internal/echo"
 	"github.com/triagehq/triage/bench/internal/triagebin"
 	"github.com/triagehq/triage/internal/testkit/h2attack"
 )
-
-type echo struct {
-	testgrpc.UnimplementedTestServiceServer
-}
-
-func (echo) EmptyCall(context.Context, *testgrpc.Empty) (*testgrpc.Empty, error) {
-	return &testgrpc.Empty{}, nil
-}
 
 func main() {
 	conns := flag.String("conns", "4,8,16", "attacking connections per row")
@@ -63,7 +56,7 @@ func run(connsList string, calls int, bin, trustNet string) error {
 		return err
 	}
 	gs := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(gs, echo{})
+	testgrpc.RegisterTestServiceServer(gs, echo.Server{})
 	go gs.Serve(lis)
 	defer gs.Stop()
 	for _, f := range strings.Split(connsList, ",") {
