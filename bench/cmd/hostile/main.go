@@ -40,16 +40,17 @@ var verbose bool
 func main() {
 	dur := flag.Duration("for", 5*time.Second, "how long each attack runs")
 	only := flag.String("only", "", "run only the attacks whose name contains this")
+	targets := flag.String("targets", "sidecar,egress,extproc", "what to attack: sidecar (its ingress), egress, extproc")
 	bin := flag.String("triage", "", "a triage binary to run (default: build this module's)")
 	flag.BoolVar(&verbose, "v", false, "print the sidecar's triage metrics at each attack's end to stderr")
 	flag.Parse()
-	if err := run(*dur, *only, *bin); err != nil {
+	if err := run(*dur, *only, *bin, *targets); err != nil {
 		fmt.Fprintln(os.Stderr, "hostile:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dur time.Duration, only, bin string) error {
+func run(dur time.Duration, only, bin, targets string) error {
 	if bin == "" {
 		dir, err := os.MkdirTemp("", "hostile")
 		if err != nil {
@@ -59,6 +60,23 @@ func run(dur time.Duration, only, bin string) error {
 		if bin, err = triagebin.Build(dir); err != nil {
 			return err
 		}
+	}
+	if strings.Contains(targets, "egress") {
+		defer func() {
+			if err := egressRows(bin, dur, only); err != nil {
+				fmt.Fprintln(os.Stderr, "hostile:", err)
+			}
+		}()
+	}
+	if strings.Contains(targets, "extproc") {
+		defer func() {
+			if err := procRows(bin, dur, only); err != nil {
+				fmt.Fprintln(os.Stderr, "hostile:", err)
+			}
+		}()
+	}
+	if !strings.Contains(targets, "sidecar") {
+		return nil
 	}
 	up, stop, err := upstream()
 	if err != nil {
@@ -96,18 +114,27 @@ func row(bin, up string, a attack, dur time.Duration) (string, error) {
 		return "", err
 	}
 	defer closeClient()
+	served, err := measure(call, dur, func(ctx context.Context) { a.run(ctx, sc.Addr) }, func() string { return state(metrics, sc.Pid(), true) })
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("| %s | %s |", a.name, served), nil
+}
+
+// measure warms the caller, runs attack for dur with the caller calling
+// beside it every 10 ms, and returns the table's cells: the calls served
+// during it, the recovery after it, and end's state at its end (and the
+// first failure, as a comment).
+func measure(call func() error, dur time.Duration, attack func(context.Context), end func() string) (string, error) {
 	for i := 0; i < 10; i++ { // warm: the connection up, the limit found
 		call()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dur)
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); a.run(ctx, sc.Addr) }()
+	go func() { defer close(done); attack(ctx) }()
 	ok, total, firstErr := 0, 0, error(nil)
 	tick := time.NewTicker(10 * time.Millisecond)
-	for n := 0; ctx.Err() == nil; n++ {
-		if verbose && n%25 == 0 {
-			fmt.Fprintln(os.Stderr, time.Now().Format("15:04:05.000"), state(metrics, sc.Pid()))
-		}
+	for until := time.Now().Add(dur); time.Now().Before(until); {
 		total++
 		if err := call(); err == nil {
 			ok++
@@ -117,13 +144,12 @@ func row(bin, up string, a attack, dur time.Duration) (string, error) {
 		<-tick.C
 	}
 	tick.Stop()
-	st := state(metrics, sc.Pid(), true)
+	st := end()
 	cancel()
 	<-done
-	rec := recovery(call)
-	r := fmt.Sprintf("| %s | %d/%d (%.1f%%) | %s | %s |", a.name, ok, total, 100*float64(ok)/float64(max(total, 1)), rec, st)
+	r := fmt.Sprintf("%d/%d (%.1f%%) | %s | %s", ok, total, 100*float64(ok)/float64(max(total, 1)), recovery(call), st)
 	if firstErr != nil {
-		r += fmt.Sprintf("\n<!-- first failure: %v -->", firstErr)
+		r += fmt.Sprintf(" <!-- first failure: %v -->", firstErr)
 	}
 	return r, nil
 }
@@ -201,6 +227,9 @@ func state(addr string, pid int, end ...bool) string {
 		}
 		for _, line := range strings.Split(string(b), "\n") {
 			f := strings.Fields(line)
+			if len(f) == 2 {
+				f[0], _, _ = strings.Cut(f[0], "{") // the processor's are by cluster
+			}
 			if len(f) == 2 && slices.Contains([]string{"triage_admission_pending", "triage_admission_executing", "triage_admission_queued", "triage_admission_stalled"}, f[0]) {
 				parts = append(parts, strings.TrimPrefix(f[0], "triage_admission_")+" "+f[1])
 			}
