@@ -97,7 +97,7 @@ func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return 2
 	}
 	m := triageprom.New()
-	reg := prometheus.NewRegistry()
+	reg := newRegistry()
 	reg.MustRegister(m)
 	gs, lc, err := f.server(m, reg)
 	if err != nil {

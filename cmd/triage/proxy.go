@@ -162,7 +162,7 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	m := triageprom.New()
-	reg := prometheus.NewRegistry()
+	reg := newRegistry()
 	reg.MustRegister(m)
 	cc, gs, lc, err := f.build(m, reg)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -44,6 +45,15 @@ import (
 type probes struct {
 	ready, live string
 	readyH      http.Handler
+}
+
+// newRegistry is a serving command's registry: the Go runtime's and the
+// process's own metrics (go_goroutines, process_resident_memory_bytes,
+// ...), for the dashboards and soak tests that watch them.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
 }
 
 // serveMetrics serves reg's metrics on addr (at every path but the
@@ -329,7 +339,7 @@ func (q *quotaServer) serve(ctx context.Context, f *quotaServerFlags, stdout io.
 		return err
 	}
 	if f.metrics != "" {
-		reg := prometheus.NewRegistry()
+		reg := newRegistry()
 		reg.MustRegister(q.metrics...)
 		stopMetrics, err := serveMetrics(f.metrics, reg, lc)
 		if err != nil {

@@ -208,7 +208,7 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return 2
 	}
 	m := triageprom.New()
-	reg := prometheus.NewRegistry()
+	reg := newRegistry()
 	reg.MustRegister(m)
 	servers, lc, err := f.build(m, reg)
 	if err != nil {

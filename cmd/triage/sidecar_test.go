@@ -93,8 +93,9 @@ func TestSidecarCommand(t *testing.T) {
 			t.Errorf("%s on the metrics listener: %d %.40q", p, code, body)
 		}
 	}
-	if code, body := get(t, "http://"+metricsAddr+"/metrics"); code != 200 || !strings.Contains(body, "triage_edge_requests_total") {
-		t.Errorf("/metrics: %d %.60q", code, body)
+	if code, body := get(t, "http://"+metricsAddr+"/metrics"); code != 200 || !strings.Contains(body, "triage_edge_requests_total") ||
+		!strings.Contains(body, "\ngo_goroutines ") || !strings.Contains(body, "\nprocess_resident_memory_bytes ") {
+		t.Errorf("/metrics, want triage's, the runtime's and the process's: %d %.60q", code, body)
 	}
 	if code, body := get(t, "http://"+egressAddr+"/b", "Triage-Criticality", "CRITICAL_PLUS"); code != 200 || body != "other:CRITICAL_PLUS:/b" {
 		t.Errorf("through the egress: %d %q", code, body)
