@@ -67,9 +67,19 @@ func main() {
 	flag.IntVar(&c.pyRounds, "python-rounds", 30000, "sha256 rounds per Python request (about 10 ms here, a typical Python handler)")
 	flag.IntVar(&c.nodeRounds, "node-rounds", 8000, "sha256 rounds per Node request (about 10 ms here)")
 	flag.StringVar(&c.out, "out", "polyglot-out", "directory for every run's result.json and the table")
+	soak := flag.Duration("soak", 0, "instead of the table: run the first of -upstreams behind the sidecar at 10x C for this long, reading the sidecar's goroutines and memory every 10 s")
 	over := flag.Duration("overhead", 0, "instead of the table: measure the sidecar's added latency at 0.5x C for this long per run (requests at random direct or through the sidecar)")
 	flag.Parse()
 	c.upstreams, c.proxies, c.loads = strings.Split(ups, ","), strings.Split(pxs, ","), strings.Split(loads, ",")
+	if *soak > 0 {
+		if err := c.prepare(); err != nil {
+			log.Fatal(err)
+		}
+		if err := c.runSoak(c.upstreams[0], *soak); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	if *over > 0 {
 		if err := c.prepare(); err != nil {
 			log.Fatal(err)
