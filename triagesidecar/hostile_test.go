@@ -194,12 +194,7 @@ func TestIngressHoldsAgainstZeroWindowClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serveConns(t, in)
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	client := testgrpc.NewTestServiceClient(cc)
+	client := testClient(t, addr)
 	served := func(n int) int {
 		ok := 0
 		for range n {
@@ -493,12 +488,7 @@ func TestIngressPausedStreamsHoldNoSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serveConns(t, in)
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	client := testgrpc.NewTestServiceClient(cc)
+	client := testClient(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i := range 3 {
@@ -544,15 +534,7 @@ func TestIngressStallPastTheBoundEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := serveConns(t, in)
-	dial := func() testgrpc.TestServiceClient {
-		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cc.Close() })
-		return testgrpc.NewTestServiceClient(cc)
-	}
-	attacker, client := dial(), dial()
+	attacker, client := testClient(t, addr), testClient(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var third testgrpc.TestService_FullDuplexCallClient

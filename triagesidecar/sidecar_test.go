@@ -208,12 +208,7 @@ func TestIngressUpstreamDown(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("HTTP with the upstream down: %d, want 502", resp.StatusCode)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	_, err = testgrpc.NewTestServiceClient(cc).EmptyCall(context.Background(), &testgrpc.Empty{})
+	_, err = testClient(t, addr).EmptyCall(context.Background(), &testgrpc.Empty{})
 	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "triagesidecar: upstream") {
 		t.Fatalf("gRPC with the upstream down: %v, want UNAVAILABLE from the sidecar", err)
 	}
@@ -342,14 +337,10 @@ func TestIngressBidiStream(t *testing.T) {
 // client waits for each answer before it sends the next message.
 func fullDuplex(t *testing.T, addr string) {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	client := testClient(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	stream, err := testgrpc.NewTestServiceClient(cc).FullDuplexCall(ctx)
+	stream, err := client.FullDuplexCall(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,4 +401,15 @@ func TestIngressHoldsTheSlotUntilTheUpstreamAnswers(t *testing.T) {
 	fake.Advance(triagesidecar.DefaultAbandonGrace)
 	<-upstreamCancelled
 	loopback.WaitFor(t, "the slot freed after the grace", func() bool { return ctl.Stats().Executing == 0 })
+}
+
+// testClient is a grpc-go client of addr, closed with the test.
+func testClient(t *testing.T, addr string) testgrpc.TestServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return testgrpc.NewTestServiceClient(cc)
 }

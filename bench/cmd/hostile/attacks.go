@@ -196,42 +196,38 @@ func reconnecting(ctx context.Context, addr string, f func(*h2) error) {
 // streamFlood opens up to n gRPC streams a connection, 1,000 a second:
 // headers without a message, or (reset) headers then RST_STREAM.
 func streamFlood(ctx context.Context, addr string, n int, reset bool) {
-	reconnecting(ctx, addr, func(h *h2) error {
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for i := 0; i < n && ctx.Err() == nil; i++ {
-			id := uint32(2*i + 1)
-			h.mu.Lock()
-			err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(grpcHeaders(addr)...), EndHeaders: true})
-			if err == nil && reset {
-				err = h.fr.WriteRSTStream(id, http2.ErrCodeCancel)
-			}
-			h.mu.Unlock()
-			if err != nil {
-				return err
-			}
-			<-tick.C
+	streams(ctx, addr, n, time.Millisecond, func(h *h2, id uint32, _ int) error {
+		err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(grpcHeaders(addr)...), EndHeaders: true})
+		if err == nil && reset {
+			err = h.fr.WriteRSTStream(id, http2.ErrCodeCancel)
 		}
-		<-ctx.Done()
-		return nil
+		return err
 	})
 }
 
 // pausedStreams opens up to n full-duplex gRPC calls a connection, 1,000
 // a second, each sending one message and then nothing.
 func pausedStreams(ctx context.Context, addr string, n int) {
+	fields := grpcHeaders(addr)
+	fields[7] = "/grpc.testing.TestService/FullDuplexCall"
+	streams(ctx, addr, n, time.Millisecond, func(h *h2, id uint32, _ int) error {
+		if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(fields...), EndHeaders: true}); err != nil {
+			return err
+		}
+		return h.fr.WriteData(id, false, []byte{0, 0, 0, 0, 0})
+	})
+}
+
+// streams opens up to n streams a connection, one every every, each
+// written by write (under the connection's lock), reconnecting when the
+// server closes; it waits for ctx's end once the n are open.
+func streams(ctx context.Context, addr string, n int, every time.Duration, write func(h *h2, id uint32, i int) error) {
 	reconnecting(ctx, addr, func(h *h2) error {
-		tick := time.NewTicker(time.Millisecond)
+		tick := time.NewTicker(every)
 		defer tick.Stop()
-		fields := grpcHeaders(addr)
-		fields[7] = "/grpc.testing.TestService/FullDuplexCall"
 		for i := 0; i < n && ctx.Err() == nil; i++ {
-			id := uint32(2*i + 1)
 			h.mu.Lock()
-			err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(fields...), EndHeaders: true})
-			if err == nil {
-				err = h.fr.WriteData(id, false, []byte{0, 0, 0, 0, 0})
-			}
+			err := write(h, uint32(2*i+1), i)
 			h.mu.Unlock()
 			if err != nil {
 				return err
@@ -271,26 +267,14 @@ func trailerFlood(ctx context.Context, addr string) {
 		trailers = append(trailers, fmt.Sprintf("triage-flood-%d", i), "CRITICAL_PLUS")
 	}
 	trailers = append(trailers, "triage-criticality", "CRITICAL_PLUS")
-	reconnecting(ctx, addr, func(h *h2) error {
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; i < 100_000 && ctx.Err() == nil; i++ {
-			id := uint32(2*i + 1)
-			h.mu.Lock()
-			err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(grpcHeaders(addr)...), EndHeaders: true})
-			if err == nil {
-				err = h.fr.WriteData(id, false, []byte{0, 0, 0, 0, 0})
-			}
-			if err == nil {
-				err = h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(trailers...), EndHeaders: true, EndStream: true})
-			}
-			h.mu.Unlock()
-			if err != nil {
-				return err
-			}
-			<-tick.C
+	streams(ctx, addr, 100_000, 5*time.Millisecond, func(h *h2, id uint32, _ int) error {
+		if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(grpcHeaders(addr)...), EndHeaders: true}); err != nil {
+			return err
 		}
-		return nil
+		if err := h.fr.WriteData(id, false, []byte{0, 0, 0, 0, 0}); err != nil {
+			return err
+		}
+		return h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(trailers...), EndHeaders: true, EndStream: true})
 	})
 }
 
@@ -298,23 +282,12 @@ func trailerFlood(ctx context.Context, addr string) {
 // send, 200 a second.
 func badTimeouts(ctx context.Context, addr string) {
 	values := []string{"99999999H", "0n", "-5S", "abc", "1", "", "100000000000S", "5 m"}
-	reconnecting(ctx, addr, func(h *h2) error {
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; i < 100_000 && ctx.Err() == nil; i++ {
-			id := uint32(2*i + 1)
-			h.mu.Lock()
-			err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(grpcHeaders(addr, "grpc-timeout", values[i%len(values)])...), EndHeaders: true})
-			if err == nil {
-				err = h.fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
-			}
-			h.mu.Unlock()
-			if err != nil {
-				return err
-			}
-			<-tick.C
+	streams(ctx, addr, 100_000, 5*time.Millisecond, func(h *h2, id uint32, i int) error {
+		err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.block(grpcHeaders(addr, "grpc-timeout", values[i%len(values)])...), EndHeaders: true})
+		if err != nil {
+			return err
 		}
-		return nil
+		return h.fr.WriteData(id, true, []byte{0, 0, 0, 0, 0})
 	})
 }
 

@@ -61,17 +61,7 @@ func egressRows(bin string, dur time.Duration, only string) error {
 		return err
 	}
 	defer stopGood()
-	for _, a := range egressAttacks {
-		if !strings.Contains(a.name, only) {
-			continue
-		}
-		r, err := egressRow(bin, good, a, dur)
-		if err != nil {
-			return fmt.Errorf("%s: %w", a.name, err)
-		}
-		fmt.Println(r)
-	}
-	return nil
+	return printRows(egressAttacks, only, func(a egressAttack) (string, error) { return egressRow(bin, good, a, dur) })
 }
 
 func egressRow(bin, good string, a egressAttack, dur time.Duration) (string, error) {

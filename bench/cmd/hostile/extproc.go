@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -141,17 +140,7 @@ func procRequest(ctx context.Context, p extprocv3.ExternalProcessorClient, peer 
 // procRows runs the processor's rows.
 func procRows(bin string, dur time.Duration, only string) error {
 	fmt.Printf("\n| attack on triage extproc (%v, from 192.0.2.7, untrusted) | CRITICAL caller served during | recovery after | the processor at the attack's end |\n|---|---|---|---|\n", dur)
-	for _, a := range procAttacks {
-		if !strings.Contains(a.name, only) {
-			continue
-		}
-		r, err := procRow(bin, a, dur)
-		if err != nil {
-			return fmt.Errorf("%s: %w", a.name, err)
-		}
-		fmt.Println(r)
-	}
-	return nil
+	return printRows(procAttacks, only, func(a procAttack) (string, error) { return procRow(bin, a, dur) })
 }
 
 func procRow(bin string, a procAttack, dur time.Duration) (string, error) {

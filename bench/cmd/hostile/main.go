@@ -84,13 +84,25 @@ func run(dur time.Duration, only, bin, targets string) error {
 	}
 	defer stop()
 	fmt.Printf("| attack (%v) | CRITICAL client served during | recovery after | the sidecar at the attack's end |\n|---|---|---|---|\n", dur)
-	for _, a := range attacks {
-		if !strings.Contains(a.name, only) {
+	return printRows(attacks, only, func(a attack) (string, error) { return row(bin, up, a, dur) })
+}
+
+// named is a row of the tables.
+type named interface{ rowName() string }
+
+func (a attack) rowName() string       { return a.name }
+func (a procAttack) rowName() string   { return a.name }
+func (a egressAttack) rowName() string { return a.name }
+
+// printRows prints the row of each item whose name contains only.
+func printRows[T named](items []T, only string, row func(T) (string, error)) error {
+	for _, it := range items {
+		if !strings.Contains(it.rowName(), only) {
 			continue
 		}
-		r, err := row(bin, up, a, dur)
+		r, err := row(it)
 		if err != nil {
-			return fmt.Errorf("%s: %w", a.name, err)
+			return fmt.Errorf("%s: %w", it.rowName(), err)
 		}
 		fmt.Println(r)
 	}
