@@ -492,16 +492,7 @@ func TestIngressPausedStreamsHoldNoSlot(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i := range 3 {
-		stream, err := client.FullDuplexCall(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := stream.Recv(); err != nil {
-			t.Fatalf("paused stream %d: its first answer: %v", i, err)
-		}
+		pausedStream(t, ctx, client, i)
 		loopback.WaitFor(t, fmt.Sprintf("paused stream %d stalled", i), func() bool { return ctl.Stats().Stalled == int64(i+1) })
 	}
 	stop, err := h2attack.MessagelessGRPC(addr, "/grpc.testing.TestService/EmptyCall", 1, 3)
@@ -539,20 +530,10 @@ func TestIngressStallPastTheBoundEnds(t *testing.T) {
 	defer cancel()
 	var third testgrpc.TestService_FullDuplexCallClient
 	for i := range 3 {
-		stream, err := attacker.FullDuplexCall(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := stream.Send(&testgrpc.StreamingOutputCallRequest{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := stream.Recv(); err != nil {
-			t.Fatalf("paused stream %d: its first answer: %v", i, err)
-		}
+		third = pausedStream(t, ctx, attacker, i)
 		if i < 2 {
 			loopback.WaitFor(t, fmt.Sprintf("paused stream %d stalled", i), func() bool { return ctl.Stats().Stalled == int64(i+1) })
 		}
-		third = stream
 	}
 	if _, err := third.Recv(); err == nil {
 		t.Fatal("the stream past the connection's bound on stalls got an answer, want its end")
@@ -562,4 +543,21 @@ func TestIngressStallPastTheBoundEnds(t *testing.T) {
 	if _, err := client.EmptyCall(cctx, &testgrpc.Empty{}); err != nil {
 		t.Fatalf("a call beside two stalled streams and one past the bound, one slot: %v (%+v)", err, ctl.Stats())
 	}
+}
+
+// pausedStream opens full-duplex call i, sends one message, reads its
+// answer and sends nothing more.
+func pausedStream(t *testing.T, ctx context.Context, c testgrpc.TestServiceClient, i int) testgrpc.TestService_FullDuplexCallClient {
+	t.Helper()
+	stream, err := c.FullDuplexCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&testgrpc.StreamingOutputCallRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatalf("paused stream %d: its first answer: %v", i, err)
+	}
+	return stream
 }

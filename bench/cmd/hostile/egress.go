@@ -89,34 +89,20 @@ func egressRow(bin, good string, a egressAttack, dur time.Duration) (string, err
 	}
 	defer sc.Stop()
 	hc := &http.Client{Timeout: time.Second}
-	get := func(route string) error {
-		req, _ := http.NewRequest("GET", "http://"+route+"/", nil)
-		req.Header.Set("Triage-Criticality", "CRITICAL")
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	}
 	attack := func(ctx context.Context) {
 		tick := time.NewTicker(5 * time.Millisecond)
 		defer tick.Stop()
 		var wg sync.WaitGroup
 		defer wg.Wait()
 		for ctx.Err() == nil {
-			wg.Go(func() { get(routeA) })
+			wg.Go(func() { get(hc, routeA) })
 			select {
 			case <-ctx.Done():
 			case <-tick.C:
 			}
 		}
 	}
-	served, err := measure(func() error { return get(routeB) }, dur, attack, func() string { return state(metrics, sc.Pid(), true) })
+	served, err := measure(func() error { return get(hc, routeB) }, dur, attack, func() string { return state(metrics, sc.Pid(), true) })
 	if err != nil {
 		return "", err
 	}

@@ -206,20 +206,23 @@ func client(scheme, addr string) (call func() error, close func(), err error) {
 		}, func() { cc.Close() }, nil
 	}
 	hc := &http.Client{Timeout: time.Second}
-	return func() error {
-		req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
-		req.Header.Set("Triage-Criticality", "CRITICAL")
-		resp, err := hc.Do(req)
-		if err != nil {
-			return err
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return fmt.Errorf("status %d", resp.StatusCode)
-		}
-		return nil
-	}, hc.CloseIdleConnections, nil
+	return func() error { return get(hc, addr) }, hc.CloseIdleConnections, nil
+}
+
+// get is a CRITICAL GET of addr's root: an error unless answered 200.
+func get(hc *http.Client, addr string) error {
+	req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
+	req.Header.Set("Triage-Criticality", "CRITICAL")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
 }
 
 // state reads the sidecar's admission state from its metrics and its
