@@ -241,6 +241,7 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var over []<-chan error
+	var overTickets []*admission.Ticket
 	for n := 0; n < 100; n++ {
 		tk := new(admission.Ticket)
 		if err := c.ArriveOverShare(tk, criticality.Critical, 0, time.Time{}); err != nil {
@@ -261,7 +262,7 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 		if refused {
 			break // the queue is full
 		}
-		over = append(over, ch)
+		over, overTickets = append(over, ch), append(overTickets, tk)
 	}
 	if len(over) < 2 {
 		t.Fatalf("%d over their share queued", len(over))
@@ -280,6 +281,7 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 					t.Fatal("an over-share waiter got a slot")
 				}
 				over = append(over[:i], over[i+1:]...)
+				overTickets = append(overTickets[:i], overTickets[i+1:]...)
 				return true
 			default:
 			}
@@ -291,4 +293,10 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 		t.Fatalf("the plain request's Start: %v, want the next slot", err)
 	}
 	c.Done(&plain)
+	f.Advance(time.Hour) // the rest give up waiting: no goroutine left behind
+	for i, ch := range over {
+		if err := <-ch; err == nil {
+			c.Done(overTickets[i]) // the one the plain request's slot went to
+		}
+	}
 }

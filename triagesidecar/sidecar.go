@@ -549,7 +549,9 @@ func (b *openBody) await(f func()) {
 // tell brings the Handle in line with the state: the handler waits on the
 // caller while it waits on the upstream, the body's reads have begun and
 // it has not ended. Under b.mu, so that two goroutines' changes reach the
-// Handle in order.
+// Handle in order; a ClientResume of a stalled request waits there for
+// its slot (intake.Handle.ClientResume), holding up only this request's
+// other goroutine.
 func (b *openBody) tell() {
 	want := b.inWait && b.reading && !b.ended
 	switch {
