@@ -26,7 +26,7 @@ func newAdmissionInstruments(m metric.Meter, counter func(name, unit, desc strin
 	var a admissionInstruments
 	add := func(err error) { *errs = append(*errs, err) }
 	a.admitted = counter("triage.admission.admitted", "{request}", "Requests given an execution slot by admission control, by criticality.")
-	a.rejected = counter("triage.admission.rejections", "{request}", "Requests rejected by admission control, by criticality, reason (concurrency, utilization, deadline) and answer (task-overloaded, overloaded-dont-retry).")
+	a.rejected = counter("triage.admission.rejected", "{request}", "Requests rejected by admission control, by criticality, reason (concurrency, utilization, deadline) and answer (task-overloaded, overloaded-dont-retry).")
 	a.degraded = counter("triage.admission.degraded", "{request}", "Requests told by admission control to serve a degraded answer, by criticality.")
 	var err error
 	a.limit, err = m.Int64Gauge("triage.admission.limit", metric.WithUnit("{request}"), metric.WithDescription("Execution limit found by admission control."))
@@ -51,10 +51,10 @@ func newAdmissionInstruments(m metric.Meter, counter func(name, unit, desc strin
 	a.queued = gauge("triage.admission.queued", "Requests waiting for an execution slot.")
 	a.away = gauge("triage.admission.away", "Running requests waiting on a downstream call, without an execution slot (in pending).")
 	a.stalled = gauge("triage.admission.stalled", "Running requests waiting on their own client, without an execution slot (not in pending).")
-	a.service = fgauge("triage.admission.service_time", "s", "Mean service time of the last interval.")
-	a.retryShare = fgauge("triage.admission.retry_share", "1", "Share of retries among recent requests (the attempt histogram).")
-	a.signal = fgauge("triage.admission.signal.utilization", "1", "Utilization signal value as a fraction of its target, by signal.")
-	a.forced = fgauge("triage.admission.forced_shed", "1", "Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).")
+	a.service = fgauge("triage.admission.service", "s", "Mean service time of the last interval.")
+	a.retryShare = fgauge("triage.admission.retry_ratio", "1", "Share of retries among recent requests (the attempt histogram).")
+	a.signal = fgauge("triage.admission.signal_ratio", "1", "Utilization signal value as a fraction of its target, by signal.")
+	a.forced = fgauge("triage.admission.forced_shed_ratio", "1", "Fraction of the criticality's requests a ForceShed drill rejects now (0: no drill).")
 	a.attempts, err = m.Int64ObservableCounter("triage.admission.attempts", metric.WithUnit("{request}"),
 		metric.WithDescription("Requests that arrived, by criticality and attempt counter (0: first attempt; 2: second retry or later): the attempt histogram the don't-retry rule reads (SRE book Figure 21-1)."))
 	add(err)
@@ -72,10 +72,10 @@ type AdmissionObserver struct {
 }
 
 // Admission returns the observer to pass to admission.WithObserver:
-// triage.admission.admitted{triage.criticality},
-// triage.admission.rejections{triage.criticality, triage.reason,
-// triage.answer}, triage.admission.degraded{triage.criticality}, the
-// histogram triage.admission.wait{triage.criticality} and the gauge
+// triage.admission.admitted{criticality},
+// triage.admission.rejected{criticality, reason, answer},
+// triage.admission.degraded{criticality}, the histogram
+// triage.admission.wait{criticality} and the gauge
 // triage.admission.limit. Register the controller's state with
 // AdmissionState once it exists.
 func (m *Metrics) Admission() *AdmissionObserver {
@@ -131,10 +131,10 @@ var _ admission.Observer = (*AdmissionObserver)(nil)
 
 // AdmissionState registers a callback that reads ctl's Stats at each
 // collection: triage.admission.pending, .pending_cap, .executing, .queued,
-// .away, .stalled, .service_time, .retry_share,
-// triage.admission.signal.utilization{triage.signal},
-// triage.admission.forced_shed{triage.criticality} and the attempt
-// histogram triage.admission.attempts{triage.criticality, triage.attempt}.
+// .away, .stalled, .service, .retry_ratio,
+// triage.admission.signal_ratio{signal},
+// triage.admission.forced_shed_ratio{criticality} and the attempt
+// histogram triage.admission.attempts{criticality, attempt}.
 // Unregister it when the controller goes away.
 func (m *Metrics) AdmissionState(ctl *admission.Controller) (metric.Registration, error) {
 	a := &m.adm

@@ -9,7 +9,7 @@ import (
 )
 
 // clientInstruments are the client-side instruments (retry.Observer),
-// with attributes triage.target and triage.criticality.
+// with attributes target and criticality.
 type clientInstruments struct {
 	requests, accepts, rejects, throttled, retries, refusals, exhausted metric.Int64Counter
 }
@@ -108,8 +108,8 @@ func (s *shadowInstruments) zero() {
 
 // Shadow returns the observer to pass to the shadow options
 // (intake.WithShadow, triagegrpc.WithShadow, triagehttp.WithShadow,
-// retry.WithShadow): triage.shadow.would_refuse{triage.mechanism,
-// triage.reason, triage.criticality}.
+// retry.WithShadow): triage.shadow.would_refuse{mechanism, reason,
+// criticality}.
 func (m *Metrics) Shadow() shadow.Observer { return &m.shadow }
 
 // WouldRefuse implements shadow.Observer.

@@ -53,24 +53,24 @@ func b2f(b bool) float64 {
 }
 
 // Quota registers a callback for one task's quota enforcement, read at
-// each collection: triage.quota.usage and triage.quota.limit
-// {triage.customer, triage.criticality} (CPU-seconds per second; limit
-// +Inf when none applies), triage.quota.demand{triage.customer},
-// triage.quota.customer_refusals{triage.customer},
-// triage.quota.refusals{triage.criticality}, triage.quota.threshold,
+// each collection: triage.quota.usage_cpu and triage.quota.limit_cpu
+// {customer, criticality} (CPU-seconds per second; limit +Inf when none
+// applies), triage.quota.demand_cpu{customer},
+// triage.quota.customer_refused{customer},
+// triage.quota.refused{criticality}, triage.quota.threshold,
 // triage.quota.overloaded, and with a lease l triage.quota.lease.age and
 // triage.quota.lease.valid. Customers are those e's Usage tracks.
 func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) (metric.Registration, error) {
 	in := &instruments{m: m.meter}
-	usage := in.gauge("triage.quota.usage", "{cpu}", "A customer's CPU usage on this task, CPU-seconds per second, by criticality.")
-	limit := in.gauge("triage.quota.limit", "{cpu}", "The limit this task enforces for a customer, CPU-seconds per second, by criticality (+Inf: none).")
-	demand := in.gauge("triage.quota.demand", "{cpu}", "A customer's estimated demand on this task (usage plus refused requests at its mean cost), CPU-seconds per second.")
-	crefused := in.counter("triage.quota.customer_refusals", "{request}", "Requests of a customer refused out of quota on this task.")
-	refused := in.counter("triage.quota.refusals", "{request}", "Requests refused out of quota on this task, by criticality.")
-	threshold := in.gauge("triage.quota.threshold", "1", "The fairness threshold on usage/limit above which customers are refused while the task is overloaded (+Inf when it is not).")
-	overloaded := in.gauge("triage.quota.overloaded", "1", "1 while the task counts as overloaded, so soft limits apply.")
+	usage := in.gauge("triage.quota.usage_cpu", "{cpu}", "A customer's CPU usage on this task, CPU-seconds per second, by criticality.")
+	limit := in.gauge("triage.quota.limit_cpu", "{cpu}", "The limit this task enforces for a customer, CPU-seconds per second, by criticality (+Inf: none).")
+	demand := in.gauge("triage.quota.demand_cpu", "{cpu}", "A customer's estimated demand on this task (usage plus refused requests at its mean cost), CPU-seconds per second.")
+	crefused := in.counter("triage.quota.customer_refused", "{request}", "Requests of a customer refused out of quota on this task.")
+	refused := in.counter("triage.quota.refused", "{request}", "Requests refused out of quota on this task, by criticality.")
+	threshold := in.gauge("triage.quota.threshold", "", "The fairness threshold on usage/limit above which customers are refused while the task is overloaded (+Inf when it is not).")
+	overloaded := in.gauge("triage.quota.overloaded", "", "1 while the task counts as overloaded, so soft limits apply.")
 	age := in.gauge("triage.quota.lease.age", "s", "Time since the last lease from the quota service (absent before the first).")
-	valid := in.gauge("triage.quota.lease.valid", "1", "1 while the lease from the quota service is valid; 0 when the fallback applies.")
+	valid := in.gauge("triage.quota.lease.valid", "", "1 while the lease from the quota service is valid; 0 when the fallback applies.")
 	return in.register(func(_ context.Context, ob metric.Observer) error {
 		limits := e.Limits()
 		for _, c := range e.Usage().Snapshot() {
@@ -100,12 +100,11 @@ func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) (metric.Registration
 }
 
 // QuotaService registers a callback for the quota service's view:
-// triage.quota.global.usage{triage.customer, triage.criticality},
-// triage.quota.global.demand{triage.customer},
-// triage.quota.global.limit{triage.customer}, triage.quota.tasks,
-// triage.quota.refreshes and triage.quota.task.refresh_age.max (the
-// oldest live task's time since its refresh: OpenTelemetry has no
-// asynchronous histogram for triageprom's histogram over the tasks).
+// triage.quota.global.usage_cpu{customer, criticality},
+// triage.quota.global.demand_cpu{customer},
+// triage.quota.global.limit_cpu{customer}, triage.quota.tasks,
+// triage.quota.refreshes and triage.quota.task.refresh_age_max (the
+// oldest live task's time since its refresh).
 func (m *Metrics) QuotaService(a *quota.Allocator) (metric.Registration, error) {
 	in := &instruments{m: m.meter}
 	f := m.quotaServiceCallback(in, func() *quota.Allocator { return a })
@@ -116,12 +115,12 @@ func (m *Metrics) QuotaService(a *quota.Allocator) (metric.Registration, error) 
 // returns the callback that observes the allocator get returns (none when
 // nil).
 func (m *Metrics) quotaServiceCallback(in *instruments, get func() *quota.Allocator) metric.Callback {
-	usage := in.gauge("triage.quota.global.usage", "{cpu}", "A customer's usage over every live task, CPU-seconds per second, by criticality.")
-	demand := in.gauge("triage.quota.global.demand", "{cpu}", "A customer's estimated demand over every live task, CPU-seconds per second.")
-	limit := in.gauge("triage.quota.global.limit", "{cpu}", "A customer's global limit, CPU-seconds per second.")
+	usage := in.gauge("triage.quota.global.usage_cpu", "{cpu}", "A customer's usage over every live task, CPU-seconds per second, by criticality.")
+	demand := in.gauge("triage.quota.global.demand_cpu", "{cpu}", "A customer's estimated demand over every live task, CPU-seconds per second.")
+	limit := in.gauge("triage.quota.global.limit_cpu", "{cpu}", "A customer's global limit, CPU-seconds per second.")
 	tasks := in.gauge("triage.quota.tasks", "{task}", "Tasks that reported within a lease.")
 	refreshes := in.counter("triage.quota.refreshes", "{lease}", "Leases handed out.")
-	oldest := in.gauge("triage.quota.task.refresh_age.max", "s", "The longest time since a live task's last refresh.")
+	oldest := in.gauge("triage.quota.task.refresh_age_max", "s", "The longest time since a live task's last refresh.")
 	return func(_ context.Context, ob metric.Observer) error {
 		a := get()
 		if a == nil {
@@ -163,10 +162,10 @@ type SlowSenderCounter interface{ SlowSenderRefusals() uint64 }
 // triage.quota.policy_version, and while it leads, QuotaService's.
 func (m *Metrics) QuotaReplica(r QuotaReplicaState) (metric.Registration, error) {
 	in := &instruments{m: m.meter}
-	leader := in.gauge("triage.quota.leader", "1", "1, with the leader this replica of the quota service knows (absent while it knows none).")
-	granting := in.gauge("triage.quota.granting", "1", "1 while this replica is the leader with a certain etcd session, granting leases.")
+	leader := in.gauge("triage.quota.leader", "", "1, with the leader this replica of the quota service knows (absent while it knows none).")
+	granting := in.gauge("triage.quota.granting", "", "1 while this replica is the leader with a certain etcd session, granting leases.")
 	elections := in.counter("triage.quota.elections", "{election}", "Times this replica was elected leader.")
-	version := in.gauge("triage.quota.policy_version", "1", "Version of the quota policy in force: the etcd revision of its key, or how many times its file was loaded.")
+	version := in.gauge("triage.quota.policy_version", "", "Version of the quota policy in force: the etcd revision of its key, or how many times its file was loaded.")
 	service := m.quotaServiceCallback(in, r.Allocator)
 	return in.register(func(ctx context.Context, ob metric.Observer) error {
 		if addr, ok := r.Leader(); ok {
@@ -213,10 +212,10 @@ func (m *Metrics) SlowSenders(s SlowSenderCounter) (metric.Registration, error) 
 }
 
 // BalancerMetrics reports the state of load balancers (package balance),
-// with attributes triage.target and triage.backend:
+// with attributes target and backend:
 // triage.balancer.picks, triage.balancer.active_requests,
-// triage.balancer.weight, triage.balancer.backend_state{triage.state}
-// and triage.balancer.state_changes{triage.to}. It is the tracker to pass
+// triage.balancer.weight, triage.balancer.backend_state{state}
+// and triage.balancer.state_changes{to}. It is the tracker to pass
 // to lb.Register(lb.WithMetrics(bm)). It holds the balancers added and
 // not removed, each with its subset.
 type BalancerMetrics struct {
@@ -237,8 +236,8 @@ func (m *Metrics) Balancers() (*BalancerMetrics, error) {
 	in := &instruments{m: m.meter}
 	picks := in.counter("triage.balancer.picks", "{request}", "Requests a client's load balancer sent to each backend.")
 	active := in.gauge("triage.balancer.active_requests", "{request}", "The client's active requests to each backend (flow control caps them).")
-	weight := in.gauge("triage.balancer.weight", "1", "Weighted round robin's capability score of each backend (0 before a usable load report).")
-	state := in.gauge("triage.balancer.backend_state", "1", "1 for each backend's current state as the client sees it.")
+	weight := in.gauge("triage.balancer.weight", "", "Weighted round robin's capability score of each backend (0 before a usable load report).")
+	state := in.gauge("triage.balancer.backend_state", "", "1 for each backend's current state as the client sees it.")
 	bm.reg, err = in.register(func(_ context.Context, ob metric.Observer) error {
 		bm.mu.Lock()
 		tracked := make(map[*balance.Balancer]string, len(bm.tracked))

@@ -27,6 +27,17 @@ const (
 	EventExhausted     = "triage.retry.exhausted" // every attempt was rejected as overloaded
 )
 
+// Span attribute keys: namespaced, as OpenTelemetry's conventions ask of
+// a span's attributes (a metric's attributes are the Prometheus labels'
+// names, so that its series translate to triageprom's).
+const (
+	spanCriticality = attribute.Key("triage.criticality")
+	spanAttempt     = attribute.Key("triage.attempt")
+	spanTrusted     = attribute.Key("triage.trusted")
+	spanCustomer    = attribute.Key("triage.customer")
+	spanReason      = attribute.Key("triage.reason")
+)
+
 // Tracer records triage's decisions on requests' spans: as attributes
 // triage.criticality, triage.attempt, triage.client_type and, with
 // WithCustomer, triage.customer; and as the events named Event*. It
@@ -121,12 +132,12 @@ func (it intakeTracer) Trace(ctx context.Context, e *intake.Event) {
 // requestAttributes are what was decided about the request.
 func (t *Tracer) requestAttributes(e *intake.Event) []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 5)
-	kv = append(kv, keyCriticality.String(e.Level.String()), keyAttempt.Int(e.Attempt), keyTrusted.Bool(e.Trusted))
+	kv = append(kv, spanCriticality.String(e.Level.String()), spanAttempt.Int(e.Attempt), spanTrusted.Bool(e.Trusted))
 	if e.ClientType != "" {
 		kv = append(kv, attribute.String("triage.client_type", e.ClientType))
 	}
 	if t.customer && e.Customer != "" {
-		kv = append(kv, keyCustomer.String(e.Customer))
+		kv = append(kv, spanCustomer.String(e.Customer))
 	}
 	return kv
 }
@@ -147,7 +158,7 @@ func refusalAttributes(e *intake.Event) []attribute.KeyValue {
 	}
 	return []attribute.KeyValue{
 		attribute.String("triage.outcome", kind.String()),
-		keyReason.String(reason),
+		spanReason.String(reason),
 		attribute.Bool("triage.dont_retry", kind == outcome.DontRetry),
 		attribute.Float64("triage.wait", e.Wait.Seconds()),
 	}
@@ -202,16 +213,16 @@ func (ct clientTracer) Trace(ctx context.Context, e *retry.Event) {
 	if !span.IsRecording() {
 		return
 	}
-	crit := keyCriticality.String(e.Level.String())
+	crit := spanCriticality.String(e.Level.String())
 	switch e.Kind {
 	case retry.Throttled:
-		span.AddEvent(EventThrottled, trace.WithAttributes(crit, keyAttempt.Int(e.Attempt)))
+		span.AddEvent(EventThrottled, trace.WithAttributes(crit, spanAttempt.Int(e.Attempt)))
 	case retry.Retried:
-		span.AddEvent(EventRetried, trace.WithAttributes(crit, keyAttempt.Int(e.Attempt),
+		span.AddEvent(EventRetried, trace.WithAttributes(crit, spanAttempt.Int(e.Attempt),
 			attribute.Float64("triage.backoff", e.Backoff.Seconds()), attribute.String("triage.outcome", outcome.Classify(e.Err).String())))
 	case retry.BudgetRefused:
-		span.AddEvent(EventBudgetRefused, trace.WithAttributes(crit, keyAttempt.Int(e.Attempt)))
+		span.AddEvent(EventBudgetRefused, trace.WithAttributes(crit, spanAttempt.Int(e.Attempt)))
 	case retry.Exhausted:
-		span.AddEvent(EventExhausted, trace.WithAttributes(crit, keyAttempt.Int(e.Attempt)))
+		span.AddEvent(EventExhausted, trace.WithAttributes(crit, spanAttempt.Int(e.Attempt)))
 	}
 }

@@ -17,8 +17,9 @@
 //	srv, _ := triagegrpc.NewServer(triagegrpc.WithTracer(tr.Intake()), ...)
 //	cl, _ := edge.New(cfg, edge.WithObserver(m))
 //
-// Instruments are named triage.* with attributes triage.criticality,
-// triage.reason and so on; Names maps each to its triageprom series.
+// Instruments are named triage.* with attributes criticality, reason and
+// so on: through a Prometheus exporter each becomes its triageprom series,
+// name and labels; Names maps each to its series.
 // Counters resolve their attribute sets when an observer is made, so
 // counting on the request path does not allocate, and report every
 // series from then on, at 0 until counted (as triageprom does: an alert
@@ -46,21 +47,21 @@ const scope = "github.com/triagehq/triage/triageotel"
 
 // Attribute keys.
 const (
-	keyCriticality = attribute.Key("triage.criticality")
-	keyRule        = attribute.Key("triage.rule")
-	keyTrusted     = attribute.Key("triage.trusted")
-	keyKey         = attribute.Key("triage.key")
-	keyReason      = attribute.Key("triage.reason")
-	keyAnswer      = attribute.Key("triage.answer")
-	keyTarget      = attribute.Key("triage.target")
-	keyMechanism   = attribute.Key("triage.mechanism")
-	keySignal      = attribute.Key("triage.signal")
-	keyAttempt     = attribute.Key("triage.attempt")
-	keyCustomer    = attribute.Key("triage.customer")
-	keyBackend     = attribute.Key("triage.backend")
-	keyState       = attribute.Key("triage.state")
-	keyTo          = attribute.Key("triage.to")
-	keyLeader      = attribute.Key("triage.leader")
+	keyCriticality = attribute.Key("criticality")
+	keyRule        = attribute.Key("rule")
+	keyTrusted     = attribute.Key("trusted")
+	keyKey         = attribute.Key("key")
+	keyReason      = attribute.Key("reason")
+	keyAnswer      = attribute.Key("answer")
+	keyTarget      = attribute.Key("target")
+	keyMechanism   = attribute.Key("mechanism")
+	keySignal      = attribute.Key("signal")
+	keyAttempt     = attribute.Key("attempt")
+	keyCustomer    = attribute.Key("customer")
+	keyBackend     = attribute.Key("backend")
+	keyState       = attribute.Key("state")
+	keyTo          = attribute.Key("to")
+	keyLeader      = attribute.Key("leader")
 )
 
 // Metrics implements the core observers with OpenTelemetry instruments.
@@ -97,8 +98,8 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 		return c
 	}
 	m.edgeRequests = counter("triage.edge.requests", "{request}", "Requests classified at the edge or an internal hop, by assigned criticality, deciding rule (header, host, path, group, default) and whether the peer was trusted.")
-	m.invalid = counter("triage.edge.invalid_headers", "{request}", "Requests from trusted peers whose criticality header was malformed and ignored.")
-	m.stripped = counter("triage.edge.stripped_keys", "{key}", "Triage metadata keys or headers sent by untrusted peers and removed, by key (registered name, or 'unregistered').")
+	m.invalid = counter("triage.edge.invalid_header", "{request}", "Requests from trusted peers whose criticality header was malformed and ignored.")
+	m.stripped = counter("triage.untrusted_keys_stripped", "{key}", "Triage metadata keys or headers sent by untrusted peers and removed, by key (registered name, or 'unregistered').")
 	for _, l := range criticality.All() {
 		for r := range m.byDecision[l] {
 			for t := range m.byDecision[l][r] {

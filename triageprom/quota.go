@@ -88,8 +88,8 @@ func b2f(b bool) float64 {
 // triage_quota_global_usage_cpu{customer,criticality},
 // triage_quota_global_demand_cpu{customer},
 // triage_quota_global_limit_cpu{customer}, triage_quota_tasks,
-// triage_quota_refreshes_total and triage_quota_task_refresh_age_seconds
-// (a histogram over the live tasks of the time since each refreshed). Customers are those the live tasks
+// triage_quota_refreshes_total and triage_quota_task_refresh_age_max_seconds
+// (the longest time since a live task refreshed: a task falling behind). Customers are those the live tasks
 // report. It is a prometheus.Collector.
 type QuotaServiceMetrics struct{ a *quota.Allocator }
 
@@ -104,13 +104,8 @@ var (
 	descGlobalLimit  = prometheus.NewDesc("triage_quota_global_limit_cpu", "A customer's global limit, CPU-seconds per second.", []string{"customer"}, nil)
 	descQuotaTasks   = prometheus.NewDesc("triage_quota_tasks", "Tasks that reported within a lease.", nil, nil)
 	descRefreshes    = prometheus.NewDesc("triage_quota_refreshes_total", "Leases handed out.", nil, nil)
-	descRefreshAge   = prometheus.NewDesc("triage_quota_task_refresh_age_seconds", "Time since each live task's last refresh, over the tasks.", nil, nil)
+	descRefreshAge   = prometheus.NewDesc("triage_quota_task_refresh_age_max_seconds", "The longest time since a live task's last refresh.", nil, nil)
 )
-
-// refreshAgeBuckets are the upper bounds of triage_quota_task_refresh_age_seconds:
-// a task refreshing every few seconds sits in the first ones; one past the
-// lease is forgotten.
-var refreshAgeBuckets = []float64{1, 2, 5, 10, 30, 60}
 
 // Describe implements prometheus.Collector.
 func (q *QuotaServiceMetrics) Describe(ch chan<- *prometheus.Desc) {
@@ -130,22 +125,9 @@ func (q *QuotaServiceMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descQuotaTasks, prometheus.GaugeValue, float64(q.a.Tasks()))
 	ch <- prometheus.MustNewConstMetric(descRefreshes, prometheus.CounterValue, float64(q.a.Refreshes()))
-	counts := make(map[float64]uint64, len(refreshAgeBuckets))
-	for _, b := range refreshAgeBuckets {
-		counts[b] = 0
-	}
-	var n uint64
-	var sum float64
-	q.a.RefreshAges(func(age time.Duration) {
-		n++
-		sum += age.Seconds()
-		for _, b := range refreshAgeBuckets {
-			if age.Seconds() <= b {
-				counts[b]++
-			}
-		}
-	})
-	ch <- prometheus.MustNewConstHistogram(descRefreshAge, n, sum, counts)
+	var longest time.Duration
+	q.a.RefreshAges(func(age time.Duration) { longest = max(longest, age) })
+	ch <- prometheus.MustNewConstMetric(descRefreshAge, prometheus.GaugeValue, longest.Seconds())
 }
 
 // QuotaReplicaState is what QuotaReplica reads of one replica of the quota

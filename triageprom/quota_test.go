@@ -89,20 +89,12 @@ triage_quota_leader{leader="10.0.0.5:7070"} 1
 # HELP triage_quota_policy_version Version of the quota policy in force: the etcd revision of its key, or how many times its file was loaded.
 # TYPE triage_quota_policy_version gauge
 triage_quota_policy_version 42
-# HELP triage_quota_task_refresh_age_seconds Time since each live task's last refresh, over the tasks.
-# TYPE triage_quota_task_refresh_age_seconds histogram
-triage_quota_task_refresh_age_seconds_bucket{le="1"} 0
-triage_quota_task_refresh_age_seconds_bucket{le="2"} 0
-triage_quota_task_refresh_age_seconds_bucket{le="5"} 1
-triage_quota_task_refresh_age_seconds_bucket{le="10"} 3
-triage_quota_task_refresh_age_seconds_bucket{le="30"} 3
-triage_quota_task_refresh_age_seconds_bucket{le="60"} 3
-triage_quota_task_refresh_age_seconds_bucket{le="+Inf"} 3
-triage_quota_task_refresh_age_seconds_sum 18
-triage_quota_task_refresh_age_seconds_count 3
+# HELP triage_quota_task_refresh_age_max_seconds The longest time since a live task's last refresh.
+# TYPE triage_quota_task_refresh_age_max_seconds gauge
+triage_quota_task_refresh_age_max_seconds 9
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "triage_quota_elections_total", "triage_quota_granting", "triage_quota_leader",
-		"triage_quota_policy_version", "triage_quota_task_refresh_age_seconds"); err != nil {
+		"triage_quota_policy_version", "triage_quota_task_refresh_age_max_seconds"); err != nil {
 		t.Error(err)
 	}
 }
