@@ -51,16 +51,21 @@ type both struct {
 	exported *prometheus.Registry
 }
 
-func newBoth(t *testing.T) *both {
+func newBoth(t *testing.T, customers bool) *both {
 	t.Helper()
-	b := &both{prom: triageprom.New(), reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(),
+	var po []triageprom.Option
+	var oo []triageotel.Option
+	if customers {
+		po, oo = append(po, triageprom.WithCustomers()), append(oo, triageotel.WithCustomers())
+	}
+	b := &both{prom: triageprom.New(po...), reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(),
 		exported: prometheus.NewRegistry()}
 	b.reg.MustRegister(b.prom)
 	exporter, err := otelprom.New(otelprom.WithRegisterer(b.exported))
 	if err != nil {
 		t.Fatal(err)
 	}
-	om, err := triageotel.New(sdkmetric.NewMeterProvider(sdkmetric.WithReader(b.reader), sdkmetric.WithReader(exporter)))
+	om, err := triageotel.New(sdkmetric.NewMeterProvider(sdkmetric.WithReader(b.reader), sdkmetric.WithReader(exporter)), oo...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +131,7 @@ func (s slow) SlowSenderRefusals() uint64 { return uint64(s) }
 // replica. Every series triageprom exports has a data point, and every
 // data point a series.
 func TestParity(t *testing.T) {
-	b := newBoth(t)
+	b := newBoth(t, true)
 	clk := clock.Real()
 	cl, err := edge.New(edge.Config{Rules: []edge.RuleConfig{{PathPrefix: "/batch", Criticality: "SHEDDABLE"}, {Header: true}}},
 		edge.WithObserver(edge.Tee(b.prom, b.otel)))
@@ -538,4 +543,36 @@ func countZero(rows []row) int {
 		}
 	}
 	return n
+}
+
+// Without WithCustomers neither adapter names a customer, and the
+// exporter's series are still triageprom's: usage and demand summed.
+func TestParityWithoutCustomers(t *testing.T) {
+	b := newBoth(t, false)
+	pol, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}, "search": {CPU: 1}}})
+	usage, _ := quota.NewUsage()
+	usage.Add("ads", criticality.Sheddable, time.Second)
+	usage.Add("search", criticality.Critical, time.Second)
+	enf, _ := quota.NewEnforcer(pol, usage)
+	alloc, _ := quota.NewAllocator(pol)
+	if _, err := alloc.Refresh(quota.Report{Task: "t1", Customers: usage.Snapshot()}); err != nil {
+		t.Fatal(err)
+	}
+	b.reg.MustRegister(b.prom.Quota(enf, nil), b.prom.QuotaService(alloc))
+	if _, err := b.otel.Quota(enf, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.otel.QuotaService(alloc); err != nil {
+		t.Fatal(err)
+	}
+	prom := gatherProm(t, b.reg)
+	for key := range prom {
+		if strings.Contains(key, "customer=") {
+			t.Errorf("%s names a customer", key)
+		}
+	}
+	if prom["triage_quota_global_usage_cpu{criticality=CRITICAL}"] == 0 {
+		t.Errorf("no global usage summed: %v", prom)
+	}
+	sameSeries(t, prom, exportedSeries(t, b.exported))
 }

@@ -59,7 +59,10 @@ func b2f(b bool) float64 {
 // triage.quota.customer_refused{customer},
 // triage.quota.refused{criticality}, triage.quota.threshold,
 // triage.quota.overloaded, and with a lease l triage.quota.lease.age and
-// triage.quota.lease.valid. Customers are those e's Usage tracks.
+// triage.quota.lease.valid. Without WithCustomers, usage and demand are
+// summed over the customers and the series of a customer's own (limit,
+// customer_refused) are not reported. Customers are those e's Usage
+// tracks.
 func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) (metric.Registration, error) {
 	in := &instruments{m: m.meter}
 	usage := in.gauge("triage.quota.usage_cpu", "{cpu}", "A customer's CPU usage on this task, CPU-seconds per second, by criticality.")
@@ -73,7 +76,16 @@ func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) (metric.Registration
 	valid := in.gauge("triage.quota.lease.valid", "", "1 while the lease from the quota service is valid; 0 when the fallback applies.")
 	return in.register(func(_ context.Context, ob metric.Observer) error {
 		limits := e.Limits()
+		var used [criticality.NumLevels]float64
+		var all float64
 		for _, c := range e.Usage().Snapshot() {
+			if !m.customers {
+				for lv, u := range c.Used {
+					used[lv] += u
+				}
+				all += c.Demand
+				continue
+			}
 			cust := keyCustomer.String(c.Customer)
 			for _, lv := range criticality.All() {
 				crit := keyCriticality.String(lv.String())
@@ -83,6 +95,12 @@ func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) (metric.Registration
 			}
 			ob.ObserveFloat64(demand, c.Demand, attrs(cust))
 			ob.ObserveInt64(crefused, int64(c.Refused), attrs(cust))
+		}
+		if !m.customers {
+			for _, lv := range criticality.All() {
+				ob.ObserveFloat64(usage, used[lv], attrs(keyCriticality.String(lv.String())))
+			}
+			ob.ObserveFloat64(demand, all)
 		}
 		for _, lv := range criticality.All() {
 			ob.ObserveInt64(refused, int64(e.Refused(lv)), attrs(keyCriticality.String(lv.String())))
@@ -104,7 +122,8 @@ func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) (metric.Registration
 // triage.quota.global.demand_cpu{customer},
 // triage.quota.global.limit_cpu{customer}, triage.quota.tasks,
 // triage.quota.refreshes and triage.quota.task.refresh_age_max (the
-// oldest live task's time since its refresh).
+// oldest live task's time since its refresh). Without WithCustomers,
+// usage and demand are summed over the customers and limit not reported.
 func (m *Metrics) QuotaService(a *quota.Allocator) (metric.Registration, error) {
 	in := &instruments{m: m.meter}
 	f := m.quotaServiceCallback(in, func() *quota.Allocator { return a })
@@ -126,13 +145,28 @@ func (m *Metrics) quotaServiceCallback(in *instruments, get func() *quota.Alloca
 		if a == nil {
 			return nil
 		}
+		var used [criticality.NumLevels]float64
+		var all float64
 		for _, g := range a.Usage() {
+			if !m.customers {
+				for lv, u := range g.Used {
+					used[lv] += u
+				}
+				all += g.Demand
+				continue
+			}
 			cust := keyCustomer.String(g.Customer)
 			for _, lv := range criticality.All() {
 				ob.ObserveFloat64(usage, g.Used[lv], attrs(cust, keyCriticality.String(lv.String())))
 			}
 			ob.ObserveFloat64(demand, g.Demand, attrs(cust))
 			ob.ObserveFloat64(limit, g.Limit, attrs(cust))
+		}
+		if !m.customers {
+			for _, lv := range criticality.All() {
+				ob.ObserveFloat64(usage, used[lv], attrs(keyCriticality.String(lv.String())))
+			}
+			ob.ObserveFloat64(demand, all)
 		}
 		ob.ObserveFloat64(tasks, float64(a.Tasks()))
 		ob.ObserveInt64(refreshes, int64(a.Refreshes()))

@@ -82,15 +82,29 @@ type Metrics struct {
 	client clientInstruments
 	adm    admissionInstruments
 	shadow shadowInstruments
+
+	customers bool
 }
+
+// An Option configures Metrics.
+type Option func(*Metrics)
+
+// WithCustomers gives the quota instruments a customer attribute
+// (Quota's and QuotaService's), as triageprom.WithCustomers labels its
+// series. Default: off (a customer's name can identify a person or a
+// tenant): usage and demand are summed over the customers.
+func WithCustomers() Option { return func(m *Metrics) { m.customers = true } }
 
 // New returns Metrics whose instruments come from mp's meter for this
 // package. It returns the first error the meter gives.
-func New(mp metric.MeterProvider) (*Metrics, error) {
+func New(mp metric.MeterProvider, opts ...Option) (*Metrics, error) {
 	if mp == nil {
 		return nil, errors.New("triageotel: a nil MeterProvider")
 	}
 	m := &Metrics{meter: mp.Meter(scope), strippedKeys: map[string]metric.AddOption{}}
+	for _, o := range opts {
+		o(m)
+	}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
 		c, err := m.meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))

@@ -14,23 +14,24 @@ import (
 // the fairness threshold, and the lease from the quota service. It is a
 // prometheus.Collector; register it once.
 //
-// Series: triage_quota_usage_cpu{customer,criticality} and
-// triage_quota_limit_cpu{customer,criticality} (CPU-seconds per second;
-// limit +Inf when none applies), triage_quota_demand_cpu{customer},
-// triage_quota_customer_refused_total{customer},
-// triage_quota_refused_total{criticality}, triage_quota_threshold,
-// triage_quota_overloaded, and with a Leased triage_quota_lease_age_seconds
-// and triage_quota_lease_valid. Customers are those the Usage tracks: at
-// most its MaxTracked plus one.
+// Series: triage_quota_usage_cpu{criticality} (CPU-seconds per second),
+// triage_quota_demand_cpu, triage_quota_refused_total{criticality},
+// triage_quota_threshold, triage_quota_overloaded, and with a Leased
+// triage_quota_lease_age_seconds and triage_quota_lease_valid. With
+// WithCustomers, usage and demand are labelled by customer too, and
+// triage_quota_limit_cpu{customer,criticality} (+Inf when none applies)
+// and triage_quota_customer_refused_total{customer} are added; customers
+// are those the Usage tracks: at most its MaxTracked plus one.
 type QuotaMetrics struct {
-	e *quota.Enforcer
-	l *quota.Leased
+	e         *quota.Enforcer
+	l         *quota.Leased
+	customers bool
 }
 
 // Quota returns the metrics of e, and of the lease l (nil when the task
 // has no quota service).
 func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) *QuotaMetrics {
-	return &QuotaMetrics{e: e, l: l}
+	return &QuotaMetrics{e: e, l: l, customers: m.customers}
 }
 
 var (
@@ -43,26 +44,39 @@ var (
 	descQuotaOverload  = prometheus.NewDesc("triage_quota_overloaded", "1 while the task counts as overloaded, so soft limits apply.", nil, nil)
 	descLeaseAge       = prometheus.NewDesc("triage_quota_lease_age_seconds", "Time since the last lease from the quota service (absent before the first).", nil, nil)
 	descLeaseValid     = prometheus.NewDesc("triage_quota_lease_valid", "1 while the lease from the quota service is valid; 0 when the fallback applies.", nil, nil)
+
+	descQuotaUsageAll  = prometheus.NewDesc("triage_quota_usage_cpu", "The customers' CPU usage on this task, CPU-seconds per second, by criticality.", []string{"criticality"}, nil)
+	descQuotaDemandAll = prometheus.NewDesc("triage_quota_demand_cpu", "The customers' estimated demand on this task (usage plus refused requests at their mean cost), CPU-seconds per second.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (q *QuotaMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQuotaUsage, descQuotaLimit, descQuotaDemand, descQuotaCRefused, descQuotaRefused, descQuotaThreshold, descQuotaOverload, descLeaseAge, descLeaseValid} {
+	ds := []*prometheus.Desc{descQuotaUsageAll, descQuotaDemandAll}
+	if q.customers {
+		ds = []*prometheus.Desc{descQuotaUsage, descQuotaLimit, descQuotaDemand, descQuotaCRefused}
+	}
+	for _, d := range append(ds, descQuotaRefused, descQuotaThreshold, descQuotaOverload, descLeaseAge, descLeaseValid) {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (q *QuotaMetrics) Collect(ch chan<- prometheus.Metric) {
-	limits := q.e.Limits()
-	for _, c := range q.e.Usage().Snapshot() {
-		for _, l := range criticality.All() {
-			ch <- prometheus.MustNewConstMetric(descQuotaUsage, prometheus.GaugeValue, c.Used[l], c.Customer, l.String())
-			lim, _ := limits.Limit(c.Customer, l)
-			ch <- prometheus.MustNewConstMetric(descQuotaLimit, prometheus.GaugeValue, lim, c.Customer, l.String())
+	if q.customers {
+		q.collectCustomers(ch)
+	} else {
+		var used [criticality.NumLevels]float64
+		var demand float64
+		for _, c := range q.e.Usage().Snapshot() {
+			for l, u := range c.Used {
+				used[l] += u
+			}
+			demand += c.Demand
 		}
-		ch <- prometheus.MustNewConstMetric(descQuotaDemand, prometheus.GaugeValue, c.Demand, c.Customer)
-		ch <- prometheus.MustNewConstMetric(descQuotaCRefused, prometheus.CounterValue, float64(c.Refused), c.Customer)
+		for _, l := range criticality.All() {
+			ch <- prometheus.MustNewConstMetric(descQuotaUsageAll, prometheus.GaugeValue, used[l], l.String())
+		}
+		ch <- prometheus.MustNewConstMetric(descQuotaDemandAll, prometheus.GaugeValue, demand)
 	}
 	for _, l := range criticality.All() {
 		ch <- prometheus.MustNewConstMetric(descQuotaRefused, prometheus.CounterValue, float64(q.e.Refused(l)), l.String())
@@ -77,6 +91,20 @@ func (q *QuotaMetrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// collectCustomers sends the series labelled by customer.
+func (q *QuotaMetrics) collectCustomers(ch chan<- prometheus.Metric) {
+	limits := q.e.Limits()
+	for _, c := range q.e.Usage().Snapshot() {
+		for _, l := range criticality.All() {
+			ch <- prometheus.MustNewConstMetric(descQuotaUsage, prometheus.GaugeValue, c.Used[l], c.Customer, l.String())
+			lim, _ := limits.Limit(c.Customer, l)
+			ch <- prometheus.MustNewConstMetric(descQuotaLimit, prometheus.GaugeValue, lim, c.Customer, l.String())
+		}
+		ch <- prometheus.MustNewConstMetric(descQuotaDemand, prometheus.GaugeValue, c.Demand, c.Customer)
+		ch <- prometheus.MustNewConstMetric(descQuotaCRefused, prometheus.CounterValue, float64(c.Refused), c.Customer)
+	}
+}
+
 func b2f(b bool) float64 {
 	if b {
 		return 1
@@ -85,17 +113,21 @@ func b2f(b bool) float64 {
 }
 
 // QuotaServiceMetrics exports the quota service's view (quota.Allocator):
-// triage_quota_global_usage_cpu{customer,criticality},
-// triage_quota_global_demand_cpu{customer},
-// triage_quota_global_limit_cpu{customer}, triage_quota_tasks,
+// triage_quota_global_usage_cpu{criticality},
+// triage_quota_global_demand_cpu, triage_quota_tasks,
 // triage_quota_refreshes_total and triage_quota_task_refresh_age_max_seconds
-// (the longest time since a live task refreshed: a task falling behind). Customers are those the live tasks
-// report. It is a prometheus.Collector.
-type QuotaServiceMetrics struct{ a *quota.Allocator }
+// (the longest time since a live task refreshed: a task falling behind).
+// With WithCustomers, usage and demand are labelled by customer too and
+// triage_quota_global_limit_cpu{customer} is added; customers are those
+// the live tasks report. It is a prometheus.Collector.
+type QuotaServiceMetrics struct {
+	a         *quota.Allocator
+	customers bool
+}
 
 // QuotaService returns the metrics of a.
 func (m *Metrics) QuotaService(a *quota.Allocator) *QuotaServiceMetrics {
-	return &QuotaServiceMetrics{a: a}
+	return &QuotaServiceMetrics{a: a, customers: m.customers}
 }
 
 var (
@@ -105,23 +137,45 @@ var (
 	descQuotaTasks   = prometheus.NewDesc("triage_quota_tasks", "Tasks that reported within a lease.", nil, nil)
 	descRefreshes    = prometheus.NewDesc("triage_quota_refreshes_total", "Leases handed out.", nil, nil)
 	descRefreshAge   = prometheus.NewDesc("triage_quota_task_refresh_age_max_seconds", "The longest time since a live task's last refresh.", nil, nil)
+
+	descGlobalUsageAll  = prometheus.NewDesc("triage_quota_global_usage_cpu", "The customers' usage over every live task, CPU-seconds per second, by criticality.", []string{"criticality"}, nil)
+	descGlobalDemandAll = prometheus.NewDesc("triage_quota_global_demand_cpu", "The customers' estimated demand over every live task, CPU-seconds per second.", nil, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (q *QuotaServiceMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descGlobalUsage, descGlobalDemand, descGlobalLimit, descQuotaTasks, descRefreshes, descRefreshAge} {
+	ds := []*prometheus.Desc{descGlobalUsageAll, descGlobalDemandAll}
+	if q.customers {
+		ds = []*prometheus.Desc{descGlobalUsage, descGlobalDemand, descGlobalLimit}
+	}
+	for _, d := range append(ds, descQuotaTasks, descRefreshes, descRefreshAge) {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (q *QuotaServiceMetrics) Collect(ch chan<- prometheus.Metric) {
+	var used [criticality.NumLevels]float64
+	var demand float64
 	for _, g := range q.a.Usage() {
+		if !q.customers {
+			for l, u := range g.Used {
+				used[l] += u
+			}
+			demand += g.Demand
+			continue
+		}
 		for _, l := range criticality.All() {
 			ch <- prometheus.MustNewConstMetric(descGlobalUsage, prometheus.GaugeValue, g.Used[l], g.Customer, l.String())
 		}
 		ch <- prometheus.MustNewConstMetric(descGlobalDemand, prometheus.GaugeValue, g.Demand, g.Customer)
 		ch <- prometheus.MustNewConstMetric(descGlobalLimit, prometheus.GaugeValue, g.Limit, g.Customer)
+	}
+	if !q.customers {
+		for _, l := range criticality.All() {
+			ch <- prometheus.MustNewConstMetric(descGlobalUsageAll, prometheus.GaugeValue, used[l], l.String())
+		}
+		ch <- prometheus.MustNewConstMetric(descGlobalDemandAll, prometheus.GaugeValue, demand)
 	}
 	ch <- prometheus.MustNewConstMetric(descQuotaTasks, prometheus.GaugeValue, float64(q.a.Tasks()))
 	ch <- prometheus.MustNewConstMetric(descRefreshes, prometheus.CounterValue, float64(q.a.Refreshes()))
@@ -147,11 +201,14 @@ type QuotaReplicaState interface {
 // triage_quota_policy_version (the etcd revision of the policy in force,
 // or the file's load count), and, while it leads, the leader's
 // QuotaServiceMetrics. It is safe for concurrent use.
-type QuotaReplicaMetrics struct{ r QuotaReplicaState }
+type QuotaReplicaMetrics struct {
+	r         QuotaReplicaState
+	customers bool
+}
 
 // QuotaReplica returns the metrics of replica r.
 func (m *Metrics) QuotaReplica(r QuotaReplicaState) *QuotaReplicaMetrics {
-	return &QuotaReplicaMetrics{r: r}
+	return &QuotaReplicaMetrics{r: r, customers: m.customers}
 }
 
 var (
@@ -166,7 +223,7 @@ func (q *QuotaReplicaMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQuotaLeader, descQuotaGranting, descQuotaElections, descPolicyVersion} {
 		ch <- d
 	}
-	(&QuotaServiceMetrics{}).Describe(ch)
+	(&QuotaServiceMetrics{customers: q.customers}).Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -182,6 +239,6 @@ func (q *QuotaReplicaMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descQuotaElections, prometheus.CounterValue, float64(q.r.Elections()))
 	ch <- prometheus.MustNewConstMetric(descPolicyVersion, prometheus.GaugeValue, float64(q.r.PolicyVersion()))
 	if a := q.r.Allocator(); a != nil {
-		(&QuotaServiceMetrics{a: a}).Collect(ch)
+		(&QuotaServiceMetrics{a: a, customers: q.customers}).Collect(ch)
 	}
 }

@@ -35,7 +35,7 @@ func TestQuotaMetrics(t *testing.T) {
 	}
 	l.Set(ls)
 	clk.Advance(time.Second)
-	m := triageprom.New()
+	m := triageprom.New(triageprom.WithCustomers())
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m.Quota(e, l), m.QuotaService(a))
 	want := `
@@ -96,6 +96,63 @@ triage_quota_task_refresh_age_max_seconds 9
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "triage_quota_elections_total", "triage_quota_granting", "triage_quota_leader",
 		"triage_quota_policy_version", "triage_quota_task_refresh_age_max_seconds"); err != nil {
 		t.Error(err)
+	}
+}
+
+// Without WithCustomers no series names a customer: usage and demand are
+// summed over the customers (by criticality), refusals counted by
+// criticality, and limits, which are a customer's, are not exported.
+func TestQuotaMetricsWithoutCustomers(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}, "search": {CPU: 1}}})
+	u, _ := quota.NewUsage(quota.WithClock(clk))
+	a, _ := quota.NewAllocator(p, quota.WithClock(clk))
+	e, _ := quota.NewEnforcer(p, u, quota.WithClock(clk))
+	for range 10 {
+		u.Add("ads", criticality.Sheddable, 10*time.Millisecond)
+		u.Add("search", criticality.Sheddable, 30*time.Millisecond)
+		clk.Advance(100 * time.Millisecond)
+	}
+	if _, err := a.Refresh(quota.Report{Task: "t1", Customers: u.Snapshot()}); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	m := triageprom.New()
+	reg.MustRegister(m.Quota(e, nil), m.QuotaService(a))
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sums := map[string]float64{}
+	for _, mf := range mfs {
+		for _, s := range mf.Metric {
+			for _, l := range s.Label {
+				if l.GetName() == "customer" {
+					t.Errorf("%s names a customer (%s)", mf.GetName(), l.GetValue())
+				}
+			}
+			if len(s.Label) == 1 && s.Label[0].GetValue() == "SHEDDABLE" || len(s.Label) == 0 {
+				sums[mf.GetName()] += s.GetGauge().GetValue()
+			}
+		}
+	}
+	var want float64
+	for _, c := range u.Snapshot() {
+		want += c.Used[criticality.Sheddable]
+	}
+	if want == 0 {
+		t.Fatal("no usage recorded")
+	}
+	for _, name := range []string{"triage_quota_usage_cpu", "triage_quota_global_usage_cpu"} {
+		if got := sums[name]; got < 0.99*want || got > 1.01*want {
+			t.Errorf("%s{criticality=SHEDDABLE} = %v, want the customers' sum %v", name, got, want)
+		}
+	}
+	if n, _ := testutil.GatherAndCount(reg, "triage_quota_limit_cpu", "triage_quota_global_limit_cpu", "triage_quota_customer_refused_total"); n != 0 {
+		t.Errorf("%d series of a customer's limit or refusals, want none", n)
+	}
+	if n, _ := testutil.GatherAndCount(reg, "triage_quota_demand_cpu", "triage_quota_global_demand_cpu"); n != 2 {
+		t.Errorf("%d demand series, want one each for the task and the service", n)
 	}
 }
 

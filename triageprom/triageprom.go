@@ -47,10 +47,23 @@ type Metrics struct {
 	admLimit    prometheus.Gauge
 
 	shadow shadowMetrics
+
+	customers bool
 }
 
+// An Option configures Metrics.
+type Option func(*Metrics)
+
+// WithCustomers labels the quota series by customer (Quota's and
+// QuotaService's). Default: off, since a customer's name can identify a
+// person or a tenant and the series multiply by the customers tracked
+// (at most quota.Usage's MaxTracked plus one): usage and demand are then
+// summed over the customers, refusals counted by criticality, and a
+// customer's limits not exported.
+func WithCustomers() Option { return func(m *Metrics) { m.customers = true } }
+
 // New returns Metrics with every series created at zero.
-func New() *Metrics {
+func New(opts ...Option) *Metrics {
 	m := &Metrics{
 		edgeRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "triage_edge_requests_total",
@@ -104,6 +117,9 @@ func New() *Metrics {
 	}
 	m.strippedMisc = m.stripped.WithLabelValues("unregistered")
 	m.shadow = newShadowMetrics()
+	for _, o := range opts {
+		o(m)
+	}
 	return m
 }
 

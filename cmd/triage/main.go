@@ -44,7 +44,7 @@ Usage:
                          0.5x to 10x with a criticality mix, and see whether it
                          keeps its provisioned rate (table, result.json, page)
 
-  triage quota-server -config FILE [-listen ADDR] [flags]
+  triage quota-server -policy FILE [-listen ADDR] [flags]
                          the quota service: tasks report per-customer CPU usage
                          and lease their share of each customer's limit
   triage quota-server -etcd ENDPOINTS -advertise ADDR [-policy-key KEY] [flags]

@@ -58,25 +58,26 @@ func TestRunArguments(t *testing.T) {
 		{[]string{"serve", "db", "-stats", "127.0.0.1:0", "-force-shed", "SHEDDABLE:1.5:1m"}, 2, "fraction must be"},
 		{[]string{"serve", "db", "-stats", "127.0.0.1:0", "-force-shed", "SHEDDABLE:0.5:2h"}, 2, "duration must be"},
 		{[]string{"serve", "db", "-stats", "127.0.0.1:0", "-protect=false", "-force-shed", "SHEDDABLE:0.5:1m"}, 2, "needs triage's protections"},
-		{[]string{"quota-server"}, 2, "-config is required"},
-		{[]string{"quota-server", "-config", filepath.Join(t.TempDir(), "missing.yaml")}, 1, "no such file"},
-		{[]string{"quota-server", "-config", badQuota}, 1, "is negative"},
-		{[]string{"quota-server", "-config", goodQuota, "-refresh", "10s", "-lease", "5s"}, 2, "-refresh <= -lease"},
-		{[]string{"quota-server", "-config", goodQuota, "-listen", "not-an-address"}, 1, "missing port"},
-		{[]string{"quota-server", "-config", goodQuota, "-mode", "cautious"}, 2, "unknown throttling mode"},
-		{[]string{"quota-server", "-config", goodQuota, "-policy-key", "/p", "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070"}, 2, "contradict each other"},
+		{[]string{"quota-server"}, 2, "-policy is required"},
+		{[]string{"quota-server", "-config", goodQuota, "-listen", "not-an-address"}, 1, "-config is deprecated: use -policy"}, // the old spelling still works, with a warning
+		{[]string{"quota-server", "-policy", filepath.Join(t.TempDir(), "missing.yaml")}, 1, "no such file"},
+		{[]string{"quota-server", "-policy", badQuota}, 1, "is negative"},
+		{[]string{"quota-server", "-policy", goodQuota, "-refresh", "10s", "-lease", "5s"}, 2, "-refresh <= -lease"},
+		{[]string{"quota-server", "-policy", goodQuota, "-listen", "not-an-address"}, 1, "missing port"},
+		{[]string{"quota-server", "-policy", goodQuota, "-mode", "cautious"}, 2, "unknown throttling mode"},
+		{[]string{"quota-server", "-policy", goodQuota, "-policy-key", "/p", "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070"}, 2, "contradict each other"},
 		{[]string{"quota-server", "-policy-key", "/p"}, 2, "need -etcd"},
-		{[]string{"quota-server", "-config", goodQuota, "-advertise", "127.0.0.1:7070"}, 2, "need -etcd"},
-		{[]string{"quota-server", "-config", goodQuota, "-etcd-tls-ca", "ca.pem"}, 2, "need -etcd"},
-		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379"}, 2, "-etcd needs -advertise"},
-		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-session-ttl", "1500ms"}, 2, "-session-ttl must be"},
-		{[]string{"quota-server", "-config", goodQuota, "-etcd", " , ", "-advertise", "127.0.0.1:7070"}, 2, "no endpoints"},
-		{[]string{"quota-server", "-config", goodQuota, "-log-format", "xml"}, 2, "-log-format \"xml\": want text or json"},
+		{[]string{"quota-server", "-policy", goodQuota, "-advertise", "127.0.0.1:7070"}, 2, "need -etcd"},
+		{[]string{"quota-server", "-policy", goodQuota, "-etcd-tls-ca", "ca.pem"}, 2, "need -etcd"},
+		{[]string{"quota-server", "-policy", goodQuota, "-etcd", "127.0.0.1:2379"}, 2, "-etcd needs -advertise"},
+		{[]string{"quota-server", "-policy", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-session-ttl", "1500ms"}, 2, "-session-ttl must be"},
+		{[]string{"quota-server", "-policy", goodQuota, "-etcd", " , ", "-advertise", "127.0.0.1:7070"}, 2, "no endpoints"},
+		{[]string{"quota-server", "-policy", goodQuota, "-log-format", "xml"}, 2, "-log-format \"xml\": want text or json"},
 		{[]string{"proxy", "-backends", "127.0.0.1:1", "-log-level", "loud"}, 2, "-log-level \"loud\""},
 		{[]string{"help", "frobnicate"}, 2, "unknown command"},
 		{[]string{"version", "extra"}, 2, "unexpected argument"},
 		{[]string{"loadtest", "-url", "http://127.0.0.1/x", "-header", "X-A: 1", "-header", "broken"}, 2, `"broken" is not "Name: value"`},
-		{[]string{"quota-server", "-config", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-etcd-tls-ca", filepath.Join(t.TempDir(), "missing.pem")}, 2, "no such file"},
+		{[]string{"quota-server", "-policy", goodQuota, "-etcd", "127.0.0.1:2379", "-advertise", "127.0.0.1:7070", "-etcd-tls-ca", filepath.Join(t.TempDir(), "missing.pem")}, 2, "no such file"},
 	}
 	for _, tt := range tests {
 		var out, errb strings.Builder
@@ -114,7 +115,7 @@ func TestVersionHelpAndLogs(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("customers: {ads: {cpu: -1}}\n"), 0o600)
 	errb.Reset()
-	if code := run(context.Background(), []string{"quota-server", "-config", bad, "-log-format", "json"}, &out, &errb); code != 1 {
+	if code := run(context.Background(), []string{"quota-server", "-policy", bad, "-log-format", "json"}, &out, &errb); code != 1 {
 		t.Fatalf("a bad policy: exit %d", code)
 	}
 	var rec struct{ Level, Msg, Err string }

@@ -118,6 +118,9 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 		return 2
 	}
 	warnDeprecated(stderr, "triage quota-server", f.tls)
+	if f.configUsed {
+		fmt.Fprintln(stderr, "triage quota-server: -config is deprecated: use -policy")
+	}
 	if !flagSet(fs, "bound-only") {
 		f.boundOnly = len(f.binds) > 0
 	}
@@ -151,12 +154,13 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 
 // quotaServerFlags are triage quota-server's flags.
 type quotaServerFlags struct {
-	config, listen, metrics, etcd, advertise  string
+	policy, listen, metrics, etcd, advertise  string
 	electionPrefix, policyKey, grantLog, mode string
 	lease, refresh, reload, drain             time.Duration
 	tls, etcdTLS                              tlsfiles.Files
 	binds                                     bindFlag
 	boundOnly, insecureEtcd, unauthenticated  bool
+	customers, configUsed                     bool
 	grantLogBackups                           int
 	sessionTTL                                time.Duration
 	grantLogMax                               int64
@@ -164,7 +168,12 @@ type quotaServerFlags struct {
 }
 
 func (f *quotaServerFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.config, "config", "", "YAML quota policy file (see quota.Config); this or -policy-key is required")
+	fs.StringVar(&f.policy, "policy", "", "YAML quota policy file (see quota.Config); this or -policy-key is required")
+	fs.Func("config", "deprecated spelling of -policy (-config is the edge file in the other commands)", func(v string) error {
+		f.policy, f.configUsed = v, true
+		return nil
+	})
+	fs.BoolVar(&f.customers, "metrics-customers", false, "label the quota metrics by customer (a customer's name can identify a person or a tenant; default: summed over the customers)")
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:7070", "gRPC listen address")
 	fs.DurationVar(&f.lease, "lease", 30*time.Second, "how long a lease is valid")
 	fs.DurationVar(&f.refresh, "refresh", 5*time.Second, "how often tasks renew their lease (jittered ±25% by each task)")
@@ -190,13 +199,22 @@ func (f *quotaServerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.mode, "mode", "optimistic", "throttling mode: optimistic, or pessimistic (the tasks' shares of a limit never sum over 1; pair with tasks whose quota.Enforcer runs quota.ModePessimistic)")
 }
 
+// promMetrics returns the quota service's Prometheus metrics, labelled by
+// customer with -metrics-customers.
+func (f *quotaServerFlags) promMetrics() *triageprom.Metrics {
+	if f.customers {
+		return triageprom.New(triageprom.WithCustomers())
+	}
+	return triageprom.New()
+}
+
 // check refuses flags that contradict each other or are out of range.
 func (f *quotaServerFlags) check() error {
 	switch {
-	case f.config == "" && f.policyKey == "":
-		return errors.New("-config is required (or -policy-key with -etcd)")
-	case f.config != "" && f.policyKey != "":
-		return errors.New("-config and -policy-key contradict each other: the policy lives in one place")
+	case f.policy == "" && f.policyKey == "":
+		return errors.New("-policy is required (or -policy-key with -etcd)")
+	case f.policy != "" && f.policyKey != "":
+		return errors.New("-policy and -policy-key contradict each other: the policy lives in one place")
 	case f.etcd == "" && (f.policyKey != "" || f.advertise != "" || f.etcdTLS.Set()):
 		return errors.New("-policy-key, -advertise and -etcd-tls-* need -etcd")
 	case f.etcd != "" && f.advertise == "":
@@ -268,7 +286,7 @@ func (f *quotaServerFlags) build(ctx context.Context, log *slog.Logger) (q *quot
 		}
 		q.closers = append(q.closers, func() { q.cli.Close() })
 	}
-	if q.src, err = loadPolicySource(ctx, f.config, f.reload, q.cli, f.policyKey); err != nil {
+	if q.src, err = loadPolicySource(ctx, f.policy, f.reload, q.cli, f.policyKey); err != nil {
 		return q, 1, err
 	}
 	if f.grantLog != "" {
@@ -289,7 +307,7 @@ func (f *quotaServerFlags) build(ctx context.Context, log *slog.Logger) (q *quot
 			return q, 1, err
 		}
 		q.server = quotaservice.NewService(alloc, q.svcOpts...)
-		q.metrics = append(q.metrics, triageprom.New().QuotaService(alloc))
+		q.metrics = append(q.metrics, f.promMetrics().QuotaService(alloc))
 		q.setPolicy = func(p *quota.Policy, _ int64) { alloc.SetPolicy(p) }
 		return q, 0, nil
 	}
@@ -300,7 +318,7 @@ func (f *quotaServerFlags) build(ctx context.Context, log *slog.Logger) (q *quot
 	}
 	r.SetPolicy(q.src.policy, q.src.version)
 	q.server, q.setPolicy, q.runMore = r, r.SetPolicy, r.Run
-	q.metrics = append(q.metrics, triageprom.New().QuotaReplica(r))
+	q.metrics = append(q.metrics, f.promMetrics().QuotaReplica(r))
 	return q, 0, nil
 }
 

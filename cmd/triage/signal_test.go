@@ -35,7 +35,7 @@ func TestSIGTERMIsACleanShutdown(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, self, "quota-server", "-config", policy, "-listen", "127.0.0.1:0", "-drain", "1s")
+	cmd := exec.CommandContext(ctx, self, "quota-server", "-policy", policy, "-listen", "127.0.0.1:0", "-drain", "1s")
 	cmd.Env = append(os.Environ(), asCLI+"=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -78,7 +78,7 @@ func TestQuotaServerTLS(t *testing.T) {
 	for _, boundOnly := range []bool{false, true} {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		args := []string{"quota-server", "-config", policy, "-listen", "127.0.0.1:0",
+		args := []string{"quota-server", "-policy", policy, "-listen", "127.0.0.1:0",
 			"-tls-cert", srvCert, "-tls-key", srvKey, "-tls-client-ca", caFile, "-bind", "spiffe://test/host-7=db-7"}
 		if !boundOnly {
 			args = append(args, "-bound-only=false")
@@ -140,7 +140,7 @@ func TestQuotaServerTLS(t *testing.T) {
 		{[]string{"-etcd", "127.0.0.1:1,http://0.0.0.0:1", "-advertise", "127.0.0.1:1"}, "-insecure-etcd"},
 	} {
 		var o, e strings.Builder
-		if code := run(context.Background(), append([]string{"quota-server", "-config", policy}, tc.args...), &o, &e); code != 2 || !strings.Contains(e.String(), tc.want) {
+		if code := run(context.Background(), append([]string{"quota-server", "-policy", policy}, tc.args...), &o, &e); code != 2 || !strings.Contains(e.String(), tc.want) {
 			t.Errorf("%q: exit %d, stderr %q, want 2 and %q", tc.args, code, e.String(), tc.want)
 		}
 	}
@@ -229,7 +229,7 @@ func TestQuotaServerStopsDespiteOpenStreams(t *testing.T) {
 	os.WriteFile(policy, []byte("customers: {ads: {cpu: 2}}\n"), 0o600)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	addr, done, errb := startCommand(t, ctx, "quota-server", "-config", policy, "-listen", "127.0.0.1:0", "-drain", "0s")
+	addr, done, errb := startCommand(t, ctx, "quota-server", "-policy", policy, "-listen", "127.0.0.1:0", "-drain", "0s")
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -406,7 +406,7 @@ func TestQuotasOverLoopback(t *testing.T) {
 	}
 	qaddr, maddr := loopback.FreeAddr(t), loopback.FreeAddr(t)
 	startQuota := func() *proc2 {
-		return startChild(t, "quota-server", exec.Command(bin, "quota-server", "-config", policy, "-listen", qaddr, "-metrics", maddr,
+		return startChild(t, "quota-server", exec.Command(bin, "quota-server", "-policy", policy, "-listen", qaddr, "-metrics", maddr,
 			"-lease", quotaLease.String(), "-refresh", quotaRefresh.String()), "quota service listening")
 	}
 	qs := startQuota()

@@ -80,7 +80,7 @@ func replicaFailover(t *testing.T, e *etcdtest.Server, bin, mode string) {
 	var addrs []string
 	for i := range 3 {
 		r := &replicaChild{addr: loopback.FreeAddr(t), metrics: loopback.FreeAddr(t), log: filepath.Join(dir, fmt.Sprintf("grants-%d.jsonl", i))}
-		r.p = startChild(t, fmt.Sprintf("replica %d", i), exec.Command(bin, "quota-server", "-config", policy, "-listen", r.addr, "-metrics", r.metrics,
+		r.p = startChild(t, fmt.Sprintf("replica %d", i), exec.Command(bin, "quota-server", "-policy", policy, "-listen", r.addr, "-metrics", r.metrics,
 			"-etcd", e.Endpoint, "-advertise", r.addr, "-election-prefix", prefix, "-session-ttl", fmt.Sprintf("%ds", replicaTTL),
 			"-lease", quotaLease.String(), "-refresh", quotaRefresh.String(), "-mode", mode, "-grant-log", r.log), "quota service listening")
 		rs = append(rs, r)

@@ -613,7 +613,7 @@ func (s *stack) startQuota(pp *ports) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	args := []string{"quota-server", "-config", policy, "-listen", addr, "-lease", "5s", "-refresh", "1s"}
+	args := []string{"quota-server", "-policy", policy, "-listen", addr, "-lease", "5s", "-refresh", "1s"}
 	if s.net != nil {
 		// On the drill's own veth pair, reachable from this machine only:
 		// the tasks are the drill's, as they are on loopback.
