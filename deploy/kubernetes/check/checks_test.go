@@ -100,9 +100,13 @@ func checkNetworkPolicies(t *testing.T, b *built) {
 // pull it again at each start (it pulls :latest and untagged images
 // always, and a locally built image then fails to start).
 func checkImages(t *testing.T, b *built) {
+	triage := map[string]bool{} // the triage images: one release for the kit
 	for _, w := range b.workloads() {
 		for _, c := range append(w.pod.Spec.InitContainers, w.pod.Spec.Containers...) {
 			ref := c.Image
+			if strings.HasPrefix(ref, "ghcr.io/triagehq/triage:") {
+				triage[ref] = true
+			}
 			if _, digest, ok := strings.Cut(ref, "@"); ok && strings.HasPrefix(digest, "sha256:") {
 				continue
 			}
@@ -114,6 +118,9 @@ func checkImages(t *testing.T, b *built) {
 				t.Errorf("%s/%s: image %q is not pinned to a version", w.name, c.Name, ref)
 			}
 		}
+	}
+	if len(triage) > 1 {
+		t.Errorf("the components run different releases of triage: %v", triage)
 	}
 }
 
@@ -728,7 +735,7 @@ func checkEdge(t *testing.T, b *built) {
 		t.Fatal(err)
 	}
 	if app == nil || app.Data["shop-app.py"] != string(want) {
-		t.Error("base/shop-app.py differs from bench/polyglot/upstream.py: copy it again")
+		t.Error("components/shop/shop-app.py differs from bench/polyglot/upstream.py: copy it again")
 	}
 }
 

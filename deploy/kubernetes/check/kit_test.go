@@ -73,12 +73,27 @@ func typed(apiVersion, kind string) (any, bool) {
 // object strictly: a field the API type does not have is an error.
 func build(t *testing.T, overlay, namespace string) *built {
 	t.Helper()
+	return buildWith(t, overlay, namespace, "")
+}
+
+// buildWith builds the overlay, its kustomization.yaml replaced by
+// kustomization unless that is empty, in a copy of the kit.
+func buildWith(t *testing.T, overlay, namespace, kustomization string) *built {
+	t.Helper()
 	kubectl, err := exec.LookPath("kubectl")
 	if err != nil {
 		t.Fatal("kubectl is needed (Debian's kubernetes-client; .ci/run installs it)")
 	}
 	dir := t.TempDir()
 	copyTree(t, kit, dir, func(rel string) bool { return rel == "check" || strings.HasSuffix(rel, "/certs") })
+	if kustomization != "" {
+		if err := os.MkdirAll(filepath.Join(dir, "overlays", overlay), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "overlays", overlay, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	certs := filepath.Join(dir, "overlays", overlay, "certs")
 	run(t, ".", "go", "run", "./cmd/devcerts", "-namespace", namespace, certs)
 	out := run(t, ".", kubectl, "kustomize", filepath.Join(dir, "overlays", overlay))
