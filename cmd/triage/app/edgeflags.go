@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -14,7 +14,6 @@ import (
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/triageyaml"
 	"github.com/triagehq/triage/trust"
 )
@@ -121,23 +120,23 @@ func (a *admissionFlags) check() string {
 
 // controller returns the admission controller, registered with m and
 // reg; nil with -no-admission.
-func (a *admissionFlags) controller(m *triageprom.Metrics, reg *prometheus.Registry) (*admission.Controller, error) {
+func (a *admissionFlags) controller(m *observers, reg *prometheus.Registry) (*admission.Controller, error) {
 	if a.off {
 		return nil, nil
 	}
-	return a.newController(m, reg)
+	return a.newController(m, reg, nil)
 }
 
 // newController makes a controller from the flags, its state exported to reg
-// (the caller's labels, if reg wraps them).
-func (a *admissionFlags) newController(m *triageprom.Metrics, reg prometheus.Registerer) (*admission.Controller, error) {
+// (which wraps labels, if any) and m's sink.
+func (a *admissionFlags) newController(m *observers, reg prometheus.Registerer, labels map[string]string) (*admission.Controller, error) {
 	ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
 		admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
 		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit))
 	if err != nil {
 		return nil, err
 	}
-	return ctl, reg.Register(triageprom.AdmissionState(ctl))
+	return ctl, m.admissionState(ctl, reg, labels)
 }
 
 // warnDeprecated tells stderr of a deprecated TLS flag the command was

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -50,7 +50,7 @@ type proxyFlags struct {
 
 // parseProxyFlags parses args, writing usage and errors to stderr; the
 // int is the exit status when it fails (0 for -help).
-func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
+func parseProxyFlags(args []string, stderr io.Writer, o *options) (*proxyFlags, int, bool) {
 	fs := flag.NewFlagSet("triage proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f := &proxyFlags{}
@@ -73,6 +73,7 @@ func parseProxyFlags(args []string, stderr io.Writer) (*proxyFlags, int, bool) {
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the proxy serves in lame duck (health NOT_SERVING) before it stops; calls still running 10 s later are cut")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9091); default none")
 	f.log.register(fs)
+	o.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
@@ -151,8 +152,8 @@ func splitList(s string) []string {
 // then drains in lame duck and stops: any gRPC method is forwarded to the
 // backends over one connection each, with triage's balancer, criticality
 // and attempt counter, behind the proxy's own admission control.
-func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f, code, ok := parseProxyFlags(args, stderr)
+func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer, o *options) int {
+	f, code, ok := parseProxyFlags(args, stderr, o)
 	if !ok {
 		return code
 	}
@@ -161,9 +162,15 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
 		return 2
 	}
-	m := triageprom.New()
+	prom := triageprom.New()
 	reg := newRegistry()
-	reg.MustRegister(m)
+	reg.MustRegister(prom)
+	m, stop, err := o.startTelemetry(ctx, "proxy", prom)
+	if err != nil {
+		log.Error("proxy cannot start its telemetry", "err", err)
+		return 1
+	}
+	defer stop()
 	cc, gs, lc, err := f.build(m, reg)
 	if err != nil {
 		log.Error("proxy cannot start", "err", err)
@@ -178,8 +185,8 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 // build dials the backends through triage's balancer and builds the
 // proxy's server, with its admission control and its lifecycle.
-func (f *proxyFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.ClientConn, *grpc.Server, *lifecycle.Lifecycle, error) {
-	lb.Register(lb.WithMetrics(m.Balancers()))
+func (f *proxyFlags) build(m *observers, reg *prometheus.Registry) (*grpc.ClientConn, *grpc.Server, *lifecycle.Lifecycle, error) {
+	lb.Register(lb.WithMetrics(m.prom.Balancers()))
 	r := manual.NewBuilderWithScheme("triage-proxy")
 	creds := insecure.NewCredentials()
 	if f.backendTLS.Set() {
@@ -223,7 +230,7 @@ func (f *proxyFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) (*gr
 }
 
 // server builds the proxy's gRPC server in front of cc.
-func (f *proxyFlags) server(cc *grpc.ClientConn, m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
+func (f *proxyFlags) server(cc *grpc.ClientConn, m *observers, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
 	px, err := triagegrpc.NewProxy(cc)
 	if err != nil {
 		return nil, nil, err
@@ -234,6 +241,9 @@ func (f *proxyFlags) server(cc *grpc.ClientConn, m *triageprom.Metrics, reg *pro
 		return nil, nil, err
 	}
 	srvOpts := []triagegrpc.ServerOption{triagegrpc.WithTrust(f.trust), triagegrpc.WithLifecycle(lc)}
+	if t := m.tracer(); t != nil {
+		srvOpts = append(srvOpts, triagegrpc.WithTracer(t))
+	}
 	if !f.noAdmission {
 		ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(f.maxWait),
 			admission.WithQueueFactor(f.queueFactor), admission.WithTolerance(f.tolerance))
@@ -241,13 +251,15 @@ func (f *proxyFlags) server(cc *grpc.ClientConn, m *triageprom.Metrics, reg *pro
 			return nil, nil, err
 		}
 		srvOpts = append(srvOpts, triagegrpc.WithAdmission(ctl))
-		reg.MustRegister(triageprom.AdmissionState(ctl))
+		if err := m.admissionState(ctl, reg, nil); err != nil {
+			return nil, nil, err
+		}
 	}
 	ts, err := triagegrpc.NewServer(srvOpts...)
 	if err != nil {
 		return nil, nil, err
 	}
-	opts := append(ts.ServerOptions(), px.ServerOptions()...)
+	opts := append(append(ts.ServerOptions(), px.ServerOptions()...), m.grpc()...)
 	if f.tls.Set() {
 		cfg, err := f.tls.Server()
 		if err != nil {

@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -8,23 +8,17 @@ import (
 	"runtime/debug"
 )
 
-// version and commit are set by a build that knows them and cannot
-// leave them in the build info (the Dockerfile builds without .git):
-//
-//	go build -ldflags "-X main.version=v0.1.0 -X main.commit=$(git rev-parse HEAD)" ./cmd/triage
-var version, commit string
-
 // runVersion is `triage version` (or --version): the module's version and
 // the commit it was built from, from -ldflags when the build set them,
 // else from the build info (the tag with go install ...@VERSION, a
 // pseudo-version and vcs.revision with go build in a clone, "(devel)"
 // without either), and the Go that built it.
-func runVersion(args []string, stdout, stderr io.Writer) int {
+func runVersion(args []string, stdout, stderr io.Writer, o *options) int {
 	if len(args) > 0 {
 		fmt.Fprintf(stderr, "triage version: unexpected argument %q\n", args[0])
 		return 2
 	}
-	v, c := buildVersion()
+	v, c := buildVersion(o)
 	fmt.Fprintf(stdout, "triage %s", v)
 	if c != "" {
 		fmt.Fprintf(stdout, " commit %s", c)
@@ -35,7 +29,7 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 
 // runHelp is `triage help [COMMAND [SCENARIO]]`: the usage, or a
 // command's flags, on stdout.
-func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer, o *options) int {
 	switch {
 	case len(args) == 0:
 		fmt.Fprint(stdout, usage)
@@ -46,7 +40,7 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case args[0] == "sim" && len(args) == 1:
 		return runSim([]string{"-h"}, stdout, stdout)
 	case args[0] == "demo" || args[0] == "loadtest" || args[0] == "quota-server" || args[0] == "proxy" || args[0] == "sidecar" || args[0] == "extproc" || args[0] == "sim":
-		if run(ctx, append(args, "-h"), stdout, stdout) == 2 {
+		if runWith(ctx, append(args, "-h"), stdout, stdout, func(opt *options) { *opt = *o }) == 2 {
 			return 2
 		}
 		return 0
@@ -57,7 +51,7 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // buildVersion returns the version and commit of this binary: the
 // -ldflags values where set, the build info's otherwise.
-func buildVersion() (string, string) {
+func buildVersion(o *options) (string, string) {
 	v, c := "(unknown)", ""
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		v = bi.Main.Version
@@ -74,11 +68,11 @@ func buildVersion() (string, string) {
 			c += "+modified"
 		}
 	}
-	if version != "" {
-		v = version
+	if o.version != "" {
+		v = o.version
 	}
-	if commit != "" {
-		c = commit
+	if o.commit != "" {
+		c = o.commit
 	}
 	return v, c
 }

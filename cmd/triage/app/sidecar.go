@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -57,7 +57,7 @@ type sidecarFlags struct {
 
 // parseSidecarFlags parses args, writing usage and errors to stderr; the
 // int is the exit status when it fails (0 for -help).
-func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, bool) {
+func parseSidecarFlags(args []string, stderr io.Writer, o *options) (*sidecarFlags, int, bool) {
 	fs := flag.NewFlagSet("triage sidecar", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f := &sidecarFlags{}
@@ -90,6 +90,7 @@ func parseSidecarFlags(args []string, stderr io.Writer) (*sidecarFlags, int, boo
 	fs.StringVar(&f.upstreamReady, "upstream-ready", "", "the upstream's own readiness path (e.g. /healthz): the sidecar's readiness answers 503 while the upstream does not answer it 2xx or 3xx within a second (asked at most once a second); default: the sidecar's readiness does not ask the upstream")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9092); default none")
 	f.log.register(fs)
+	o.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
@@ -197,8 +198,8 @@ func checkServing(listen string, files tlsfiles.Files, unauthed bool, identities
 // runSidecar serves the sidecar until ctx is done, then drains in lame
 // duck and stops: the ingress listener in front of -upstream, and one
 // loopback listener per -egress.
-func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f, code, ok := parseSidecarFlags(args, stderr)
+func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o *options) int {
+	f, code, ok := parseSidecarFlags(args, stderr, o)
 	if !ok {
 		return code
 	}
@@ -207,9 +208,15 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "triage sidecar: %v\n", err)
 		return 2
 	}
-	m := triageprom.New()
+	prom := triageprom.New()
 	reg := newRegistry()
-	reg.MustRegister(m)
+	reg.MustRegister(prom)
+	m, stop, err := o.startTelemetry(ctx, "sidecar", prom)
+	if err != nil {
+		log.Error("sidecar cannot start its telemetry", "err", err)
+		return 1
+	}
+	defer stop()
 	servers, lc, err := f.build(m, reg)
 	if err != nil {
 		log.Error("sidecar cannot start", "err", err)
@@ -286,13 +293,13 @@ func (f *sidecarFlags) serve(ctx context.Context, servers []listener, lc *lifecy
 }
 
 // build makes the ingress server and the egress servers.
-func (f *sidecarFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) ([]listener, *lifecycle.Lifecycle, error) {
+func (f *sidecarFlags) build(m *observers, reg *prometheus.Registry) ([]listener, *lifecycle.Lifecycle, error) {
 	lc, err := lifecycle.New(lifecycle.WithDrain(f.drain))
 	if err != nil {
 		return nil, nil, err
 	}
 	mw := []triagehttp.Option{triagehttp.WithTrust(f.edge.trust), triagehttp.WithClassifier(f.edge.classifier), triagehttp.WithLifecycle(lc),
-		triagehttp.WithBodyTimeout(f.bodyTimeout, f.bodyMinRate), triagehttp.WithIntake(intake.WithPeerShare(f.admission.peerShare))}
+		triagehttp.WithBodyTimeout(f.bodyTimeout, f.bodyMinRate), triagehttp.WithIntake(append(m.intake(), intake.WithPeerShare(f.admission.peerShare))...)}
 	ctl, err := f.admission.controller(m, reg)
 	if err != nil {
 		return nil, nil, err
@@ -321,7 +328,7 @@ func (f *sidecarFlags) build(m *triageprom.Metrics, reg *prometheus.Registry) ([
 	mux := http.NewServeMux()
 	mux.Handle(f.readyPath, f.ready)
 	mux.Handle(f.livePath, triagehttp.LivenessHandler())
-	mux.Handle("/", in)
+	mux.Handle("/", m.http(in))
 	ingress, err := f.server(mux, f.tls)
 	if err != nil {
 		return nil, nil, err
@@ -361,7 +368,7 @@ func clusterInternal(host string) bool {
 }
 
 // egressServer is the server of one -egress route.
-func (f *sidecarFlags) egressServer(r egressRoute, m *triageprom.Metrics) (*http.Server, error) {
+func (f *sidecarFlags) egressServer(r egressRoute, m *observers) (*http.Server, error) {
 	pol, err := retry.New(retry.WithObserver(m.Client(r.up.Host)))
 	if err != nil {
 		return nil, err
@@ -382,7 +389,7 @@ func (f *sidecarFlags) egressServer(r egressRoute, m *triageprom.Metrics) (*http
 	if err != nil {
 		return nil, err
 	}
-	return f.server(h, tlsfiles.Files{})
+	return f.server(m.http(h), tlsfiles.Files{})
 }
 
 // transport reaches an upstream, with the -upstream-tls files for https.

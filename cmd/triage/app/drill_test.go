@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"bytes"
@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 // share the CPU with its processes.
 func TestDrillShortened(t *testing.T) {
 	if testing.Short() || raceEnabled || os.Getenv("TRIAGE_MEASURE") != "1" {
-		t.Skip("a 60 s drill on real processes, with its numbers asserted: TRIAGE_MEASURE=1 go test -run TestDrillShortened ./cmd/triage (.ci/run runs it so, alone on the machine, without the race detector)")
+		t.Skip("a 60 s drill on real processes, with its numbers asserted: TRIAGE_MEASURE=1 go test -run TestDrillShortened ./cmd/triage/app (.ci/run runs it so, alone on the machine, without the race detector)")
 	}
 	t.Setenv(asCLI, "1")
 	dir := t.TempDir()
@@ -161,7 +161,7 @@ func TestDrillShortened(t *testing.T) {
 // machine the harness has to itself (.ci/run runs every fault so).
 func TestFaultHarness(t *testing.T) {
 	if testing.Short() || raceEnabled || os.Getenv("TRIAGE_MEASURE") != "1" {
-		t.Skip("minutes of drills on real processes, with their numbers asserted: TRIAGE_MEASURE=1 TRIAGE_FAULTS=all go test -run TestFaultHarness ./cmd/triage (.ci/run runs it so, alone on the machine, without the race detector)")
+		t.Skip("minutes of drills on real processes, with their numbers asserted: TRIAGE_MEASURE=1 TRIAGE_FAULTS=all go test -run TestFaultHarness ./cmd/triage/app (.ci/run runs it so, alone on the machine, without the race detector)")
 	}
 	faults := os.Getenv("TRIAGE_FAULTS")
 	if faults == "" {

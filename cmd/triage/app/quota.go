@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"cmp"
@@ -106,11 +106,12 @@ func metricsServer(h http.Handler, l limits) *http.Server {
 // runQuotaServer serves the quota service (quotapb.Quota) until ctx is
 // done: tasks report usage and get leases; the policy file is reloaded
 // when it changes, and a bad one is refused with the last good one kept.
-func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer, o *options) int {
 	var f quotaServerFlags
 	fs := flag.NewFlagSet("triage quota-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f.register(fs)
+	o.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -144,6 +145,15 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		log.Error("quota-server cannot start", "err", err)
 		return code
+	}
+	m, stop, err := o.startTelemetry(ctx, "quota-server", nil)
+	if err == nil {
+		defer stop()
+		err = qs.report(m)
+	}
+	if err != nil {
+		log.Error("quota-server cannot start its telemetry", "err", err)
+		return 1
 	}
 	if err := qs.serve(ctx, &f, stdout, log); err != nil {
 		log.Error("quota-server stopped", "err", err)
@@ -261,6 +271,20 @@ type quotaServer struct {
 	setPolicy func(*quota.Policy, int64)
 	runMore   func(context.Context) error // a replica's election, nil for one process
 	closers   []func()
+	alloc     *quota.Allocator      // one process's
+	replica   *quotareplica.Replica // or a replica
+}
+
+// report registers q with m's sink, if any, and adds its server options.
+func (q *quotaServer) report(m *observers) error {
+	if m.sink == nil {
+		return nil
+	}
+	q.creds = append(q.creds, m.grpc()...)
+	if q.replica != nil {
+		return m.sink.QuotaReplica(q.replica)
+	}
+	return m.sink.QuotaService(q.alloc)
 }
 
 func (q *quotaServer) close() {
@@ -308,6 +332,7 @@ func (f *quotaServerFlags) build(ctx context.Context, log *slog.Logger) (q *quot
 		}
 		q.server = quotaservice.NewService(alloc, q.svcOpts...)
 		q.metrics = append(q.metrics, f.promMetrics().QuotaService(alloc))
+		q.alloc = alloc
 		q.setPolicy = func(p *quota.Policy, _ int64) { alloc.SetPolicy(p) }
 		return q, 0, nil
 	}
@@ -319,6 +344,7 @@ func (f *quotaServerFlags) build(ctx context.Context, log *slog.Logger) (q *quot
 	r.SetPolicy(q.src.policy, q.src.version)
 	q.server, q.setPolicy, q.runMore = r, r.SetPolicy, r.Run
 	q.metrics = append(q.metrics, f.promMetrics().QuotaReplica(r))
+	q.replica = r
 	return q, 0, nil
 }
 

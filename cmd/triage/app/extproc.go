@@ -1,4 +1,4 @@
-package main
+package app
 
 import (
 	"context"
@@ -43,7 +43,7 @@ type extprocFlags struct {
 
 // parseExtprocFlags parses args, writing usage and errors to stderr; the
 // int is the exit status when it fails (0 for -help).
-func parseExtprocFlags(args []string, stderr io.Writer) (*extprocFlags, int, bool) {
+func parseExtprocFlags(args []string, stderr io.Writer, o *options) (*extprocFlags, int, bool) {
 	fs := flag.NewFlagSet("triage extproc", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f := &extprocFlags{}
@@ -55,6 +55,7 @@ func parseExtprocFlags(args []string, stderr io.Writer) (*extprocFlags, int, boo
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the processor answers health NOT_SERVING before it stops; streams still open 10 s later are cut")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9093); default none")
 	f.log.register(fs)
+	o.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, 0, false
@@ -86,8 +87,8 @@ func parseExtprocFlags(args []string, stderr io.Writer) (*extprocFlags, int, boo
 
 // runExtproc serves Envoy's external processor until ctx is done, then
 // drains and stops.
-func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f, code, ok := parseExtprocFlags(args, stderr)
+func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer, o *options) int {
+	f, code, ok := parseExtprocFlags(args, stderr, o)
 	if !ok {
 		return code
 	}
@@ -96,9 +97,15 @@ func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "triage extproc: %v\n", err)
 		return 2
 	}
-	m := triageprom.New()
+	prom := triageprom.New()
 	reg := newRegistry()
-	reg.MustRegister(m)
+	reg.MustRegister(prom)
+	m, stop, err := o.startTelemetry(ctx, "extproc", prom)
+	if err != nil {
+		log.Error("extproc cannot start its telemetry", "err", err)
+		return 1
+	}
+	defer stop()
 	gs, lc, err := f.server(m, reg)
 	if err != nil {
 		log.Error("extproc cannot start", "err", err)
@@ -115,15 +122,16 @@ func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 // server builds the gRPC server: the processor, health and lifecycle.
-func (f *extprocFlags) server(m *triageprom.Metrics, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
-	opts := []intake.Option{intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier), intake.WithPeerShare(f.admission.peerShare)}
+func (f *extprocFlags) server(m *observers, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
+	opts := append(m.intake(), intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier), intake.WithPeerShare(f.admission.peerShare))
 	if f.admission.shadow {
 		opts = append(opts, intake.WithShadow(shadow.All(), m.Shadow()))
 	}
 	// One controller for each upstream cluster Envoy names, its state
 	// labelled with the cluster ("" for requests that name none).
 	admit := func(cluster string) (*admission.Controller, error) {
-		return f.admission.newController(m, prometheus.WrapRegistererWith(prometheus.Labels{"cluster": cluster}, reg))
+		labels := prometheus.Labels{"cluster": cluster}
+		return f.admission.newController(m, prometheus.WrapRegistererWith(labels, reg), labels)
 	}
 	newServer := func() (*triageextproc.Server, error) { return triageextproc.NewPerCluster(admit, opts...) }
 	if f.admission.off {
@@ -138,7 +146,7 @@ func (f *extprocFlags) server(m *triageprom.Metrics, reg *prometheus.Registry) (
 	// caller's deadline would otherwise wait on and be let through
 	// unprocessed.
 	ep.DecisionTimeout = f.admission.maxWait
-	var sopts []grpc.ServerOption
+	sopts := m.grpc()
 	if f.tls.Set() {
 		cfg, err := f.tls.Server()
 		if err != nil {

@@ -1,6 +1,6 @@
 //go:build race
 
-package main
+package app
 
 // raceEnabled: under the race detector the drill's processes would run
 // several times slower than the script assumes; .ci/run runs the drill's
