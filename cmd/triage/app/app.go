@@ -89,7 +89,13 @@ Usage:
 func Main(args []string, opts ...Option) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return runWith(ctx, args, os.Stdout, os.Stderr, opts...)
+	return Run(ctx, args, os.Stdout, os.Stderr, opts...)
+}
+
+// Run runs the command until it ends or ctx is done (a serving command's
+// clean shutdown), writing to stdout and stderr. It returns the exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts ...Option) int {
+	return runWith(ctx, args, stdout, stderr, opts...)
 }
 
 // runProcess is Main without options: the test binary as the command.
