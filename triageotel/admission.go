@@ -135,29 +135,33 @@ var _ admission.Observer = (*AdmissionObserver)(nil)
 // triage.admission.signal_ratio{signal},
 // triage.admission.forced_shed_ratio{criticality} and the attempt
 // histogram triage.admission.attempts{criticality, attempt}.
-// Unregister it when the controller goes away.
-func (m *Metrics) AdmissionState(ctl *admission.Controller) (metric.Registration, error) {
+// With several controllers (one per upstream cluster), give each its
+// attributes kv, added to every one of its data points. Unregister it
+// when the controller goes away.
+func (m *Metrics) AdmissionState(ctl *admission.Controller, kv ...attribute.KeyValue) (metric.Registration, error) {
 	a := &m.adm
+	with := func(more ...attribute.KeyValue) metric.ObserveOption {
+		return metric.WithAttributes(append(more, kv...)...)
+	}
 	return m.meter.RegisterCallback(func(_ context.Context, ob metric.Observer) error {
 		st := ctl.Stats()
-		ob.ObserveInt64(a.pending, int64(st.Pending))
-		ob.ObserveInt64(a.pendingCap, int64(st.PendingCap))
-		ob.ObserveInt64(a.executing, int64(st.Executing))
-		ob.ObserveInt64(a.queued, int64(st.Queued))
-		ob.ObserveInt64(a.away, int64(st.Away))
-		ob.ObserveInt64(a.stalled, int64(st.Stalled))
-		ob.ObserveFloat64(a.service, st.ServiceTime.Seconds())
-		ob.ObserveFloat64(a.retryShare, st.RetryShare)
+		ob.ObserveInt64(a.pending, int64(st.Pending), with())
+		ob.ObserveInt64(a.pendingCap, int64(st.PendingCap), with())
+		ob.ObserveInt64(a.executing, int64(st.Executing), with())
+		ob.ObserveInt64(a.queued, int64(st.Queued), with())
+		ob.ObserveInt64(a.away, int64(st.Away), with())
+		ob.ObserveInt64(a.stalled, int64(st.Stalled), with())
+		ob.ObserveFloat64(a.service, st.ServiceTime.Seconds(), with())
+		ob.ObserveFloat64(a.retryShare, st.RetryShare, with())
 		for _, sv := range st.Signals {
-			ob.ObserveFloat64(a.signal, sv.Utilization, metric.WithAttributes(keySignal.String(sv.Name)))
+			ob.ObserveFloat64(a.signal, sv.Utilization, with(keySignal.String(sv.Name)))
 		}
 		for l, f := range st.Forced {
-			ob.ObserveFloat64(a.forced, f, metric.WithAttributes(keyCriticality.String(criticality.Level(l).String())))
+			ob.ObserveFloat64(a.forced, f, with(keyCriticality.String(criticality.Level(l).String())))
 		}
 		for l, row := range ctl.Attempts() {
 			for n, v := range row {
-				ob.ObserveInt64(a.attempts, int64(v), metric.WithAttributes(
-					keyCriticality.String(criticality.Level(l).String()), keyAttempt.String(itoa(n))))
+				ob.ObserveInt64(a.attempts, int64(v), with(keyCriticality.String(criticality.Level(l).String()), keyAttempt.String(itoa(n))))
 			}
 		}
 		return nil

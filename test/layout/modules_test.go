@@ -51,7 +51,8 @@ func TestModulesResolve(t *testing.T) {
 	}
 	publish(t, proxy, core, func(w *os.File) error { return modzip.CreateFromVCS(w, core, root, rev, "") })
 	otel := mod(module+"/triageotel", "v0.0.0-20990101000000-000000000000")
-	publish(t, proxy, otel, func(w *os.File) error { return modzip.CreateFromDir(w, otel, filepath.Join(root, "triageotel")) })
+	released := releasedTree(t, filepath.Join(root, "triageotel"))
+	publish(t, proxy, otel, func(w *os.File) error { return modzip.CreateFromDir(w, otel, released) })
 
 	user := t.TempDir()
 	write(t, filepath.Join(user, "go.mod"), "module example.com/user\n\ngo 1.26.0\n")
@@ -90,6 +91,17 @@ func main() {}
 	out, err := exec.Command(filepath.Join(bin, "triage"), "version").CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "triage "+coreVersion+" ") {
 		t.Errorf("triage version of go install @%s: %q (%v)", coreVersion, out, err)
+	}
+	// The command with OpenTelemetry builds against the core triageotel
+	// requires, and has its flags.
+	install = exec.Command("go", "install", otel.Path+"/cmd/triage@"+otel.Version)
+	install.Dir, install.Env = t.TempDir(), append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw -trimpath")
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Fatalf("go install %s/cmd/triage@%s: %v\n%s", otel.Path, otel.Version, err, out)
+	}
+	out, err = exec.Command(filepath.Join(bin, "triage"), "help", "sidecar").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "-otlp-endpoint") {
+		t.Errorf("triage help sidecar of the OpenTelemetry build: no -otlp-endpoint (%v):\n%s", err, out)
 	}
 }
 
@@ -187,6 +199,35 @@ func versionExists(root string, m gomodule.Version) error {
 type versionError struct{ version, why string }
 
 func (e *versionError) Error() string { return e.version + " " + e.why }
+
+// releasedTree copies a module's tree as its release commit has it
+// (RELEASING.md): its go.mod without the replace of the core, which
+// `go install PATH@VERSION` refuses.
+func releasedTree(t *testing.T, dir string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "released")
+	if err := os.CopyFS(out, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := modfile.Parse("go.mod", b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DropReplace(module, ""); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = f.Format(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "go.mod"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
 
 func mod(path, version string) gomodule.Version {
 	return gomodule.Version{Path: path, Version: version}
