@@ -83,6 +83,7 @@ type config struct {
 	warmup    time.Duration
 	deadline  time.Duration
 	conns     int
+	generator string // "raw" (rawgrpc) or "grpc" (grpc-go's client), for the open-loop steps of variants without triage's client
 	json      bool
 	scenario  string
 	serverCPU string
@@ -174,6 +175,7 @@ func parseFlags(args []string) (config, error) {
 	fs.DurationVar(&c.warmup, "warmup", 3*time.Second, "warm-up at 0.5x before each step")
 	fs.DurationVar(&c.deadline, "deadline", time.Second, "deadline of each request")
 	fs.IntVar(&c.conns, "conns", 4, "client connections")
+	fs.StringVar(&c.generator, "generator", "raw", "open-loop generator of the variants without triage's client: raw (HTTP/2 frames, rawgrpc: margin at 20x on one core) or grpc (grpc-go's client, a goroutine per call)")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of the table")
 	fs.BoolVar(&c.reprobe, "reprobe", true, "probe the capacity again before every load step and take that step's goodput against it (this machine's speed drifts by tens of percent within minutes)")
 	fs.StringVar(&c.scenario, "scenario", "steps", "steps, mix (four criticalities at 5x) or recovery (30 s at 10x, then 0.5x)")
@@ -224,6 +226,8 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("--warmup must be in [0, 1m], got %v", c.warmup)
 	case c.deadline < 10*time.Millisecond || c.deadline > time.Minute:
 		return c, fmt.Errorf("--deadline must be in [10ms, 1m], got %v", c.deadline)
+	case c.generator != "raw" && c.generator != "grpc":
+		return c, fmt.Errorf("--generator must be raw or grpc, got %q", c.generator)
 	case c.conns < 1 || c.conns > 64:
 		return c, fmt.Errorf("--conns must be in [1, 64], got %d", c.conns)
 	case c.neighbour && c.serverCPU == "":
@@ -436,7 +440,9 @@ type result struct {
 	// process) used over the step: near 1, its own lateness and stalls
 	// are its own (issue 54: at 20x it collapsed against the oracle too).
 	GeneratorCPU float64 `json:"generator_cpu"`
-	VsOracle     float64 `json:"vs_oracle,omitempty"`
+	// Generator is the open-loop generator of the step: raw or grpc.
+	Generator string  `json:"generator,omitempty"`
+	VsOracle  float64 `json:"vs_oracle,omitempty"`
 }
 
 // againstOracle sets each result's goodput over the oracle's, the results
@@ -607,8 +613,25 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 		return r, err
 	}
 	defer closeAll()
+	// Variants without triage's client get the cheap generator (raw) for
+	// their open-loop steps: the same schedule, and margin on its core.
+	open := func(rate float64, d time.Duration, seed uint64) (*phase, error) {
+		return openLoop(ctx, ccs, rate, d, cfg.deadline, mix, seed), nil
+	}
+	r.Generator = "grpc"
+	if cfg.generator == "raw" && count == nil {
+		r.Generator = "raw"
+		open = func(rate float64, d time.Duration, seed uint64) (*phase, error) {
+			return openLoopRaw(ctx, b.addr, cfg.conns, rate, d, cfg.deadline, mix, seed)
+		}
+	}
+	if workers > 0 {
+		r.Generator = "" // closed loop: grpc-go's client, as a stock tool
+	}
 	if cfg.warmup > 0 {
-		openLoop(ctx, ccs, 0.5*c, cfg.warmup, cfg.deadline, mix, 1)
+		if _, err := open(0.5*c, cfg.warmup, 1); err != nil {
+			return r, err
+		}
 	}
 	var retriedBefore [criticality.NumLevels]int64
 	half := make(chan [criticality.NumLevels]int64, 1)
@@ -632,8 +655,8 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	}
 	if workers > 0 {
 		p = workersLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, workers, mix, 2)
-	} else {
-		p = openLoop(ctx, ccs, load*c, cfg.step, cfg.deadline, mix, 2)
+	} else if p, err = open(load*c, cfg.step, 2); err != nil {
+		return r, err
 	}
 	r.GeneratorCPU = float64(processCPU()-cpu0) / float64(time.Since(wall0))
 	if mid.Limit > 0 {

@@ -24,7 +24,7 @@ func TestFlagsRejectBadInput(t *testing.T) {
 		{"--loads", "0"}, {"--loads", "x"}, {"--variants", "nginx"}, {"--cost", "1ns"},
 		{"--step", "1s"}, {"--deadline", "1ms"}, {"--conns", "0"}, {"--scenario", "chaos"},
 		{"--stock", "10"}, {"--stock", "10x0"}, {"--stock", "0x50"}, {"--stock", "5x3000,x"},
-		{"--rotate", "-1"}, {"--neighbour", "--server-cpu", ""}, {"--gate-goodput", "-1"}, {"--gate-p99", "0s"},
+		{"--rotate", "-1"}, {"--neighbour", "--server-cpu", ""}, {"--gate-goodput", "-1"}, {"--gate-p99", "0s"}, {"--generator", "h2load"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%v accepted", args)
