@@ -229,7 +229,7 @@ func replicaFailover(t *testing.T, e *etcdtest.Server, bin, mode string) {
 		// Pessimistic mode pays for its bound when leadership passes to
 		// another replica after an etcd outage longer than a lease: a
 		// task that holds no share then gets none until the new leader's
-		// learning is over, a lease later (ARCHITECTURE.md, "The quota
+		// learning is over, a lease later (docs/walkthrough.md, "The quota
 		// service's replicas"); whether it passes is the election's draw.
 		from, to := 0, seconds
 		if mode == "pessimistic" {

@@ -45,7 +45,7 @@ import (
 // when the session ends; etcd elects no other replica until that lease has
 // expired, and the new leader's Allocator starts in learning mode for a
 // lease length, so in pessimistic mode the shares two leaders granted never
-// overlap (ARCHITECTURE.md, "The quota service's replicas").
+// overlap (docs/walkthrough.md, "The quota service's replicas").
 //
 // The zero value is not usable; call New. A Replica is safe for
 // concurrent use. Its goroutines are Run's and the two Run starts (one
