@@ -22,7 +22,6 @@ import (
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triageextproc"
 	"github.com/triagehq/triage/triagegrpc"
-	"github.com/triagehq/triage/triageprom"
 )
 
 // DefaultExtprocMaxWait is triage extproc's -max-wait: below Envoy's
@@ -92,20 +91,12 @@ func runExtproc(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	if !ok {
 		return code
 	}
-	log, err := f.log.logger(stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "triage extproc: %v\n", err)
-		return 2
+	sv, code := o.startServing(ctx, "extproc", &f.log, stderr)
+	if sv == nil {
+		return code
 	}
-	prom := triageprom.New()
-	reg := newRegistry()
-	reg.MustRegister(prom)
-	m, stop, err := o.startTelemetry(ctx, "extproc", prom)
-	if err != nil {
-		log.Error("extproc cannot start its telemetry", "err", err)
-		return 1
-	}
-	defer stop()
+	defer sv.stop()
+	log, reg, m := sv.log, sv.reg, sv.obs
 	gs, lc, err := f.server(m, reg)
 	if err != nil {
 		log.Error("extproc cannot start", "err", err)

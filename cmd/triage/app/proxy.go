@@ -25,7 +25,6 @@ import (
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
-	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/trust"
 )
 
@@ -157,20 +156,12 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer, o *o
 	if !ok {
 		return code
 	}
-	log, err := f.log.logger(stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "triage proxy: %v\n", err)
-		return 2
+	sv, code := o.startServing(ctx, "proxy", &f.log, stderr)
+	if sv == nil {
+		return code
 	}
-	prom := triageprom.New()
-	reg := newRegistry()
-	reg.MustRegister(prom)
-	m, stop, err := o.startTelemetry(ctx, "proxy", prom)
-	if err != nil {
-		log.Error("proxy cannot start its telemetry", "err", err)
-		return 1
-	}
-	defer stop()
+	defer sv.stop()
+	log, reg, m := sv.log, sv.reg, sv.obs
 	cc, gs, lc, err := f.build(m, reg)
 	if err != nil {
 		log.Error("proxy cannot start", "err", err)

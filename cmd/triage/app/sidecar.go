@@ -24,7 +24,6 @@ import (
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
-	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/triagesidecar"
 )
 
@@ -203,20 +202,12 @@ func runSidecar(ctx context.Context, args []string, stdout, stderr io.Writer, o 
 	if !ok {
 		return code
 	}
-	log, err := f.log.logger(stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "triage sidecar: %v\n", err)
-		return 2
+	sv, code := o.startServing(ctx, "sidecar", &f.log, stderr)
+	if sv == nil {
+		return code
 	}
-	prom := triageprom.New()
-	reg := newRegistry()
-	reg.MustRegister(prom)
-	m, stop, err := o.startTelemetry(ctx, "sidecar", prom)
-	if err != nil {
-		log.Error("sidecar cannot start its telemetry", "err", err)
-		return 1
-	}
-	defer stop()
+	defer sv.stop()
+	log, reg, m := sv.log, sv.reg, sv.obs
 	servers, lc, err := f.build(m, reg)
 	if err != nil {
 		log.Error("sidecar cannot start", "err", err)

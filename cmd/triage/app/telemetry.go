@@ -3,6 +3,9 @@ package app
 import (
 	"context"
 	"flag"
+	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -161,6 +164,36 @@ func (opt *options) startTelemetry(ctx context.Context, command string, prom *tr
 		defer cancel()
 		_ = sink.Shutdown(sctx)
 	}, nil
+}
+
+// serving is what a serving command starts with: its logger, the
+// registry -metrics serves (triageprom's metrics in it), where it reports,
+// and the function that stops the build's telemetry.
+type serving struct {
+	log  *slog.Logger
+	reg  *prometheus.Registry
+	obs  *observers
+	stop func()
+}
+
+// startServing starts a serving command's logger, metrics and the build's
+// telemetry; on failure it has told stderr or the log why, and returns
+// the exit code.
+func (opt *options) startServing(ctx context.Context, command string, lf *logFlags, stderr io.Writer) (*serving, int) {
+	log, err := lf.logger(stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "triage %s: %v\n", command, err)
+		return nil, 2
+	}
+	prom := triageprom.New()
+	reg := newRegistry()
+	reg.MustRegister(prom)
+	m, stop, err := opt.startTelemetry(ctx, command, prom)
+	if err != nil {
+		log.Error(command+" cannot start its telemetry", "err", err)
+		return nil, 1
+	}
+	return &serving{log: log, reg: reg, obs: m, stop: stop}, 0
 }
 
 // register adds the build's telemetry flags to fs.
