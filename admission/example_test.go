@@ -14,7 +14,7 @@ import (
 // before their handler starts and from their service time; when the task
 // is full it refuses SHEDDABLE work first and answers 503 with
 // Triage-Outcome: task-overloaded. On gRPC, pass the Controller to
-// triagegrpc.WithAdmission instead: it then decides in the tap handle,
+// triagegrpc.WithIntake(intake.WithAdmission) instead: it then decides in the tap handle,
 // before a goroutine exists.
 func Example() {
 	ctl, err := admission.New()

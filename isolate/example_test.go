@@ -21,7 +21,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	// triagehttp.WithIsolation(t) names the client type from the Host;
+	// triagehttp.WithIntake(intake.WithIsolation(t)) names the client type from the Host;
 	// lb.WithIsolation(t) routes by it.
 	photos := t.ClientFor("Photos.api.example.com:443")
 	fmt.Println(photos, t.RouteOf(photos))

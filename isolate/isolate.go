@@ -12,8 +12,7 @@
 // Set (or a reloaded file, triageyaml.WatchIsolation): the adapters read
 // it on every request, so a switch takes effect with the next request,
 // without a restart and without dropping a connection. The HTTP
-// middleware (triagehttp.WithIsolation) and the gRPC tap
-// (triagegrpc.WithServerIsolation) name the client type from the request's host
+// middleware and the gRPC tap, given intake.WithIsolation, name the client type from the request's host
 // and black-hole at the edge; the "triage" balancer
 // (lb.WithIsolation) sends a sacrificial client type only
 // to the sacrificial backends and every other client type only to the

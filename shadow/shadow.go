@@ -5,7 +5,7 @@
 //
 // A Set names the mechanisms in shadow; the zero Set shadows none and All
 // shadows every one. A server takes one Set for its intake
-// (intake.WithShadow, triagegrpc.WithShadow, triagehttp.WithShadow), a
+// (intake.WithShadow, given to triagegrpc.WithIntake or triagehttp.WithIntake), a
 // client one for its retry.Policy (retry.WithShadow). Each would-be
 // refusal goes to an Observer, by mechanism, reason and criticality:
 // triageprom's metrics, Log's sampled log line, or Counts.

@@ -21,6 +21,7 @@ import (
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
@@ -67,7 +68,7 @@ func BenchmarkEncode(b *testing.B) {
 // trusted peer: parse criticality and attempt from the raw metadata,
 // classify, put them in the context.
 func BenchmarkDecode(b *testing.B) {
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -107,7 +108,7 @@ func BenchmarkUnaryLoopback(b *testing.B) {
 			var sopts []grpc.ServerOption
 			dopts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 			if withTriage {
-				srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+				srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -213,13 +214,13 @@ func BenchmarkServerStack(b *testing.B) {
 		b.Run(variant, func(b *testing.B) {
 			var sopts []grpc.ServerOption
 			if variant != "bare" {
-				opts := []triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}
+				opts := []triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))}
 				if variant == "triage+admission" {
 					ctl, err := admission.New()
 					if err != nil {
 						b.Fatal(err)
 					}
-					opts = append(opts, triagegrpc.WithAdmission(ctl))
+					opts = append(opts, triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 				}
 				if variant == "triage+quota" {
 					opts = append(opts, benchQuota(b))
@@ -284,7 +285,7 @@ func BenchmarkServerStreamMessage(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+				srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithAdmission(ctl)))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -400,7 +401,7 @@ func BenchmarkQuotaOverhead(b *testing.B) {
 	}
 	for _, variant := range []string{"plain", "quota"} {
 		b.Run(variant, func(b *testing.B) {
-			opts := []triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}
+			opts := []triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))}
 			if variant == "quota" {
 				opts = append(opts, benchQuota(b))
 			}
@@ -449,5 +450,5 @@ func benchQuota(b *testing.B) triagegrpc.ServerOption {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return triagegrpc.WithQuota(e, m)
+	return triagegrpc.WithIntake(intake.WithQuota(e, m))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -34,7 +35,7 @@ func (reports) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testg
 // so that a job starting thousands of clients at once cannot swamp it.
 func ExampleNewProxy() {
 	pol, _ := trust.New(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	bs, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
+	bs, _ := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 	backend := grpc.NewServer(bs.ServerOptions()...)
 	testgrpc.RegisterTestServiceServer(backend, reports{})
 	blis, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -51,7 +52,7 @@ func ExampleNewProxy() {
 	ctl, _ := admission.New()
 	raw, _ := net.Listen("tcp", "127.0.0.1:0")
 	lis, _ := connload.NewListener(raw) // at most 200 new connections a second
-	ps, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithAdmission(ctl), triagegrpc.WithConnLoad(lis))
+	ps, _ := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol), intake.WithAdmission(ctl)), triagegrpc.WithConnLoad(lis))
 	proxy := grpc.NewServer(append(ps.ServerOptions(), px.ServerOptions()...)...)
 	go proxy.Serve(lis)
 	defer proxy.Stop()

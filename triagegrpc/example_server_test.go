@@ -13,6 +13,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -38,7 +39,7 @@ func Example_server() {
 		log.Fatal(err)
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	tg, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl), triagegrpc.WithTrust(pol))
+	tg, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithAdmission(ctl), intake.WithTrust(pol)))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -39,7 +40,7 @@ func (busy) EmptyCall(ctx context.Context, _ *testgrpc.Empty) (*testgrpc.Empty, 
 // retry again.
 func Example() {
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
@@ -27,7 +28,7 @@ func TestServerDelayDoesNotPenaliseTheConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl), triagegrpc.WithServerClock(f))
+	ts, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithAdmission(ctl)), triagegrpc.WithServerClock(f))
 	if err != nil {
 		t.Fatal(err)
 	}

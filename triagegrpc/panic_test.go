@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
@@ -45,7 +46,7 @@ func TestHandlerPanicGivesTheSlotBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl))
+	ts, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}

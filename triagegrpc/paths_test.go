@@ -12,6 +12,7 @@ import (
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
@@ -29,7 +30,7 @@ func TestInterceptorOnlyPaths(t *testing.T) {
 		if trusted {
 			nets = []string{"127.0.0.1/32"}
 		}
-		srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: nets})))
+		srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: nets}))))
 		if err != nil {
 			t.Fatal(err)
 		}

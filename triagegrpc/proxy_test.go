@@ -10,6 +10,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -56,7 +57,7 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 		}
 		return nil
 	}}
-	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
+	bs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps, err := triagegrpc.NewServer(triagegrpc.WithTrust(callers))
+	ps, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(callers)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +153,7 @@ func BenchmarkProxy(b *testing.B) {
 	for _, via := range []string{"direct", "proxy", "typed-hop"} {
 		b.Run(via, func(b *testing.B) {
 			pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-			bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
+			bs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -165,7 +166,7 @@ func BenchmarkProxy(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				ps, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
+				ps, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -173,7 +174,7 @@ func BenchmarkProxy(b *testing.B) {
 			}
 			if via == "typed-hop" {
 				cc := loopback.DialGRPC(b, addr, loopback.Client(b, egress.WithoutPolicy()).DialOptions()...)
-				hs, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
+				hs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -212,7 +213,7 @@ func BenchmarkProxy(b *testing.B) {
 // never reaches the backend.
 func TestProxyHealthPrefixDoesNotPassTheFuse(t *testing.T) {
 	var reached atomic.Int64
-	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	bs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +230,7 @@ func TestProxyHealthPrefixDoesNotPassTheFuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl))
+	ps, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}

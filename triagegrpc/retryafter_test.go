@@ -16,6 +16,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
@@ -52,7 +53,7 @@ func TestSheddableRejectionsTellClientsToComeBackLater(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32", "::1/128"}})), triagegrpc.WithAdmission(ctl))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32", "::1/128"}})), intake.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}

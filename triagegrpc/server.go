@@ -20,15 +20,9 @@ import (
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/connload"
-	"github.com/triagehq/triage/cost"
-	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/intake"
-	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
-	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/shadow"
-	"github.com/triagehq/triage/trust"
 )
 
 // Server is the server side of the gRPC adapter: a tap handle and
@@ -73,18 +67,12 @@ type serverOptionFunc func(*serverConfig)
 
 func (f serverOptionFunc) applyServer(c *serverConfig) { f(c) }
 
-func withIntake(o intake.Option) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.intake = append(c.intake, o) })
+// WithIntake passes options to the server's intake (intake.New): whom to
+// trust, how to classify, admission control, quotas, shadow mode, the
+// tracer, isolation and the connection policy are all intake's options.
+func WithIntake(opts ...intake.Option) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.intake = append(c.intake, opts...) })
 }
-
-// WithTrust sets the peers whose triage metadata is believed
-// (intake.WithTrust). Default: none.
-func WithTrust(p *trust.Policy) ServerOption { return withIntake(intake.WithTrust(p)) }
-
-// WithClassifier sets the rules that assign criticality
-// (intake.WithClassifier). Default: edge.HeaderOnly(). An edge gRPC
-// service uses host (:authority) and path (full method) rules here.
-func WithClassifier(c *edge.Classifier) ServerOption { return withIntake(intake.WithClassifier(c)) }
 
 // WithGroup supplies the user group for the classifier's group rules,
 // from the stream's context (its peer) and its header metadata. It is
@@ -92,12 +80,6 @@ func WithClassifier(c *edge.Classifier) ServerOption { return withIntake(intake.
 func WithGroup(f func(ctx context.Context, md metadata.MD) string) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.group = f })
 }
-
-// WithAdmission installs admission control (intake.WithAdmission): the
-// tap handle asks the Controller at stream arrival, before a handler
-// goroutine exists, and rejects there; the interceptors take an execution
-// slot before the handler and give it back after. Default: none.
-func WithAdmission(c *admission.Controller) ServerOption { return withIntake(intake.WithAdmission(c)) }
 
 // WithLoadReports makes every response carry the task's load report from
 // m (queries and errors per second, utilization) in ORCA's per-call format,
@@ -112,39 +94,6 @@ func WithLoadReports(m *balance.Meter) ServerOption {
 // in lame duck. Default: none.
 func WithLifecycle(l *lifecycle.Lifecycle) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.lifecycle = l })
-}
-
-// WithShadow puts the server's mechanisms of s in shadow: they decide as
-// they would, tell o what they would have refused, and refuse nothing
-// (intake.WithShadow; package shadow). Default: none.
-func WithShadow(s shadow.Set, o shadow.Observer) ServerOption {
-	return withIntake(intake.WithShadow(s, o))
-}
-
-// WithServerIsolation names each request's client type from its
-// :authority and refuses black-holed ones in the tap, "overloaded; don't
-// retry" (intake.WithIsolation); the handler's outgoing calls are routed
-// by it (lb.WithIsolation). Default: none.
-func WithServerIsolation(t *isolate.Table) ServerOption { return withIntake(intake.WithIsolation(t)) }
-
-// WithTracer sets the tracer told of each request's decisions, on the
-// request's span (intake.WithTracer; triageotel.Tracer.Intake). A request
-// refused in the tap has no span yet: grpc-go runs stats handlers
-// (otelgrpc's) after the tap. Default: none.
-func WithTracer(t intake.Tracer) ServerOption { return withIntake(intake.WithTracer(t)) }
-
-// WithCustomerFromIdentity makes the peer's verified mTLS identity the
-// customer of requests without a trusted triage-customer
-// (intake.WithCustomerFromIdentity). Default: off.
-func WithCustomerFromIdentity() ServerOption { return withIntake(intake.WithCustomerFromIdentity()) }
-
-// WithQuota installs per-customer quotas (intake.WithQuota): the tap
-// refuses a customer over its quota with RESOURCE_EXHAUSTED, out of quota,
-// retry after 1 s; the handler's CPU, measured with m, is charged to its
-// customer. Outgoing calls made through a triage Client from the
-// handler's context are marked as waits, not charged. Default: none.
-func WithQuota(e *quota.Enforcer, m *cost.Meter) ServerOption {
-	return withIntake(intake.WithQuota(e, m))
 }
 
 // WithServerClock sets the clock of the Server's own timing (how often the
@@ -280,27 +229,6 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 // With WithConnLoad, it also reports the connections, their calls and
 // the health checks to a connload.Listener.
 func (s *Server) StatsHandler() stats.Handler { return s.stats }
-
-// WithMaxConnStalls bounds the requests of one connection that may be
-// stalled at once (intake.WithMaxConnStalls): a handler waiting on its
-// client past that keeps its execution slot. Default
-// intake.DefaultMaxConnStalls.
-func WithMaxConnStalls(n int) ServerOption { return withIntake(intake.WithMaxConnStalls(n)) }
-
-// WithTrustedSlowSenderPenalty penalises slow senders among trusted
-// peers too (intake.WithTrustedSlowSenderPenalty). By default a trusted
-// peer's connection, typically a proxy multiplexing many callers, is
-// never penalised; the late message itself is still refused.
-func WithTrustedSlowSenderPenalty() ServerOption {
-	return withIntake(intake.WithTrustedSlowSenderPenalty())
-}
-
-// WithConnShare sets how many of a connection's streams may wait for their
-// goroutines before its next is over the connection's share, and how many
-// streams without their message a slow sender's connection may hold on
-// probation (intake.WithConnShare); 0 turns both off. Default
-// intake.DefaultConnShare.
-func WithConnShare(n int) ServerOption { return withIntake(intake.WithConnShare(n)) }
 
 // WithConnLoad makes the stats handler report the server's connections to
 // l (connload.Listener.Track): serve l itself, and pass the option, so

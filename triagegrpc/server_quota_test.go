@@ -13,6 +13,7 @@ import (
 
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
@@ -54,7 +55,7 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithQuota(e, m))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithQuota(e, m)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 	if b, w := u.Total("burner"), u.Total("waiter"); b <= 0 || w > 0.25*b {
 		t.Errorf("burner charged %.3f, waiter %.3f: the downstream waits were charged as CPU", b, w)
 	}
-	if _, err := triagegrpc.NewServer(triagegrpc.WithQuota(e, nil)); err == nil {
+	if _, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithQuota(e, nil))); err == nil {
 		t.Error("WithQuota without a cost meter accepted")
 	}
 }

@@ -28,7 +28,7 @@ func newShareServer(t *testing.T, opts ...triagegrpc.ServerOption) shareServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(append(opts, triagegrpc.WithAdmission(ctl))...)
+	srv, err := triagegrpc.NewServer(append(opts, triagegrpc.WithIntake(intake.WithAdmission(ctl)))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func (s shareServer) burst(t *testing.T, conn context.Context) []context.Context
 // still gets its share in, and its room back as its goroutines run
 // (TagRPC), while the bursting connection stays refused.
 func TestConnectionShareOfAFullTask(t *testing.T) {
-	alone := newShareServer(t, triagegrpc.WithConnShare(0))
+	alone := newShareServer(t, triagegrpc.WithIntake(intake.WithConnShare(0)))
 	room := len(alone.burst(t, alone.conn()))
 	if room < 2*intake.DefaultConnShare {
 		t.Fatalf("room %d: too small for the test", room)
@@ -101,7 +101,7 @@ func TestConnectionShareOfAFullTask(t *testing.T) {
 // on their connection: after many of them, its streams still get their
 // share of a task another connection's burst has half filled.
 func TestStreamsDroppedAfterTheTapLeaveNoCount(t *testing.T) {
-	alone := newShareServer(t, triagegrpc.WithConnShare(0))
+	alone := newShareServer(t, triagegrpc.WithIntake(intake.WithConnShare(0)))
 	room := len(alone.burst(t, alone.conn()))
 
 	s := newShareServer(t)

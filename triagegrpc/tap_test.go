@@ -13,6 +13,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
@@ -55,7 +56,7 @@ func fullTap(tb testing.TB) (tap.ServerInHandle, context.Context, *tap.Info) {
 	if held == 100_000 {
 		tb.Fatal("the controller took 100,000 arrivals that never started")
 	}
-	s, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl), triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})))
+	s, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithAdmission(ctl), intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}}))))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -29,7 +30,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		w.Write(ok)
 	})
 	rules := edge.MustNew(edge.Config{Rules: []edge.RuleConfig{{Header: true}, {PathPrefix: "/checkout", Criticality: "CRITICAL_PLUS"}}})
-	mw, err := triagehttp.Middleware(triagehttp.WithClassifier(rules), triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"10.0.0.0/8"}})))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(rules), intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"10.0.0.0/8"}}))))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -38,7 +39,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	mwAdm, err := triagehttp.Middleware(triagehttp.WithClassifier(rules), triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"10.0.0.0/8"}})),
+	mwAdm, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(rules), intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"10.0.0.0/8"}}))),
 		triagehttp.WithAdmission(ctl))
 	if err != nil {
 		b.Fatal(err)

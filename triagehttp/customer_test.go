@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -27,7 +28,7 @@ func TestCustomerFromTrustedPeersOnly(t *testing.T) {
 	} {
 		var opts []triagehttp.Option
 		if tc.trusted {
-			opts = append(opts, triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+			opts = append(opts, triagehttp.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 		}
 		mw, err := triagehttp.Middleware(opts...)
 		if err != nil {

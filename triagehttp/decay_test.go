@@ -12,6 +12,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -36,9 +37,9 @@ func TestDecayStartsAtTheEdgeAndTravels(t *testing.T) {
 		fmt.Fprintf(w, "%v %s", criticality.Of(ctx), left)
 	}
 	next := func(trusted bool) *httptest.Server {
-		opts := []triagehttp.Option{triagehttp.WithClock(f)}
+		opts := []triagehttp.Option{triagehttp.WithIntake(intake.WithClock(f))}
 		if trusted {
-			opts = append(opts, triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+			opts = append(opts, triagehttp.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 		}
 		mw, err := triagehttp.Middleware(opts...)
 		if err != nil {
@@ -54,7 +55,7 @@ func TestDecayStartsAtTheEdgeAndTravels(t *testing.T) {
 		{PathPrefix: "/home", Criticality: "CRITICAL_PLUS", Decay: &edge.DecayConfig{After: "2s", To: "SHEDDABLE"}},
 		{PathPrefix: "/cart", Criticality: "CRITICAL", Decay: &edge.DecayConfig{After: "1500ms", To: "cancel"}},
 	}})
-	mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithClock(f))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(cl), intake.WithClock(f)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -28,7 +29,7 @@ func Example_server() {
 		log.Fatal(err)
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithTrust(pol),
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithTrust(pol)),
 		triagehttp.WithLifecycle(lc), triagehttp.WithHealthCheck("/readyz", "/livez"))
 	if err != nil {
 		log.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagehttp"
 )
@@ -23,7 +24,7 @@ func ExampleMiddleware() {
 			{PathPrefix: "/suggest", Criticality: "SHEDDABLE_PLUS"},
 		},
 	})
-	mw, _ := triagehttp.Middleware(triagehttp.WithClassifier(rules))
+	mw, _ := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(rules)))
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/suggest/busy" {
 			triagehttp.WriteError(w, outcome.New(outcome.TaskOverloaded, "busy"))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -43,7 +44,7 @@ func FuzzMiddlewareHeaders(f *testing.F) {
 	f.Add("sheddable", "x", "SHEDDABLE", "127.0.0.1:9")
 	f.Add("\x00", "99999", "", "garbage")
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	mw, err := triagehttp.Middleware(triagehttp.WithTrust(pol))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(pol)))
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 )
 
@@ -82,7 +83,7 @@ func TestZeroWindowClientHoldsNoSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithClock(f))
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithClock(f)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagehttp"
@@ -46,7 +47,7 @@ func TestQuotaOverLoopback(t *testing.T) {
 	u, _ := quota.NewUsage()
 	e, _ := quota.NewEnforcer(p, u)
 	m, _ := cost.New()
-	mw, err := triagehttp.Middleware(triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagehttp.WithQuota(e, m))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithQuota(e, m)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,7 @@ func TestQuotaOverLoopback(t *testing.T) {
 	if downSaw["waiter"] == 0 || len(downSaw) != 1 {
 		t.Errorf("downstream saw customers %v, want only waiter", downSaw)
 	}
-	if _, err := triagehttp.Middleware(triagehttp.WithQuota(e, nil)); err == nil {
+	if _, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithQuota(e, nil))); err == nil {
 		t.Error("WithQuota without a cost Meter accepted")
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -28,7 +29,7 @@ func TestSheddableRejectionsSayRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32", "::1/128"}})), triagehttp.WithAdmission(ctl))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32", "::1/128"}}))), triagehttp.WithAdmission(ctl))
 	if err != nil {
 		t.Fatal(err)
 	}

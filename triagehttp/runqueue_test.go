@@ -11,6 +11,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -30,8 +31,8 @@ func TestHTTPShedsWhatWaitedInTheRunQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithClock(clk),
-		triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithClock(clk),
+		intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

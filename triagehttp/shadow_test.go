@@ -15,6 +15,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triagehttp"
@@ -37,10 +38,10 @@ func TestShadowChangesNoAnswer(t *testing.T) {
 		iso, _ := isolate.New(isolate.Config{Clients: []isolate.Client{{Name: "rogue", Hosts: []string{"rogue.example.com"}, Route: "black-hole"}}})
 		var logs bytes.Buffer
 		lg := shadow.NewLog(slog.New(slog.NewTextHandler(&logs, nil)), 0, clock.NewFake(time.Unix(0, 0))) // the second never ends
-		opts := []triagehttp.Option{triagehttp.WithAdmission(ctl), triagehttp.WithIsolation(iso),
-			triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}
+		opts := []triagehttp.Option{triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithIsolation(iso),
+			intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))}
 		if inShadow {
-			opts = append(opts, triagehttp.WithShadow(shadow.All(), shadow.Tee(m.Shadow(), lg)))
+			opts = append(opts, triagehttp.WithIntake(intake.WithShadow(shadow.All(), shadow.Tee(m.Shadow(), lg))))
 		}
 		mw, err := triagehttp.Middleware(opts...)
 		if err != nil {
@@ -150,8 +151,8 @@ func TestShadowServesASlowBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithClock(f), triagehttp.WithShadow(shadow.All(), m.Shadow()),
-		triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithClock(f), intake.WithShadow(shadow.All(), m.Shadow()),
+		intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagehttp"
 )
@@ -41,7 +42,7 @@ func startClientWaitServer(t *testing.T) *clientWaitServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(s.ctl), triagehttp.WithClock(s.f))
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(s.ctl), triagehttp.WithIntake(intake.WithClock(s.f)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,17 +71,11 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
-	"github.com/triagehq/triage/clock"
-	"github.com/triagehq/triage/cost"
-	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/grpcwire"
-	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
-	"github.com/triagehq/triage/quota"
-	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -117,40 +111,12 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
-func withIntake(o intake.Option) Option {
-	return optionFunc(func(c *config) { c.intake = append(c.intake, o) })
-}
-
-// WithTrust sets the peers whose triage headers are believed
-// (intake.WithTrust). Default: none.
-func WithTrust(p *trust.Policy) Option { return withIntake(intake.WithTrust(p)) }
-
-// WithClassifier sets the criticality rules (intake.WithClassifier).
-// Default: edge.HeaderOnly() (believe a trusted peer's header, else
-// CRITICAL).
-func WithClassifier(cl *edge.Classifier) Option { return withIntake(intake.WithClassifier(cl)) }
-
 // WithGroup supplies the user-group function for group rules, e.g. one that
 // reads the authenticated user's plan. It is called only when the
 // classifier has a group rule. Default: no group.
 func WithGroup(f func(*http.Request) string) Option {
 	return optionFunc(func(c *config) { c.group = f })
 }
-
-// WithCustomerFromIdentity makes the peer's verified mTLS identity the
-// customer of requests without a trusted Triage-Customer header
-// (intake.WithCustomerFromIdentity). Default: off.
-func WithCustomerFromIdentity() Option { return withIntake(intake.WithCustomerFromIdentity()) }
-
-// WithIsolation names each request's client type from its Host and answers
-// a black-holed one at once, 503 "overloaded; don't retry"
-// (intake.WithIsolation). Default: none.
-func WithIsolation(t *isolate.Table) Option { return withIntake(intake.WithIsolation(t)) }
-
-// WithClock sets the clock that starts criticality decays
-// (intake.WithClock). Default clock.Real(); give the admission controller
-// the same one.
-func WithClock(clk clock.Clock) Option { return withIntake(intake.WithClock(clk)) }
 
 // WithAdmission installs admission control (intake.WithAdmission): before
 // the handler runs, the request must be admitted and get an execution
@@ -195,20 +161,6 @@ func WithBodyTimeout(d time.Duration, minRate int) Option {
 	return optionFunc(func(c *config) { c.bodyTime, c.bodyRate = d, minRate })
 }
 
-// WithQuota installs per-customer quotas (intake.WithQuota): a customer
-// over its quota is answered 429 with Triage-Outcome: out-of-quota and
-// Retry-After: 1; the handler's CPU, measured with m, is charged to its
-// customer. Calls the handler makes through a Transport, or through
-// triage's gRPC client, are marked as waits. Default: none.
-func WithQuota(e *quota.Enforcer, m *cost.Meter) Option { return withIntake(intake.WithQuota(e, m)) }
-
-// WithShadow puts the server's mechanisms of s in shadow: they decide as
-// they would, tell o what they would have refused, and refuse nothing
-// (intake.WithShadow; package shadow). Default: none.
-func WithShadow(s shadow.Set, o shadow.Observer) Option {
-	return withIntake(intake.WithShadow(s, o))
-}
-
 // WithErrorWriter sets how the middleware answers a refusal: f writes err
 // (an overload outcome) for r and reports whether it did; a false return
 // is answered 503. A reverse proxy uses it to answer gRPC callers with a
@@ -227,34 +179,10 @@ func WithHealthCheck(paths ...string) Option {
 	return optionFunc(func(c *config) { c.health = paths })
 }
 
-// WithTracer sets the tracer told of each request's decisions, on the
-// span in the request's context (intake.WithTracer; triageotel.Tracer.Intake):
-// wrap the Middleware in otelhttp's handler for the span to exist.
-// Default: none.
-func WithTracer(t intake.Tracer) Option { return withIntake(intake.WithTracer(t)) }
-
 // WithIntake passes options to the middleware's intake (intake.New): any
 // of the intake's own, such as intake.WithPeerShare.
 func WithIntake(opts ...intake.Option) Option {
 	return optionFunc(func(c *config) { c.intake = append(c.intake, opts...) })
-}
-
-// WithConnShare sets how many of a connection's requests may be accepted
-// and not yet started before its next is over the connection's share, and
-// how many requests without their body a slow sender's connection may
-// hold on probation (intake.WithConnShare; ConnContext); 0 turns both
-// off. Default intake.DefaultConnShare.
-func WithConnShare(n int) Option { return withIntake(intake.WithConnShare(n)) }
-
-// WithMaxConnStalls bounds the requests of one connection that may be
-// stalled at once (intake.WithMaxConnStalls; ConnContext). Default
-// intake.DefaultMaxConnStalls.
-func WithMaxConnStalls(n int) Option { return withIntake(intake.WithMaxConnStalls(n)) }
-
-// WithTrustedSlowSenderPenalty penalises slow senders among trusted peers
-// too (intake.WithTrustedSlowSenderPenalty; ConnContext).
-func WithTrustedSlowSenderPenalty() Option {
-	return withIntake(intake.WithTrustedSlowSenderPenalty())
 }
 
 // ConnContext is the http.Server's ConnContext that gives each connection

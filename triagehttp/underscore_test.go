@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -22,7 +23,7 @@ func TestUnderscoreSpellingsNeverReachTheHandler(t *testing.T) {
 	for _, trusted := range []bool{false, true} {
 		var opts []triagehttp.Option
 		if trusted {
-			opts = append(opts, triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+			opts = append(opts, triagehttp.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 		}
 		mw, err := triagehttp.Middleware(opts...)
 		if err != nil {

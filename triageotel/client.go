@@ -107,7 +107,7 @@ func (s *shadowInstruments) zero() {
 }
 
 // Shadow returns the observer to pass to the shadow options
-// (intake.WithShadow, triagegrpc.WithShadow, triagehttp.WithShadow,
+// (intake.WithShadow, given to triagegrpc.WithIntake or triagehttp.WithIntake,
 // retry.WithShadow): triage.shadow.would_refuse{mechanism, reason,
 // criticality}.
 func (m *Metrics) Shadow() shadow.Observer { return &m.shadow }

@@ -11,6 +11,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triageotel"
@@ -41,8 +42,8 @@ func Example() {
 	if _, err := m.AdmissionState(ctl); err != nil {
 		log.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithClassifier(cl), triagegrpc.WithAdmission(ctl),
-		triagegrpc.WithTracer(tr.Intake()))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithClassifier(cl), intake.WithAdmission(ctl),
+		intake.WithTracer(tr.Intake())))
 	if err != nil {
 		log.Fatal(err)
 	}

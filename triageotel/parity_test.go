@@ -30,6 +30,7 @@ import (
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
@@ -193,8 +194,8 @@ func TestParity(t *testing.T) {
 		})
 	}
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
-	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithClassifier(cl), triagehttp.WithTrust(loop),
-		triagehttp.WithQuota(enf, meter))
+	mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithClassifier(cl), intake.WithTrust(loop),
+		intake.WithQuota(enf, meter)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func TestParity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shadowMW, err := triagehttp.Middleware(triagehttp.WithAdmission(shadowCtl), triagehttp.WithShadow(shadow.Of(shadow.Admission), sh))
+	shadowMW, err := triagehttp.Middleware(triagehttp.WithAdmission(shadowCtl), triagehttp.WithIntake(intake.WithShadow(shadow.Of(shadow.Admission), sh)))
 	if err != nil {
 		t.Fatal(err)
 	}

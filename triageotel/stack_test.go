@@ -16,6 +16,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/retry"
@@ -28,8 +29,8 @@ import (
 // tr's tracer) and otelgrpc's server handler on loopback.
 func tier(t *testing.T, tp trace.TracerProvider, tr *triageotel.Tracer, ctl *admission.Controller, rt *relay.Tier) string {
 	t.Helper()
-	srv, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl), triagegrpc.WithTracer(tr.Intake()),
-		triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithAdmission(ctl), intake.WithTracer(tr.Intake()),
+		intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ const (
 //
 // Create one with NewTracer; it is safe for concurrent use and keeps no
 // state per request. Give Intake to the server adapter
-// (triagegrpc.WithTracer, triagehttp.WithTracer) and Client to
+// (intake.WithTracer, given to triagegrpc.WithIntake or triagehttp.WithIntake) and Client to
 // retry.WithTracer.
 type Tracer struct {
 	tracer   trace.Tracer

@@ -81,8 +81,8 @@ func TestSpansRecordDecisions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithAdmission(ctl), triagegrpc.WithTracer(tr.Intake()),
-		triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithAdmission(ctl), intake.WithTracer(tr.Intake()),
+		intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

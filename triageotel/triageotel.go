@@ -14,7 +14,7 @@
 //
 //	m, _ := triageotel.New(meterProvider)
 //	tr := triageotel.NewTracer(tracerProvider)
-//	srv, _ := triagegrpc.NewServer(triagegrpc.WithTracer(tr.Intake()), ...)
+//	srv, _ := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTracer(tr.Intake())), ...)
 //	cl, _ := edge.New(cfg, edge.WithObserver(m))
 //
 // Instruments are named triage.* with attributes criticality, reason and

@@ -32,7 +32,7 @@ func newShadowMetrics() shadowMetrics {
 }
 
 // Shadow returns the observer to pass to the shadow options
-// (intake.WithShadow, triagegrpc.WithShadow, triagehttp.WithShadow,
+// (intake.WithShadow, given to triagegrpc.WithIntake or triagehttp.WithIntake,
 // retry.WithShadow). Series: triage_shadow_would_refuse_total{mechanism,
 // reason, criticality}.
 func (m *Metrics) Shadow() shadow.Observer { return &m.shadow }

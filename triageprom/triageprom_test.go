@@ -11,6 +11,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/trust"
@@ -21,7 +22,7 @@ func TestMetricsFromTheMiddleware(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m)
 	cl := edge.MustNew(edge.Config{Rules: []edge.RuleConfig{{Header: true}, {PathPrefix: "/suggest", Criticality: "SHEDDABLE"}}}, edge.WithObserver(m))
-	mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{"10.0.0.0/8"}})))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(cl), intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"10.0.0.0/8"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/url"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triagesidecar"
 	"github.com/triagehq/triage/trust"
@@ -32,7 +33,7 @@ func ExampleIngress() {
 		log.Fatal(err)
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	in, err := triagesidecar.Ingress(upstream, triagesidecar.WithMiddleware(triagehttp.WithTrust(pol), triagehttp.WithAdmission(ctl)))
+	in, err := triagesidecar.Ingress(upstream, triagesidecar.WithMiddleware(triagehttp.WithIntake(intake.WithTrust(pol)), triagehttp.WithAdmission(ctl)))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/h2attack"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/retry"
@@ -189,7 +190,7 @@ func TestIngressHoldsAgainstZeroWindowClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithTrust(pol), triagehttp.WithAdmission(ctl)))
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithIntake(intake.WithTrust(pol)), triagehttp.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +521,7 @@ func TestIngressStallPastTheBoundEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl), triagehttp.WithMaxConnStalls(2)))
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithMaxConnStalls(2))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"golang.org/x/net/http/httpguts"
 	"io"
 	"net/http"
 	"net/http/httputil"
@@ -41,6 +40,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/clock"
@@ -313,7 +314,7 @@ func finishing(next http.Handler, clk clock.Clock, grace time.Duration) http.Han
 // triagehttp.WriteError (gRPC: a status) writes it, so the service passes
 // "overloaded; don't retry" up rather than retrying.
 func Egress(upstream *url.URL, caller *egress.Caller, opts ...Option) (http.Handler, error) {
-	c, err := newConfig(upstream, append([]Option{WithMiddleware(triagehttp.WithTrust(loopbackTrust()))}, opts...))
+	c, err := newConfig(upstream, append([]Option{WithMiddleware(triagehttp.WithIntake(intake.WithTrust(loopbackTrust())))}, opts...))
 	if err != nil {
 		return nil, err
 	}

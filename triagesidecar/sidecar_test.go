@@ -25,6 +25,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
@@ -76,7 +77,7 @@ func TestIngressForwardsWhatTheEdgeDecided(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, err := triagesidecar.Ingress(mustURL(t, up.URL+"/base"), triagesidecar.WithMiddleware(triagehttp.WithClassifier(cl)))
+	in, err := triagesidecar.Ingress(mustURL(t, up.URL+"/base"), triagesidecar.WithMiddleware(triagehttp.WithIntake(intake.WithClassifier(cl))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +153,7 @@ func TestIngressSpeaksGRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithTrust(pol), triagehttp.WithAdmission(ctl)))
+	in, err := triagesidecar.Ingress(up, triagesidecar.WithMiddleware(triagehttp.WithIntake(intake.WithTrust(pol)), triagehttp.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triageyaml"
 )
@@ -48,7 +49,7 @@ func TestWatchEdge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithTrust(pol), triagehttp.WithClassifier(rules))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(pol), intake.WithClassifier(rules)))
 	if err != nil {
 		t.Fatal(err)
 	}

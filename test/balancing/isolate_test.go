@@ -21,6 +21,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/isolate"
@@ -75,7 +76,7 @@ func runIsolation(t *testing.T, rogueLevel string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+		srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithAdmission(ctl)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +117,7 @@ func runIsolation(t *testing.T, rogueLevel string) {
 	if rogueLevel != "" {
 		rules.Rules = []edge.RuleConfig{{Host: "rogue.example.test", Criticality: rogueLevel}}
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithIsolation(e2eIsolation), triagehttp.WithClassifier(edge.MustNew(rules)))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithIsolation(e2eIsolation), intake.WithClassifier(edge.MustNew(rules))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 package e2e
 
 // Issue 4 over loopback sockets: admission control installed with
-// triagegrpc.WithAdmission rejects at the tap, serves waiting requests
+// triagegrpc.WithIntake(intake.WithAdmission) rejects at the tap, serves waiting requests
 // highest criticality first, and never leaks a pending request, whatever
 // happens to the stream.
 
@@ -23,6 +23,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
@@ -42,7 +43,7 @@ func startAdmitted(t *testing.T, ctl *admission.Controller, g *gate) string {
 		g.entered <- criticality.Of(ctx).String()
 		<-g.release
 		return nil
-	}, triagegrpc.WithAdmission(ctl))
+	}, triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 }
 
 func plainConn(t *testing.T, addr string) *grpc.ClientConn {
@@ -176,7 +177,7 @@ func TestHandlersWaitingDownstreamHoldNoSlot(t *testing.T) {
 	front := serveB(t, func(ctx context.Context, body string) error {
 		_, err := relay.Invoke(ctx, next, body)
 		return err
-	}, triagegrpc.WithAdmission(ctl))
+	}, triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 	cc := plainConn(t, front)
 	errs := make(chan error, n)
 	for range n {
@@ -212,7 +213,7 @@ func TestHealthChecksBypassAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	hs := health.NewServer()
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithAdmission(ctl)))
 	if err != nil {
 		t.Fatal(err)
 	}

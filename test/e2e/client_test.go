@@ -21,6 +21,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
@@ -66,7 +67,7 @@ func startLimited(t *testing.T, b *limitedBackend) string { return serveB(t, b.f
 // Fail hook and extra triagegrpc options; it stops with the test.
 func serveB(t *testing.T, fail func(context.Context, string) error, extra ...triagegrpc.ServerOption) string {
 	t.Helper()
-	opts := append([]triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))}, extra...)
+	opts := append([]triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))}, extra...)
 	srv, err := triagegrpc.NewServer(opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
@@ -249,8 +250,8 @@ func TestConformanceGRPCAndHTTP(t *testing.T) {
 
 func conformanceGRPC(t *testing.T) func(*testing.T, conformanceRow) seen {
 	pol, cl, iso, e, m, ctl := conformancePolicy(t)
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithClassifier(cl),
-		triagegrpc.WithServerIsolation(iso), triagegrpc.WithQuota(e, m), triagegrpc.WithAdmission(ctl),
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol), intake.WithClassifier(cl),
+		intake.WithIsolation(iso), intake.WithQuota(e, m), intake.WithAdmission(ctl)),
 		triagegrpc.WithGroup(func(_ context.Context, md metadata.MD) string {
 			if v := md.Get("x-plan"); len(v) == 1 {
 				return v[0]
@@ -333,8 +334,8 @@ func withoutCallDeadline(d time.Duration) time.Duration {
 
 func conformanceHTTP(t *testing.T) func(*testing.T, conformanceRow) seen {
 	pol, cl, iso, e, m, ctl := conformancePolicy(t)
-	mw, err := triagehttp.Middleware(triagehttp.WithTrust(pol), triagehttp.WithClassifier(cl),
-		triagehttp.WithIsolation(iso), triagehttp.WithQuota(e, m), triagehttp.WithAdmission(ctl),
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(pol), intake.WithClassifier(cl),
+		intake.WithIsolation(iso), intake.WithQuota(e, m)), triagehttp.WithAdmission(ctl),
 		triagehttp.WithHealthCheck("/grpc.health.v1.Health/Check"),
 		triagehttp.WithGroup(func(r *http.Request) string { return r.Header.Get("X-Plan") }))
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/edge"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
@@ -88,7 +89,7 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-	}, triagegrpc.WithAdmission(ctl))
+	}, triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 	cc := plainConn(t, backend)
 
 	home := edge.RuleConfig{PathPrefix: "/home", Criticality: "CRITICAL"}
@@ -99,7 +100,7 @@ func runDecay(t *testing.T, decay string, scale float64) decayRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(cl)))
 	if err != nil {
 		t.Fatal(err)
 	}

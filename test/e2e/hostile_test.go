@@ -22,6 +22,7 @@ import (
 
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc"
@@ -94,7 +95,7 @@ func TestFloodsOfDistinctCustomersStayBounded(t *testing.T) {
 			before := heapAfterGC()
 			switch transport {
 			case "gRPC":
-				srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithQuota(enf, meter))
+				srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol), intake.WithQuota(enf, meter)))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -120,7 +121,7 @@ func TestFloodsOfDistinctCustomersStayBounded(t *testing.T) {
 					return conns[src].Invoke(ctx, "/flood.Svc/Call", &emptypb.Empty{}, &emptypb.Empty{})
 				}
 			case "HTTP":
-				mw, err := triagehttp.Middleware(triagehttp.WithTrust(pol), triagehttp.WithQuota(enf, meter))
+				mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(pol), intake.WithQuota(enf, meter)))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -275,7 +276,7 @@ func TestQuotaServiceUnderHostileCallers(t *testing.T) {
 func TestProxyFloodStaysBounded(t *testing.T) {
 	const n = 10000
 	var reached atomic.Int64
-	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{internalIP + "/32"}})))
+	bs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{internalIP + "/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +293,7 @@ func TestProxyFloodStaysBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{trustedIP + "/32"}})))
+	ps, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{trustedIP + "/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

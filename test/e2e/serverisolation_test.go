@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/isolate"
@@ -31,7 +32,7 @@ func TestServerIsolationByAuthority(t *testing.T) {
 	addr := serveB(t, func(ctx context.Context, body string) error {
 		seen.Store(body, isolate.ClientOf(ctx))
 		return nil
-	}, triagegrpc.WithServerIsolation(tb))
+	}, triagegrpc.WithIntake(intake.WithIsolation(tb)))
 	call := func(authority string) error {
 		cc, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithAuthority(authority)}, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)...)

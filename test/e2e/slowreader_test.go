@@ -26,6 +26,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -100,8 +101,8 @@ func startReaderServerWith(t *testing.T, limit int, svc testgrpc.TestServiceServ
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})),
-		triagegrpc.WithAdmission(r.ctl), triagegrpc.WithServerClock(r.f))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})),
+		intake.WithAdmission(r.ctl)), triagegrpc.WithServerClock(r.f))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func startSlowServerWith(t *testing.T, withStats bool, trusted string, opts ...t
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := triagegrpc.NewServer(append([]triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{trusted}})), triagegrpc.WithAdmission(s.ctl),
+	srv, err := triagegrpc.NewServer(append([]triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{trusted}})), intake.WithAdmission(s.ctl)),
 		triagegrpc.WithServerClock(s.f)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -476,7 +476,7 @@ func TestTrustedProxyIsNotPenalisedForItsCallers(t *testing.T) {
 	for _, penalise := range []bool{false, true} {
 		var opts []triagegrpc.ServerOption
 		if penalise {
-			opts = append(opts, triagegrpc.WithTrustedSlowSenderPenalty())
+			opts = append(opts, triagegrpc.WithIntake(intake.WithTrustedSlowSenderPenalty()))
 		}
 		s := startSlowServerWith(t, true, "127.0.0.1/32", opts...)
 		ctx, cancel := context.WithCancel(criticality.NewContext(context.Background(), criticality.Critical))

@@ -24,6 +24,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/internal/testkit/testcert"
@@ -126,7 +127,7 @@ type stack struct {
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	st := &stack{}
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(internalTrust(t)))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(internalTrust(t))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,8 +156,8 @@ func newStack(t *testing.T) *stack {
 		},
 	})
 	mw, err := triagehttp.Middleware(
-		triagehttp.WithClassifier(rules),
-		triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{trustedIP + "/32"}})),
+		triagehttp.WithIntake(intake.WithClassifier(rules),
+			intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{trustedIP + "/32"}}))),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -269,7 +270,7 @@ func TestUntrustedGRPCPeerCannotSpoof(t *testing.T) {
 		seenMD, _ = metadata.FromIncomingContext(ctx)
 		return nil
 	}}
-	srv, _ := triagegrpc.NewServer(triagegrpc.WithTrust(internalTrust(t)))
+	srv, _ := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(internalTrust(t))))
 	addr := serveGRPC(t, probe, srv)
 	spoof := metadata.Pairs(wire.CriticalityKey, "CRITICAL_PLUS", wire.AttemptKey, "2", "triage-future-key", "x")
 	for _, target := range []string{st.aAddr, addr} {
@@ -337,7 +338,7 @@ func TestMTLSIdentityTrust(t *testing.T) {
 	serverCert := leaf("spiffe://triage.test/b")
 	srvTLS := &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: ca.Pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS13}
 	pol := trust.MustNew(trust.Config{Identities: []string{"spiffe://triage.test/a"}})
-	srv, _ := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithCustomerFromIdentity())
+	srv, _ := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol), intake.WithCustomerFromIdentity()))
 	var customer atomic.Value
 	b := &relay.Tier{Name: "B", Fail: func(ctx context.Context, _ string) error {
 		customer.Store(quota.CustomerOf(ctx))
@@ -454,7 +455,7 @@ func TestOutcomesRoundTrip(t *testing.T) {
 // triage HTTP service, replacing stale values.
 func TestHTTPTransportPropagates(t *testing.T) {
 	seen := make(chan string, 1)
-	mw, err := triagehttp.Middleware(triagehttp.WithTrust(trust.MustNew(trust.Config{Networks: []string{internalIP + "/32"}})))
+	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{internalIP + "/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

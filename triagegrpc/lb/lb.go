@@ -181,8 +181,8 @@ func WithMetrics(t Tracker) Option {
 }
 
 // WithIsolation routes each call by its client type
-// (isolate.ClientOf, set by triagehttp.WithIsolation or
-// triagegrpc.WithServerIsolation at the edge): a client type routed Sacrificial
+// (isolate.ClientOf, set by intake.WithIsolation in the HTTP middleware
+// or the gRPC server at the edge): a client type routed Sacrificial
 // goes only to the backends t names sacrificial, every other one only to
 // the rest, and a black-holed one fails at once with "overloaded; don't
 // retry". A change to t takes effect at the next pick, on connections

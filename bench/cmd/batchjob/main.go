@@ -55,6 +55,7 @@ import (
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/signals"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -467,8 +468,8 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	ts, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})),
-		triagegrpc.WithAdmission(ctl), triagegrpc.WithConnLoad(cl))
+	ts, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})),
+		intake.WithAdmission(ctl)), triagegrpc.WithConnLoad(cl))
 	if err != nil {
 		return err
 	}
@@ -532,7 +533,7 @@ func proxyMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	ts, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol), triagegrpc.WithAdmission(ctl))
+	ts, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol), intake.WithAdmission(ctl)))
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/statetrace"
 	"github.com/triagehq/triage/bench/internal/triagebin"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -79,7 +80,7 @@ func serve(args []string) error {
 		if err != nil {
 			return err
 		}
-		mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithTrust(pol))
+		mw, err := triagehttp.Middleware(triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithTrust(pol)))
 		if err != nil {
 			return err
 		}

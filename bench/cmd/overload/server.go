@@ -28,6 +28,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/statetrace"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -257,10 +258,10 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 		if err != nil {
 			return nil, nil, err
 		}
-		sopts := []triagegrpc.ServerOption{triagegrpc.WithAdmission(ctl),
-			triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}}))}
+		sopts := []triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithAdmission(ctl),
+			intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.0/8"}})))}
 		if v, err := strconv.Atoi(os.Getenv("TRIAGE_BENCH_CONNSHARE")); err == nil {
-			sopts = append(sopts, triagegrpc.WithConnShare(v))
+			sopts = append(sopts, triagegrpc.WithIntake(intake.WithConnShare(v)))
 		}
 		srv, err := triagegrpc.NewServer(sopts...)
 		if err != nil {

@@ -28,6 +28,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -63,7 +64,7 @@ func main() {
 
 func run(callers int, d time.Duration, repeats int, proxyCPU string) error {
 	pol := trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})
-	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(pol))
+	bs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 	if err != nil {
 		return err
 	}
@@ -151,13 +152,13 @@ func proxyMain(backend string, withAdmission bool) error {
 	if err != nil {
 		return err
 	}
-	opts := []triagegrpc.ServerOption{triagegrpc.WithTrust(pol)}
+	opts := []triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithTrust(pol))}
 	if withAdmission {
 		ctl, err := admission.New()
 		if err != nil {
 			return err
 		}
-		opts = append(opts, triagegrpc.WithAdmission(ctl))
+		opts = append(opts, triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 	}
 	ts, err := triagegrpc.NewServer(opts...)
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -141,7 +142,7 @@ func serverCommand(args []string) error {
 				}
 			}
 		}
-		srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl))
+		srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithAdmission(ctl)))
 		if err != nil {
 			return err
 		}

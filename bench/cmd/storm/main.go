@@ -40,6 +40,7 @@ import (
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -354,7 +355,7 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	sopts := []triagegrpc.ServerOption{triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), triagegrpc.WithAdmission(ctl)}
+	sopts := []triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithAdmission(ctl))}
 	if args[0] == "bounded" {
 		cl, err := connload.NewListener(lis, connload.WithAcceptRate(rate, connload.DefaultAcceptBurst))
 		if err != nil {

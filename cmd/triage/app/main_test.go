@@ -19,6 +19,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
@@ -129,7 +130,7 @@ func TestVersionHelpAndLogs(t *testing.T) {
 // bad flags are refused.
 func TestProxyCommand(t *testing.T) {
 	t.Parallel() // its own ports; no process-wide state
-	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})))
+	bs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
@@ -231,9 +232,9 @@ func (f *proxyFlags) server(cc *grpc.ClientConn, m *observers, reg *prometheus.R
 	if err != nil {
 		return nil, nil, err
 	}
-	srvOpts := []triagegrpc.ServerOption{triagegrpc.WithTrust(f.trust), triagegrpc.WithLifecycle(lc)}
+	srvOpts := []triagegrpc.ServerOption{triagegrpc.WithIntake(intake.WithTrust(f.trust)), triagegrpc.WithLifecycle(lc)}
 	if t := m.tracer(); t != nil {
-		srvOpts = append(srvOpts, triagegrpc.WithTracer(t))
+		srvOpts = append(srvOpts, triagegrpc.WithIntake(intake.WithTracer(t)))
 	}
 	if !f.noAdmission {
 		ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(f.maxWait),
@@ -241,7 +242,7 @@ func (f *proxyFlags) server(cc *grpc.ClientConn, m *observers, reg *prometheus.R
 		if err != nil {
 			return nil, nil, err
 		}
-		srvOpts = append(srvOpts, triagegrpc.WithAdmission(ctl))
+		srvOpts = append(srvOpts, triagegrpc.WithIntake(intake.WithAdmission(ctl)))
 		if err := m.admissionState(ctl, reg, nil); err != nil {
 			return nil, nil, err
 		}

@@ -289,7 +289,7 @@ func (f *sidecarFlags) build(m *observers, reg *prometheus.Registry) ([]listener
 	if err != nil {
 		return nil, nil, err
 	}
-	mw := []triagehttp.Option{triagehttp.WithTrust(f.edge.trust), triagehttp.WithClassifier(f.edge.classifier), triagehttp.WithLifecycle(lc),
+	mw := []triagehttp.Option{triagehttp.WithIntake(intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier)), triagehttp.WithLifecycle(lc),
 		triagehttp.WithBodyTimeout(f.bodyTimeout, f.bodyMinRate), triagehttp.WithIntake(append(m.intake(), intake.WithPeerShare(f.admission.peerShare))...)}
 	ctl, err := f.admission.controller(m, reg)
 	if err != nil {
@@ -299,7 +299,7 @@ func (f *sidecarFlags) build(m *observers, reg *prometheus.Registry) ([]listener
 		mw = append(mw, triagehttp.WithAdmission(ctl))
 	}
 	if f.admission.shadow {
-		mw = append(mw, triagehttp.WithShadow(shadow.All(), m.Shadow()))
+		mw = append(mw, triagehttp.WithIntake(intake.WithShadow(shadow.All(), m.Shadow())))
 	}
 	rt, err := f.transport(f.up)
 	if err != nil {

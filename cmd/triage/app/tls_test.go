@@ -15,6 +15,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagegrpc"
@@ -165,7 +166,7 @@ func TestProxyTLS(t *testing.T) {
 	_, _, batch := writeLeaf(t, ca, dir, "batch", "spiffe://test/batch-client")
 	_, _, stranger := writeLeaf(t, ca, dir, "stranger", "spiffe://test/stranger")
 
-	bs, err := triagegrpc.NewServer(triagegrpc.WithTrust(trust.MustNew(trust.Config{Identities: []string{"spiffe://test/proxy"}})))
+	bs, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Identities: []string{"spiffe://test/proxy"}}))))
 	if err != nil {
 		t.Fatal(err)
 	}

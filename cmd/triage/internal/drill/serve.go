@@ -35,6 +35,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/outcome"
@@ -581,9 +582,9 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		connectNext(next)
 		lc.Ready()
 	}()
-	srv, err := triagegrpc.NewServer(triagegrpc.WithTrust(taskTrust()),
-		triagegrpc.WithAdmission(t.ctl), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc), triagegrpc.WithShadow(t.shadowing()),
-		triagegrpc.WithTracer(intakeSpent{&t.spent}))
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(taskTrust()),
+		intake.WithAdmission(t.ctl)), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc), triagegrpc.WithIntake(intake.WithShadow(t.shadowing()),
+		intake.WithTracer(intakeSpent{&t.spent})))
 	if err != nil {
 		return nil, err
 	}
@@ -750,8 +751,8 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		if err != nil {
 			return nil, err
 		}
-		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl), triagehttp.WithAdmission(ctl), triagehttp.WithShadow(t.shadowing()),
-			triagehttp.WithTracer(intakeSpent{&t.spent}))
+		mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(cl)), triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithShadow(t.shadowing()),
+			intake.WithTracer(intakeSpent{&t.spent})))
 		if err != nil {
 			return nil, err
 		}
@@ -760,7 +761,7 @@ func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), er
 		// Unprotected, criticality still travels (it is how the traffic is
 		// labelled), but nothing acts on it.
 		cl, _ := edge.New(frontendRules)
-		mw, err := triagehttp.Middleware(triagehttp.WithClassifier(cl))
+		mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(cl)))
 		if err != nil {
 			return nil, err
 		}
