@@ -1,0 +1,99 @@
+package layout
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// maxExported bounds a package's exported funcs, methods and types, so
+// that a reader can take in its API (x/time/rate has about 24).
+const maxExported = 50
+
+// overExported are the packages over maxExported today, each with its
+// count as a ceiling it may not pass (issue 58): lower a ceiling when a
+// package shrinks, and delete its line when it fits.
+var overExported = map[string]int{
+	"quota":      86,
+	"admission":  64,
+	"triageprom": 59,
+	"intake":     58,
+	"triagegrpc": 58,
+	"balance":    57,
+}
+
+// No package's API grows past maxExported, nor past its ceiling.
+func TestExportedSurface(t *testing.T) {
+	root := filepath.Join("..", "..")
+	counts := map[string]int{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil && path != root {
+				return filepath.SkipDir // another module's
+			}
+			return nil
+		}
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			return err
+		}
+		counts[filepath.ToSlash(filepath.Dir(rel))] += exported(f)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pkg, n := range counts {
+		limit, over := overExported[pkg]
+		if !over {
+			limit = maxExported
+		}
+		if n > limit {
+			t.Errorf("%s exports %d funcs, methods and types, more than %d", pkg, n, limit)
+		}
+	}
+	for pkg, limit := range overExported {
+		if n, ok := counts[pkg]; !ok || n < limit {
+			t.Errorf("%s exports %d, under its ceiling %d: lower the ceiling", pkg, counts[pkg], limit)
+		}
+	}
+}
+
+// exported counts f's exported funcs, methods and types.
+func exported(f *ast.File) int {
+	n := 0
+	for _, d := range f.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Name.IsExported() {
+				n++
+			}
+		case *ast.GenDecl:
+			if d.Tok != token.TYPE {
+				continue
+			}
+			for _, s := range d.Specs {
+				if s.(*ast.TypeSpec).Name.IsExported() {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
