@@ -44,6 +44,7 @@ import (
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/measure"
 )
 
 // Outcome is the fate of one call.
@@ -449,8 +450,10 @@ func (r *Runner) closedLoop(ctx context.Context, w int, d time.Duration) ProbePo
 	if total > 0 {
 		p.FailedFraction = float64(total-ok) / float64(total)
 	}
-	slices.Sort(lat)
-	p.P50MS = percentile(lat, 0.5)
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		p.P50MS = measure.Quantile(lat, 0.5)
+	}
 	return p
 }
 
@@ -554,12 +557,3 @@ func (r *Runner) step(ctx context.Context, rate float64, d time.Duration, seed, 
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// percentile returns the q-quantile of sorted xs (nearest rank), 0 for none.
-func percentile(sorted []float64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(q*float64(len(sorted)))) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
-}

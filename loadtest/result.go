@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/measure"
 )
 
 // Result is what a run measured.
@@ -127,12 +128,11 @@ func summarize(samples []sample, rate float64, d time.Duration) Step {
 
 // latencyOf sorts lat and returns its percentiles.
 func latencyOf(lat []float64) Latency {
-	slices.Sort(lat)
-	l := Latency{P50: percentile(lat, 0.5), P90: percentile(lat, 0.9), P99: percentile(lat, 0.99)}
-	if len(lat) > 0 {
-		l.Max = lat[len(lat)-1]
+	if len(lat) == 0 {
+		return Latency{}
 	}
-	return l
+	slices.Sort(lat)
+	return Latency{P50: measure.Quantile(lat, 0.5), P90: measure.Quantile(lat, 0.9), P99: measure.Quantile(lat, 0.99), Max: lat[len(lat)-1]}
 }
 
 // finish computes the figures against capacity c.

@@ -56,6 +56,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/signals"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
@@ -421,7 +422,7 @@ func p99(d []time.Duration) float64 {
 		return 0
 	}
 	slices.Sort(d)
-	return float64(d[len(d)*99/100]) / 1e6
+	return float64(measure.QuantileDuration(d, 0.99)) / 1e6
 }
 
 // serverMain is the backend: triage's admission control (batch calls,

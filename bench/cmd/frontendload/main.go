@@ -27,13 +27,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/triagehq/triage/bench/internal/child"
+	"github.com/triagehq/triage/internal/measure"
 
 	"github.com/triagehq/triage/bench/internal/triagebin"
 )
@@ -121,7 +121,7 @@ func run(c config, conns, stacks string) error {
 					alive++
 				}
 			}
-			fmt.Printf("%-8s %6d %8.0f %10.0f %8.1f%% %11.0f %12.0f%% %10.0f MB  %d/%d\n", stack, n, median(ok), median(answers), 100*median(share), median(timeouts), 100*median(cpu), median(rss)/(1<<20), alive, c.repeats)
+			fmt.Printf("%-8s %6d %8.0f %10.0f %8.1f%% %11.0f %12.0f%% %10.0f MB  %d/%d\n", stack, n, measure.Median(ok), measure.Median(answers), 100*measure.Median(share), measure.Median(timeouts), 100*measure.Median(cpu), measure.Median(rss)/(1<<20), alive, c.repeats)
 		}
 	}
 	return nil
@@ -263,19 +263,11 @@ func findServer(arg string) (int, error) {
 	return 0, fmt.Errorf("no frontend process with %q", arg)
 }
 
-// rss returns the resident memory of pid in bytes (0 if it is gone).
+// rss returns the resident memory of pid in bytes (measure.RSS), 0 if it
+// is gone.
 func rss(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	n, _ := measure.RSS(pid)
+	return n
 }
 
 var (
@@ -310,10 +302,4 @@ func parseWrk(out string) (ok, answers, timeouts float64, err error) {
 		to, _ = strconv.ParseFloat(m[1], 64)
 	}
 	return (n - bad) / secs, n / secs, to / secs, nil
-}
-
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	return s[len(s)/2]
 }

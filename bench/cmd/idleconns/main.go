@@ -35,8 +35,6 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -52,6 +50,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/egress"
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -265,7 +264,7 @@ func runMode(ctx context.Context, c config, mode string) (result, error) {
 	r.WakeFailed, wakes = callAll(ctx, ccs)
 	if len(wakes) > 0 {
 		slices.Sort(wakes)
-		r.WakeP50MS, r.WakeMaxMS = float64(wakes[len(wakes)/2])/1e6, float64(wakes[len(wakes)-1])/1e6
+		r.WakeP50MS, r.WakeMaxMS = float64(measure.QuantileDuration(wakes, 0.5))/1e6, float64(wakes[len(wakes)-1])/1e6
 	}
 	return r, nil
 }
@@ -300,19 +299,11 @@ func callAll(ctx context.Context, ccs []*grpc.ClientConn) (int, []time.Duration)
 	return failed, lat
 }
 
-// rss is process pid's resident set in bytes.
+// rss is process pid's resident set in bytes (measure.RSS), 0 if it is
+// gone.
 func rss(pid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
+	n, _ := measure.RSS(pid)
+	return n
 }
 
 // serverMain is the backend: connections counted by connload (no accept

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/outcome"
 )
 
@@ -165,8 +166,8 @@ func summarize(p *phase, from, to time.Duration) summary {
 	s.goodputRPS = float64(s.ok) / (to - from).Seconds()
 	if len(lat) > 0 {
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-		s.p50 = lat[len(lat)/2]
-		s.p99 = lat[min(len(lat)-1, len(lat)*99/100)]
+		s.p50 = measure.QuantileDuration(lat, 0.5)
+		s.p99 = measure.QuantileDuration(lat, 0.99)
 	}
 	return s
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/statetrace"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -178,19 +179,10 @@ func profileFor(name string, d time.Duration) error {
 	return nil
 }
 
-// rssMB reads the process's peak resident set (VmHWM) in MB.
+// rssMB reads the process's peak resident set (measure.PeakRSS) in MB.
 func rssMB() float64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	var kb float64
-	for _, line := range splitLines(string(b)) {
-		if _, err := fmt.Sscanf(line, "VmHWM: %f kB", &kb); err == nil {
-			return kb / 1024
-		}
-	}
-	return 0
+	n, _ := measure.PeakRSS(0)
+	return float64(n) / (1 << 20)
 }
 
 func splitLines(s string) []string {

@@ -32,7 +32,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +40,7 @@ import (
 
 	"github.com/triagehq/triage/bench/internal/triagebin"
 	"github.com/triagehq/triage/criticality"
+	measuring "github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/loadtest"
 )
 
@@ -221,7 +221,7 @@ func (c config) once(up, px, out string) (*run, error) {
 		speed = after
 		caps = append(caps, capacity)
 	}
-	all.Capacity = median(caps)
+	all.Capacity = measuring.Median(caps)
 	return all, nil
 }
 
@@ -240,7 +240,7 @@ func (c config) canary() float64 {
 		v, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
 		ts = append(ts, v)
 	}
-	return median(ts)
+	return measuring.Median(ts)
 }
 
 // disturbed says a step's measurement does not stand: the machine's
@@ -517,7 +517,7 @@ func (c config) table(results map[string][]*run) string {
 			for _, r := range rs {
 				caps = append(caps, r.Capacity)
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.0f |", up, px, median(caps))
+			fmt.Fprintf(&b, "| %s | %s | %.0f |", up, px, measuring.Median(caps))
 			for i := range c.loads {
 				fmt.Fprintf(&b, " %s |", cell(rs, i))
 			}
@@ -567,17 +567,5 @@ func cell(rs []*run, i int) string {
 	if discarded > 0 {
 		mark = fmt.Sprintf(" (of %d; %d disturbed)", len(g), discarded)
 	}
-	return fmt.Sprintf("%.2f; %.0f/%.0f%%; %.1f / %.0f%s", median(g), 100*median(cp), 100*median(cr), median(p50), median(p99), mark)
-}
-
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	v = slices.Clone(v)
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	return fmt.Sprintf("%.2f; %.0f/%.0f%%; %.1f / %.0f%s", measuring.Median(g), 100*measuring.Median(cp), 100*measuring.Median(cr), measuring.Median(p50), measuring.Median(p99), mark)
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	measuring "github.com/triagehq/triage/internal/measure"
 )
 
 // soakSample is one reading of the sidecar's own metrics.
@@ -90,7 +92,7 @@ func (c config) runSoak(up string, d time.Duration) error {
 				gs, rs = append(gs, s.goroutines), append(rs, s.rss/(1<<20))
 			}
 		}
-		g, rss := median(gs), median(rs)
+		g, rss := measuring.Median(gs), measuring.Median(rs)
 		if m == 1 {
 			base = soakSample{goroutines: g, rss: rss}
 		}

@@ -25,7 +25,6 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +32,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/triagehq/triage/bench/internal/child"
+	measuring "github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
@@ -103,8 +103,7 @@ func main() {
 		for i, r := range runs {
 			v[i] = f(r)
 		}
-		slices.Sort(v)
-		return v[len(v)/2]
+		return measuring.Median(v)
 	}
 	fmt.Printf("one leader, %d tasks x %d customers (%d reported per task, %d entries), refresh %v, %s mode; medians of %d runs:\n",
 		cfg.tasks, cfg.customers, cfg.perTask, cfg.tasks*cfg.perTask, cfg.refresh, cfg.mode, len(runs))
@@ -249,29 +248,17 @@ func runOnce(cfg config) (result, error) {
 	}
 	slices.Sort(latencies)
 	ms := func(q float64) float64 {
-		return float64(latencies[min(len(latencies)-1, int(q*float64(len(latencies))))]) / 1e6
+		return float64(measuring.QuantileDuration(latencies, q)) / 1e6
 	}
 	return result{PerSecond: float64(len(latencies)+failed) / cfg.measure.Seconds(), Failed: failed,
 		P50ms: ms(0.5), P99ms: ms(0.99), MaxMs: float64(latencies[len(latencies)-1]) / 1e6,
 		CPU: cpu / cfg.measure.Seconds(), RSSMiB: rss, FirstError: firstErr}, nil
 }
 
-// rssMiB returns the resident memory of process pid, from /proc.
+// rssMiB returns the resident memory of process pid (measure.RSS), in MiB.
 func rssMiB(pid int) float64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			f := strings.Fields(v)
-			if len(f) > 0 {
-				kb, _ := strconv.ParseFloat(f[0], 64)
-				return kb / 1024
-			}
-		}
-	}
-	return 0
+	n, _ := measuring.RSS(pid)
+	return float64(n) / (1 << 20)
 }
 
 // serverMain serves the quota service for customers customers and tasks

@@ -33,7 +33,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +50,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/burn"
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/stockrows"
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -205,7 +205,7 @@ func (rs runs) median(f func(ghzResult) float64) float64 {
 	for _, r := range rs {
 		xs = append(xs, f(r))
 	}
-	return median(xs)
+	return measure.Median(xs)
 }
 
 // each formats every run's OK calls/s and server CPU, as f gives them.
@@ -233,9 +233,9 @@ func measureRefusal(c *config, capacity float64) error {
 		}
 		per, rate, cpu = append(per, r.serverCPU/r.refusedPerSec), append(rate, r.refusedPerSec), append(cpu, r.serverCPU)
 	}
-	c.perRefusal = median(per)
+	c.perRefusal = measure.Median(per)
 	fmt.Printf("refusal: %.1f µs of server CPU each (%.0f refusals/s at %.0f%% server CPU: ghz at 20x C, 3,000 workers, a backend refusing every call at arrival, median of %d)\n\n",
-		c.perRefusal*1e6, median(rate), 100*median(cpu), c.repeats)
+		c.perRefusal*1e6, measure.Median(rate), 100*measure.Median(cpu), c.repeats)
 	return nil
 }
 
@@ -252,7 +252,7 @@ func measureCapacity(c config) (rate, perOK, overhead float64, err error) {
 		xs, per = append(xs, r.okPerSec), append(per, r.serverCPU/r.okPerSec)
 		over = append(over, r.serverCPU/r.okPerSec-r.burn)
 	}
-	return median(xs), median(per), median(over), nil
+	return measure.Median(xs), measure.Median(per), measure.Median(over), nil
 }
 
 func startBackend(c config, protect bool, extra ...string) (*child.Process, error) {
@@ -451,12 +451,6 @@ func sampleMiddle(b *child.Process, d time.Duration) <-chan window {
 	return out
 }
 
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
-
 // attackScenario: steady CRITICAL traffic at 0.8 C from ghz (50 workers),
 // alone, then beside the scenario's attacker, claiming CRITICAL too, over
 // 8 connections of its own: slow senders (1,000 streams that send their
@@ -494,7 +488,7 @@ func attackScenario(c config, capacity float64) error {
 			name = "steady + " + c.scenario
 			counts = fmt.Sprintf("%d / %d", sum.Late, sum.Calls)
 		}
-		fmt.Printf("%-22s %9.3f%% %10v %10.0f %11.0f%%  %s\n", name, 100*median(succ), time.Duration(median(p99)).Round(10*time.Microsecond), median(ok), 100*median(cpu), counts)
+		fmt.Printf("%-22s %9.3f%% %10v %10.0f %11.0f%%  %s\n", name, 100*measure.Median(succ), time.Duration(measure.Median(p99)).Round(10*time.Microsecond), measure.Median(ok), 100*measure.Median(cpu), counts)
 	}
 	return nil
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -239,8 +240,12 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	}
 	r.StormFailed = sr.Failed
 	if len(sr.FirstNS) > 0 {
-		slices.Sort(sr.FirstNS)
-		r.StormFirstP50S, r.StormFirstMaxS = float64(sr.FirstNS[len(sr.FirstNS)/2])/1e9, float64(sr.FirstNS[len(sr.FirstNS)-1])/1e9
+		firsts := make([]float64, len(sr.FirstNS))
+		for i, ns := range sr.FirstNS {
+			firsts[i] = float64(ns) / 1e9
+		}
+		slices.Sort(firsts)
+		r.StormFirstP50S, r.StormFirstMaxS = measure.Quantile(firsts, 0.5), firsts[len(firsts)-1]
 	}
 	return r, nil
 }
@@ -328,7 +333,7 @@ func p99(d []time.Duration) float64 {
 		return 0
 	}
 	slices.Sort(d)
-	return float64(d[len(d)*99/100]) / 1e6
+	return float64(measure.QuantileDuration(d, 0.99)) / 1e6
 }
 
 // serverMain is the backend: admission control, a health service, and a

@@ -24,13 +24,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -941,15 +939,6 @@ func (s *stack) stats(gc bool) map[string]Stats {
 	}
 	wg.Wait()
 	return stats
-}
-
-// percentile returns the q-quantile of sorted xs.
-func percentile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	sort.Float64s(xs)
-	return xs[min(len(xs)-1, int(q*float64(len(xs))))]
 }
 
 // MaxHold bounds how long ServeStack keeps the stack up.

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/triagehq/triage/internal/measure"
 )
 
 // A fault is a failure injected into the stack while it serves, then
@@ -600,7 +602,7 @@ func faultMedians(rows []FaultRow) []FaultRow {
 			for i, r := range g {
 				xs[i] = f(r)
 			}
-			return median(xs)
+			return measure.Median(xs)
 		}
 		m := FaultRow{Fault: k.fault, Protection: k.protect, Rounds: len(g), Load: g[0].Load, Window: g[0].Window,
 			GoodputBefore:    med(func(r FaultRow) float64 { return r.GoodputBefore }),
@@ -634,7 +636,7 @@ func medRecovery(g []FaultRow, of func(FaultRow) float64) float64 {
 		}
 	}
 	sort.Float64s(xs)
-	m := median(xs)
+	m := measure.Median(xs)
 	if m >= 1e9 {
 		return -1
 	}

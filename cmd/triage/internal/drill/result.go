@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/measure"
 )
 
 // Result is what a drill measured: result.json.
@@ -114,7 +115,7 @@ func medianLatency(rs []*RunResult, f func(*RunResult) map[string]Latency) map[s
 			for i, lat := range got {
 				xs[i] = g(lat)
 			}
-			return median(xs)
+			return measure.Median(xs)
 		}
 		out[l.String()] = Latency{N: int(of(func(x Latency) float64 { return float64(x.N) })),
 			P50: of(func(x Latency) float64 { return x.P50 }), P90: of(func(x Latency) float64 { return x.P90 }),
@@ -147,7 +148,7 @@ func medianSpent(rs []*RunResult, f func(*RunResult) map[string]map[string]Break
 				for i, b := range bs {
 					xs[i] = g(b)
 				}
-				return median(xs)
+				return measure.Median(xs)
 			}
 			out[role][l] = Breakdown{N: int64(of(func(b Breakdown) float64 { return float64(b.N) })),
 				Queue: of(func(b Breakdown) float64 { return b.Queue }), Slot: of(func(b Breakdown) float64 { return b.Slot }),
@@ -163,7 +164,7 @@ func medianOf(rs []*RunResult, f func(*RunResult) float64) float64 {
 	for i, r := range rs {
 		xs[i] = f(r)
 	}
-	return median(xs)
+	return measure.Median(xs)
 }
 
 func medianByLevel(rs []*RunResult, f func(*RunResult) map[string]float64) map[string]float64 {
@@ -175,23 +176,9 @@ func medianByLevel(rs []*RunResult, f func(*RunResult) map[string]float64) map[s
 	}
 	out := map[string]float64{}
 	for k, xs := range by {
-		out[k] = median(xs)
+		out[k] = measure.Median(xs)
 	}
 	return out
-}
-
-// median returns the median of xs (the mean of the middle two for an
-// even count), NaN for none.
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return math.NaN()
-	}
-	sort.Float64s(xs)
-	n := len(xs)
-	if n%2 == 1 {
-		return xs[n/2]
-	}
-	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 // RunResult is one run of the script.
@@ -569,7 +556,8 @@ func (r *RunResult) finish(el time.Duration) {
 	for i := range r.Seconds {
 		s := &r.Seconds[i]
 		if len(s.lat) > 0 {
-			s.P50, s.P99 = percentile(s.lat, 0.5), percentile(s.lat, 0.99)
+			slices.Sort(s.lat)
+			s.P50, s.P99 = measure.Quantile(s.lat, 0.5), measure.Quantile(s.lat, 0.99)
 		}
 		s.TimeByTier = s.spent.means()
 		for _, l := range criticality.All() {
