@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -54,14 +53,9 @@ func parseExtprocFlags(args []string, stderr io.Writer, o *options) (*extprocFla
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the processor answers health NOT_SERVING before it stops; streams still open 10 s later are cut")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9093); default none")
 	f.log.register(fs)
-	o.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0, false
-		}
-		return nil, 2, false
+	if code, ok := o.parse(fs, args, stderr, &f.tls); !ok {
+		return nil, code, false
 	}
-	warnDeprecated(stderr, "triage extproc", f.tls)
 	msg := f.admission.check()
 	if msg == "" {
 		msg = checkServing(f.listen, f.tls, f.unauthed, f.edge.identities)

@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -73,14 +72,9 @@ func parseProxyFlags(args []string, stderr io.Writer, o *options) (*proxyFlags, 
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the proxy serves in lame duck (health NOT_SERVING) before it stops; calls still running 10 s later are cut")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9091); default none")
 	f.log.register(fs)
-	o.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0, false
-		}
-		return nil, 2, false
+	if code, ok := o.parse(fs, args, stderr, &f.tls); !ok {
+		return nil, code, false
 	}
-	warnDeprecated(stderr, "triage proxy", f.tls)
 	f.addrs = splitList(*backends)
 	f.trustIDs = splitList(*trustedIDs)
 	if msg := f.check(fs); msg != "" {

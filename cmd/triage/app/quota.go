@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"golang.org/x/net/netutil"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/netutil"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -111,14 +112,9 @@ func runQuotaServer(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := flag.NewFlagSet("triage quota-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f.register(fs)
-	o.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := o.parse(fs, args, stderr, &f.tls); !ok {
+		return code
 	}
-	warnDeprecated(stderr, "triage quota-server", f.tls)
 	if f.configUsed {
 		fmt.Fprintln(stderr, "triage quota-server: -config is deprecated: use -policy")
 	}

@@ -89,14 +89,9 @@ func parseSidecarFlags(args []string, stderr io.Writer, o *options) (*sidecarFla
 	fs.StringVar(&f.upstreamReady, "upstream-ready", "", "the upstream's own readiness path (e.g. /healthz): the sidecar's readiness answers 503 while the upstream does not answer it 2xx or 3xx within a second (asked at most once a second); default: the sidecar's readiness does not ask the upstream")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9092); default none")
 	f.log.register(fs)
-	o.register(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, 0, false
-		}
-		return nil, 2, false
+	if code, ok := o.parse(fs, args, stderr, &f.tls); !ok {
+		return nil, code, false
 	}
-	warnDeprecated(stderr, "triage sidecar", f.tls)
 	if msg := f.check(fs, *upstream); msg != "" {
 		fmt.Fprintln(stderr, "triage sidecar: "+msg)
 		return nil, 2, false

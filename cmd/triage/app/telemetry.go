@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
@@ -194,6 +196,21 @@ func (opt *options) startServing(ctx context.Context, command string, lf *logFla
 		return nil, 1
 	}
 	return &serving{log: log, reg: reg, obs: m, stop: stop}, 0
+}
+
+// parse parses a serving command's args into fs, with the build's
+// telemetry flags, and warns on stderr of a deprecated TLS flag in tls;
+// when it fails, the int is the exit status (0 for -help).
+func (opt *options) parse(fs *flag.FlagSet, args []string, stderr io.Writer, tls *tlsfiles.Files) (int, bool) {
+	opt.register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	warnDeprecated(stderr, fs.Name(), *tls)
+	return 0, true
 }
 
 // register adds the build's telemetry flags to fs.
