@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -55,11 +56,18 @@ func (s grpcService) run(ctx context.Context, stdout io.Writer, banner func(net.
 		s.lc.Shutdown(sctx, triagegrpc.GracefulStop(s.gs))
 	}()
 	fmt.Fprintln(stdout, banner(lis.Addr()))
-	if err := s.gs.Serve(lis); err != nil {
+	if err := s.gs.Serve(lis); err != nil && !stoppedFirst(ctx, err) {
 		s.log.Error(s.name+" stopped", "err", err)
 		return 1
 	}
 	<-stopped
 	s.log.Info("stopped")
 	return 0
+}
+
+// stoppedFirst reports whether Serve's err says only that the stop ctx
+// asked for came before Serve began (a SIGTERM during start-up): a clean
+// stop.
+func stoppedFirst(ctx context.Context, err error) bool {
+	return errors.Is(err, grpc.ErrServerStopped) && ctx.Err() != nil
 }

@@ -410,7 +410,7 @@ func (q *quotaServer) serve(ctx context.Context, f *quotaServerFlags, stdout io.
 	}()
 	fmt.Fprintf(stdout, "quota service listening on %s: %d customers (policy %s), lease %v, refresh %v, %s\n",
 		lis.Addr(), len(q.src.policy.Customers()), q.src.where, f.lease, f.refresh, f.describe())
-	if err := gs.Serve(lis); err != nil {
+	if err := gs.Serve(lis); err != nil && !stoppedFirst(ctx, err) {
 		return err
 	}
 	<-stopped

@@ -2,6 +2,7 @@ package app
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -83,5 +84,29 @@ func TestSIGTERMIsACleanShutdown(t *testing.T) {
 	wcancel()
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("after SIGTERM: %v (want exit 0); stderr %q", err, errb.String())
+	}
+}
+
+// A serving command told to stop as it starts (its context already done:
+// a SIGTERM during start-up) stops cleanly: exit 0, not "the server has
+// been stopped" because the stop came before Serve.
+func TestStopAsItStarts(t *testing.T) {
+	policy := filepath.Join(t.TempDir(), "quota.yaml")
+	if err := os.WriteFile(policy, []byte("customers: {ads: {cpu: 2}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, args := range [][]string{
+		{"quota-server", "-policy", policy, "-listen", "127.0.0.1:0", "-drain", "0s"},
+		{"extproc", "-listen", "127.0.0.1:0", "-drain", "0s"},
+		{"proxy", "-backends", "127.0.0.1:1", "-listen", "127.0.0.1:0", "-drain", "0s"},
+	} {
+		for range 20 {
+			var out, errb bytes.Buffer
+			if code := run(ctx, args, &out, &errb); code != 0 {
+				t.Fatalf("%s stopped as it started: exit %d: %s", args[0], code, errb.String())
+			}
+		}
 	}
 }
