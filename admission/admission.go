@@ -133,6 +133,8 @@ type Controller struct {
 	waitObs WaitObserver // obs, if it is one
 	gates   []gate
 	maxWait time.Duration
+	// waitServices bounds the wait in mean service times (0: off).
+	waitServices float64
 	// messageTimeout and lateAfter (ns) judge a request's lateness at
 	// Start under SchedulerDelay; lateAfter 0 (ArrivalDelay): never late.
 	messageTimeout, lateAfter int64
@@ -272,6 +274,7 @@ func New(opts ...Option) (*Controller, error) {
 		waitObs:        waitObserver(c.obs),
 		gates:          c.gates,
 		maxWait:        c.maxWait,
+		waitServices:   c.waitServices,
 		targetDelay:    int64(c.targetDelay),
 		interval:       int64(c.interval),
 		tolerance:      c.tolerance,
@@ -283,21 +286,7 @@ func New(opts ...Option) (*Controller, error) {
 		attempts:       window.New(int64(c.historyWindow/20), 20, 1),
 	}
 	ctl.since = clock.SinceFunc(clk, ctl.start)
-	ctl.prestartEpoch = prestartEpoch
-	if c.delay == SchedulerDelay || c.delay == 0 && c.clock == nil {
-		sd := newSchedDelay()
-		ctl.sched, ctl.runq = sd, sd
-		ctl.prestartEpoch = int64(c.targetDelay)
-		ctl.lateAfter = lateDelays * int64(c.targetDelay)
-	}
-	ctl.messageTimeout = int64(c.messageTimeout)
-	if !c.saturationSet && c.clock == nil {
-		if sig, err := (signals.CPUDemand{Interval: c.interval / 2}).Signal(); err == nil {
-			c.saturation = sig
-		}
-	}
-	ctl.saturation = c.saturation
-	ctl.saturated.Store(true)
+	ctl.measureWith(&c)
 	ctl.busy = 1
 	if ctl.random == nil {
 		ctl.random = rand.Float64
@@ -318,6 +307,26 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli, maxDelay: int64(c.maxWait)}
 	ctl.buildErrs(c.retryAfterMin, c.retryAfterMax)
 	return ctl, nil
+}
+
+// measureWith sets how the controller measures the queue it cannot see
+// (the scheduler's delay, or the arrival's) and the CPU's saturation.
+func (ctl *Controller) measureWith(c *config) {
+	ctl.prestartEpoch = prestartEpoch
+	if c.delay == SchedulerDelay || c.delay == 0 && c.clock == nil {
+		sd := newSchedDelay()
+		ctl.sched, ctl.runq = sd, sd
+		ctl.prestartEpoch = int64(c.targetDelay)
+		ctl.lateAfter = lateDelays * int64(c.targetDelay)
+	}
+	ctl.messageTimeout = int64(c.messageTimeout)
+	if !c.saturationSet && c.clock == nil {
+		if sig, err := (signals.CPUDemand{Interval: c.interval / 2}).Signal(); err == nil {
+			c.saturation = sig
+		}
+	}
+	ctl.saturation = c.saturation
+	ctl.saturated.Store(true)
 }
 
 func (c *Controller) now() int64 { return int64(c.since()) }

@@ -95,6 +95,7 @@ type config struct {
 	maxLimit       int
 	initialLimit   int
 	maxWait        time.Duration
+	waitServices   float64
 	targetDelay    time.Duration
 	queueFactor    int
 	dontRetryRatio float64
@@ -153,6 +154,17 @@ func WithLimits(min, initial, max int) Option {
 // with a deadline waits until its deadline instead, also when that starts
 // during its wait: nobody would retry it elsewhere.
 func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c.maxWait = d }) }
+
+// WithMaxWaitServiceTimes also bounds the time a request waits for an
+// execution slot by n times the mean service time of the last interval
+// (in [0, 1000]; 0, the default, turns the bound off). In front of a
+// service in another process, whose concurrency the limit finds, a queue
+// of about one service time keeps every slot busy as it frees; a longer
+// one adds only waiting. Before a service time is measured the max wait
+// alone applies, and a request with a deadline never waits past it.
+func WithMaxWaitServiceTimes(n float64) Option {
+	return optionFunc(func(c *config) { c.waitServices = n })
+}
 
 // WithTargetDelay sets the mean time an admitted request may wait between
 // arriving and its handler starting (in the Go run queue and the
@@ -217,6 +229,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: limits need 1 <= min <= initial <= max <= 2^20, got %d, %d, %d", ErrConfig, c.minLimit, c.initialLimit, c.maxLimit)
 	case c.maxWait <= 0:
 		return fmt.Errorf("%w: max wait must be positive, got %v", ErrConfig, c.maxWait)
+	case !(c.waitServices >= 0 && c.waitServices <= 1000):
+		return fmt.Errorf("%w: max wait in service times must be in [0, 1000], got %v", ErrConfig, c.waitServices)
 	case c.targetDelay <= 0:
 		return fmt.Errorf("%w: target delay must be positive, got %v", ErrConfig, c.targetDelay)
 	case c.queueFactor < 0 || c.queueFactor > 64:

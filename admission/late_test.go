@@ -167,7 +167,7 @@ func TestScheduledRequestsTakeNoRoomUntilStart(t *testing.T) {
 	}
 }
 
-// A request whose client is over its share (ArriveOverShare) gets only
+// A request whose client is over its share (ArriveAs with OverShare) gets only
 // the first half of the room; plain arrivals then still get the rest.
 func TestOverShareGetsHalfTheRoom(t *testing.T) {
 	room := fill(t, lateController(t, clock.NewFake(epoch), admission.SchedulerDelay))
@@ -175,7 +175,7 @@ func TestOverShareGetsHalfTheRoom(t *testing.T) {
 	over := 0
 	for ; over <= room; over++ {
 		var tk admission.Ticket
-		if err := c.ArriveOverShare(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.ArriveAs(&tk, criticality.Critical, 0, time.Time{}, admission.OverShare); err != nil {
 			if reason(t, err) != admission.Concurrency {
 				t.Fatalf("refused for %v", err)
 			}
@@ -244,7 +244,7 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 	var overTickets []*admission.Ticket
 	for n := 0; n < 100; n++ {
 		tk := new(admission.Ticket)
-		if err := c.ArriveOverShare(tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.ArriveAs(tk, criticality.Critical, 0, time.Time{}, admission.OverShare); err != nil {
 			break
 		}
 		c.Scheduled(tk) // it waits for its message, holding no room

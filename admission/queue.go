@@ -196,18 +196,22 @@ func (c *Controller) enqueue(w *waiter, r int) error {
 }
 
 // waitBudget is how long a request of level l may wait for a slot: the
-// max wait (an interval more while the baseline probe holds the limit at
-// its minimum: a probe delays requests, as BBR's ProbeRTT does, and sheds
-// none for it), or less when its deadline leaves less time, less the
-// expected service time; byDeadline says the deadline set it. The max
-// wait is there so that a refused client retries elsewhere in time; when
-// the refusal would say "overloaded; don't retry" (retriesHigh), nobody
+// max wait, or WithMaxWaitServiceTimes' bound when that is shorter (an
+// interval more while the baseline probe holds the limit at its minimum:
+// a probe delays requests, as BBR's ProbeRTT does, and sheds none for
+// it), or less when its deadline leaves less time, less the expected
+// service time; byDeadline says the deadline set it. The max wait is
+// there so that a refused client retries elsewhere in time; when the
+// refusal would say "overloaded; don't retry" (retriesHigh), nobody
 // would, so a CRITICAL or CRITICAL_PLUS request with a deadline waits
 // until the deadline leaves only the expected service time.
 func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level) (budget time.Duration, byDeadline bool) {
 	budget = c.maxWait
+	if svc := c.expectedService(); c.waitServices > 0 && svc > 0 {
+		budget = min(budget, time.Duration(c.waitServices*float64(svc)))
+	}
 	if c.probingNow.Load() {
-		budget = max(budget, time.Duration(c.interval)+c.maxWait)
+		budget += time.Duration(c.interval)
 	}
 	if d, ok := ctx.Deadline(); ok {
 		left := d.Sub(now) - c.expectedService()

@@ -57,26 +57,20 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	return c.arrive(t, l, attemptN, deadline, 0)
 }
 
-// ArriveOverShare is Arrive for a request whose client already holds its
-// share of the requests admitted and not yet running (to the gRPC
-// adapter, ConnShare streams of its connection waiting for their
-// goroutines): it is admitted only into the first half of the task's
-// room, so that one client's burst, which fills the room until its
-// requests run, leaves the other half to the other clients; if it queues
-// for a slot, it ranks below the fresh requests of its level, as a late
-// one does, so that another client's request arriving to a full queue
-// takes its place. A client alone still gets the whole task in time: its
-// requests wait less, and the pending cap grows.
-func (c *Controller) ArriveOverShare(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
-	return c.arrive(t, l, attemptN, deadline, OverShare)
-}
-
 // Arrival says what a transport knows about how a request arrived.
 type Arrival uint8
 
 const (
 	// OverShare: the request's client already holds its share of the
-	// requests admitted and not yet running (ArriveOverShare).
+	// requests admitted and not yet running (to the gRPC adapter,
+	// ConnShare streams of its connection waiting for their goroutines).
+	// It is admitted only into the first half of the task's room, so that
+	// one client's burst, which fills the room until its requests run,
+	// leaves the other half to the other clients; if it queues for a
+	// slot, it ranks below the fresh requests of its level, as a late one
+	// does, so that another client's request arriving to a full queue
+	// takes its place. A client alone still gets the whole task in time:
+	// its requests wait less, and the pending cap grows.
 	OverShare Arrival = 1 << iota
 	// Shadow: the transport lets a rejected request through (package
 	// shadow): its rejection is not told to the Observer, since nothing

@@ -16,7 +16,7 @@ import (
 //   - its share: a request arriving while DefaultConnShare (WithConnShare)
 //     others of its connection are accepted and not yet running (waiting
 //     for their goroutine, or for Start) gets only the first half of the
-//     task's room (admission.Controller.ArriveOverShare), so that one
+//     task's room (admission.OverShare), so that one
 //     connection's burst does not lock the others out;
 //   - its stalls: at most DefaultMaxConnStalls (WithMaxConnStalls) of its
 //     requests may be stalled at once, waiting on their client without a

@@ -204,7 +204,7 @@ func TestMessageTimedOutPenalisesTheConnection(t *testing.T) {
 
 // A connection's requests accepted and not yet running count toward its
 // share: past it, they get only half the room (admission's
-// ArriveOverShare), and the requests of other connections still get the
+// admission.OverShare), and the requests of other connections still get the
 // rest; with the share off (0), one connection's burst takes all of it.
 func TestConnShareHalvesTheRoomOfABurst(t *testing.T) {
 	burst := func(share int) (n, more int) {

@@ -50,13 +50,14 @@ type config struct {
 	step                      time.Duration
 	serverCPU, loadCPU        string
 	pyRounds, nodeRounds      int
+	ioMS                      int
 	out, triage, dir          string
 }
 
 func main() {
 	var c config
 	var ups, pxs, loads string
-	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
+	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, gunicorn (sync workers, CPU then I/O wait), python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
 	flag.StringVar(&pxs, "proxies", "direct,nginx,haproxy,sidecar",
 		"configurations: direct (unprotected), nginx, haproxy, sidecar; NAME-own-cpu: the proxy on -load-cpu instead of the upstream's")
 	flag.StringVar(&loads, "loads", "0.5,1,2,5,10", "load steps, multiples of the upstream's probed capacity")
@@ -66,6 +67,7 @@ func main() {
 	flag.StringVar(&c.loadCPU, "load-cpu", "1", "CPU of triage loadtest")
 	flag.IntVar(&c.pyRounds, "python-rounds", 30000, "sha256 rounds per Python request (about 10 ms here, a typical Python handler)")
 	flag.IntVar(&c.nodeRounds, "node-rounds", 8000, "sha256 rounds per Node request (about 10 ms here)")
+	flag.IntVar(&c.ioMS, "io-ms", 20, "the gunicorn upstream's I/O wait per request, ms (after a sixth of -python-rounds of CPU)")
 	flag.StringVar(&c.out, "out", "polyglot-out", "directory for every run's result.json and the table")
 	soak := flag.Duration("soak", 0, "instead of the table: run the first of -upstreams behind the sidecar at 10x C for this long, reading the sidecar's goroutines and memory every 10 s")
 	over := flag.Duration("overhead", 0, "instead of the table: measure the sidecar's added latency at 0.5x C for this long per run (requests at random direct or through the sidecar)")
@@ -183,7 +185,7 @@ func (c config) once(up, px, out string) (*run, error) {
 		if base, ok := strings.CutSuffix(px, "-own-cpu"); ok {
 			name, cpu = base, c.loadCPU // the proxy on a CPU of its own (shared with the load generator)
 		}
-		argv, err := c.proxyArgv(name, out, probe)
+		argv, err := c.proxyArgv(up, name, out, probe)
 		if err != nil {
 			return nil, err
 		}
@@ -346,10 +348,29 @@ func (c config) stack(ctx context.Context, px, out string) (*run, error) {
 
 func (c config) upstreamArgv(up string) []string {
 	port := strconv.Itoa(upstreamPort)
-	if up == "node" {
+	switch up {
+	case "node":
 		return []string{"node", filepath.Join(c.dir, "upstream.js"), port, strconv.Itoa(c.nodeRounds)}
+	case "gunicorn":
+		return []string{"env", fmt.Sprintf("ROUNDS=%d", c.pyRounds/6), fmt.Sprintf("IO_MS=%d", c.ioMS),
+			"gunicorn", "--workers", strconv.Itoa(gunicornWorkers), "--bind", "127.0.0.1:" + port, "--chdir", c.dir, "wsgi:app"}
 	}
 	return []string{"python3", filepath.Join(c.dir, "upstream.py"), port, strconv.Itoa(c.pyRounds)}
+}
+
+// gunicornWorkers is the gunicorn upstream's sync workers: gunicorn's
+// documented (2 x cores) + 1 for the one core it has.
+const gunicornWorkers = 3
+
+// maxconn is HAProxy's maxconn for the upstream, as its documentation
+// says: the requests it serves at once. A one-core threaded server is
+// kept busy by two (one working, one arriving); gunicorn's sync workers
+// serve one each.
+func maxconn(up string) int {
+	if up == "gunicorn" {
+		return gunicornWorkers
+	}
+	return 2
 }
 
 // start runs argv pinned to the server's CPU, with its output in
@@ -414,12 +435,12 @@ func (c config) loadtest(ctx context.Context, out string, args ...string) (*load
 
 // proxyArgv writes the proxy's configuration (if it has one) into out
 // and returns its command line.
-func (c config) proxyArgv(px, out string, capacity float64) ([]string, error) {
-	up := fmt.Sprintf("127.0.0.1:%d", upstreamPort)
+func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error) {
+	addr := fmt.Sprintf("127.0.0.1:%d", upstreamPort)
 	listen := fmt.Sprintf("127.0.0.1:%d", proxyPort)
 	switch px {
 	case "sidecar":
-		return []string{c.triage, "sidecar", "-upstream", "http://" + up, "-listen", listen, "-trust", "127.0.0.1/32",
+		return []string{c.triage, "sidecar", "-upstream", "http://" + addr, "-listen", listen, "-trust", "127.0.0.1/32",
 			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, nil
 	case "nginx", "haproxy":
 		tmpl := nginxConf
@@ -432,7 +453,7 @@ func (c config) proxyArgv(px, out string, capacity float64) ([]string, error) {
 			return nil, err
 		}
 		err = template.Must(template.New(px).Parse(tmpl)).Execute(f, map[string]any{
-			"Upstream": up, "Listen": listen, "Dir": out, "Rate": int(capacity + 0.5), "Burst": max(int(capacity/10), 1),
+			"Upstream": addr, "Listen": listen, "Dir": out, "Rate": int(capacity + 0.5), "Burst": max(int(capacity/10), 1), "Maxconn": maxconn(up),
 		})
 		f.Close()
 		if err != nil {
@@ -502,7 +523,7 @@ frontend fe
   default_backend app
 backend app
   http-reuse always
-  server up {{.Upstream}} maxconn 2
+  server up {{.Upstream}} maxconn {{.Maxconn}}
 `
 
 // table is the medians of every configuration's runs, per load.

@@ -32,7 +32,7 @@ func (c config) overhead(up, cpu string, d time.Duration) (direct, sidecar [2]fl
 	if err != nil {
 		return direct, sidecar, n, err
 	}
-	argv, _ := c.proxyArgv("sidecar", out, capacity)
+	argv, _ := c.proxyArgv(up, "sidecar", out, capacity)
 	stopPx, err := c.startOn(ctx, cpu, out, "sidecar", proxyPort, argv...)
 	if err != nil {
 		return direct, sidecar, n, err

@@ -40,7 +40,7 @@ func (c config) runSoak(up string, d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	argv, err := c.proxyArgv("sidecar", out, capacity)
+	argv, err := c.proxyArgv(up, "sidecar", out, capacity)
 	if err != nil {
 		return err
 	}

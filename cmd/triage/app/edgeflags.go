@@ -84,6 +84,7 @@ const DefaultSidecarQueueFactor = 16
 type admissionFlags struct {
 	off, shadow bool
 	maxWait     time.Duration
+	waitSvc     float64 // -max-wait-services
 	queueFactor int
 	minInflight int
 	tolerance   float64
@@ -94,11 +95,17 @@ func (a *admissionFlags) register(fs *flag.FlagSet, maxWait time.Duration) {
 	fs.BoolVar(&a.off, "no-admission", false, "forward everything, without admission control (edge rules and trust still apply)")
 	fs.BoolVar(&a.shadow, "shadow", false, "shadow mode: decide as usual, count what would be refused (triage_shadow_would_refuse_total), refuse nothing")
 	fs.DurationVar(&a.maxWait, "max-wait", maxWait, "how long a request may wait for a slot at the upstream before it is refused")
+	fs.Float64Var(&a.waitSvc, "max-wait-services", DefaultMaxWaitServices, "also bound that wait by this many of the upstream's mean service times (0: -max-wait alone): a queue of about one service time keeps the upstream busy, a longer one only adds waiting")
 	fs.IntVar(&a.queueFactor, "queue-factor", DefaultSidecarQueueFactor, "the waiting queue, as a multiple of the number of requests let through at once (0-64)")
 	fs.IntVar(&a.minInflight, "min-inflight", 2, "fewest requests let through to the upstream at once, however high its latency (2 keeps a one-thread upstream busy while the next arrives)")
 	fs.Float64Var(&a.tolerance, "tolerance", triagegrpc.DefaultProxyTolerance, "how far the upstream's latency may rise above its recent best before fewer requests are let through at once (> 1)")
 	fs.IntVar(&a.peerShare, "peer-share", DefaultPeerShare, "requests of one untrusted caller address in flight before its next ones may take only half the waiting room, leaving the rest to other callers however many connections it opens (0: off)")
 }
+
+// DefaultMaxWaitServices is -max-wait-services: a request waits for the
+// upstream at most about one of its service times, and never more than
+// -max-wait (admission.WithMaxWaitServiceTimes).
+const DefaultMaxWaitServices = 1
 
 // DefaultPeerShare is -peer-share: an untrusted address with more
 // requests in flight than this competes for half the room
@@ -110,6 +117,8 @@ func (a *admissionFlags) check() string {
 	switch {
 	case a.maxWait <= 0 || a.queueFactor < 0 || a.queueFactor > 64 || !(a.tolerance > 1) || a.tolerance > 100:
 		return "-max-wait must be positive, -queue-factor between 0 and 64, -tolerance in (1, 100]"
+	case !(a.waitSvc >= 0 && a.waitSvc <= 1000):
+		return "-max-wait-services must be between 0 and 1000"
 	case a.minInflight < 1 || a.minInflight > admission.DefaultMaxLimit:
 		return fmt.Sprintf("-min-inflight must be between 1 and %d", admission.DefaultMaxLimit)
 	case a.peerShare < 0:
@@ -131,7 +140,7 @@ func (a *admissionFlags) controller(m *observers, reg *prometheus.Registry) (*ad
 // (which wraps labels, if any) and m's sink.
 func (a *admissionFlags) newController(m *observers, reg prometheus.Registerer, labels map[string]string) (*admission.Controller, error) {
 	ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
-		admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
+		admission.WithMaxWaitServiceTimes(a.waitSvc), admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
 		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit))
 	if err != nil {
 		return nil, err

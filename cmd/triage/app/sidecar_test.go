@@ -123,6 +123,8 @@ func TestSidecarFlags(t *testing.T) {
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-egress", "0.0.0.0:1=http://127.0.0.1:2"}, "only on loopback"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-min-inflight", "0"}, "-min-inflight"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-tolerance", "1"}, "-tolerance"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-max-wait-services", "-1"}, "-max-wait-services"},
+		{[]string{"extproc", "-max-wait-services", "NaN"}, "-max-wait-services"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-timeout", "0s"}, "-body-timeout"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-peer-share", "-1"}, "-peer-share"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-min-rate", "-1"}, "-body-min-rate"},
