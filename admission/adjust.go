@@ -22,6 +22,10 @@ func (c *Controller) maybeAdjust(now int64) {
 	}
 	c.adjustPending()
 	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
+	var own int64
+	if pn, ps := c.probeCount.Swap(0), c.probeSum.Swap(0); pn > 0 {
+		own = ps / pn
+	}
 	waited := c.waited.Swap(false)
 	if n == 0 {
 		// No measured request finished: no evidence of the service time.
@@ -40,7 +44,7 @@ func (c *Controller) maybeAdjust(now int64) {
 		c.sampleMask.Store(0)
 	}
 	limit := c.ls.limit
-	c.ls = c.limits.step(c.ls, mean, waited)
+	c.ls = c.limits.step(c.ls, mean, own, waited)
 	c.probeResume.Store(c.ls.resume)
 	c.probingNow.Store(c.ls.probing)
 	if next := c.ls.limit; next != limit {

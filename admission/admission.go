@@ -221,6 +221,8 @@ type Controller struct {
 	lv         [criticality.NumLevels]levelCounters
 	svcSum     atomic.Int64
 	svcCount   atomic.Int64
+	probeSum   atomic.Int64 // of the requests started while probing
+	probeCount atomic.Int64
 	delaySum   atomic.Int64 // sampled time from Arrive to Start
 	delayCount atomic.Int64
 	_          [32]byte

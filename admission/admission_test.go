@@ -793,46 +793,53 @@ func TestWaitObserverLearnsTheQueueWait(t *testing.T) {
 // With WithMaxWaitServiceTimes, the wait for a slot is bounded by that
 // many mean service times as well as by the max wait: a proxy in front of
 // a service whose requests take 20 ms queues about one service time of
-// work, not a second of it. The service time is learnt from requests
-// served first; before any is measured the max wait alone applies.
+// work, not a second of it; CRITICAL and CRITICAL_PLUS requests wait three
+// times as long. The service time is learnt from requests served first;
+// before any is measured the max wait alone applies.
 func TestWaitIsBoundedInServiceTimes(t *testing.T) {
-	f := clock.NewFake(epoch)
-	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
-		admission.WithMaxWaitServiceTimes(2), admission.WithInterval(100*time.Millisecond))
-	for range 20 { // 400 ms of 20 ms requests, one at a time: four intervals
-		var tk admission.Ticket
-		c.Arrive(&tk, criticality.Critical, 0, time.Time{})
-		if err := c.Start(context.Background(), &tk); err != nil {
-			t.Fatal(err)
+	for _, tc := range []struct {
+		level criticality.Level
+		bound time.Duration
+	}{{criticality.Sheddable, 40 * time.Millisecond}, {criticality.SheddablePlus, 40 * time.Millisecond},
+		{criticality.Critical, 120 * time.Millisecond}, {criticality.CriticalPlus, 120 * time.Millisecond}} {
+		f := clock.NewFake(epoch)
+		c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
+			admission.WithMaxWaitServiceTimes(2), admission.WithInterval(100*time.Millisecond))
+		for range 20 { // 400 ms of 20 ms requests, one at a time: four intervals
+			var tk admission.Ticket
+			c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+			if err := c.Start(context.Background(), &tk); err != nil {
+				t.Fatal(err)
+			}
+			f.Advance(20 * time.Millisecond)
+			c.Done(&tk)
 		}
-		f.Advance(20 * time.Millisecond)
-		c.Done(&tk)
-	}
-	if s := c.Stats().ServiceTime; s != 20*time.Millisecond {
-		t.Fatalf("service time %v, want 20ms", s)
-	}
-	var running, waiting admission.Ticket
-	c.Arrive(&running, criticality.Critical, 0, time.Time{})
-	c.Start(context.Background(), &running)
-	c.Arrive(&waiting, criticality.Critical, 0, time.Time{})
-	ch := make(chan error, 1)
-	go func() { ch <- c.Start(context.Background(), &waiting) }()
-	waitQueued(t, c, 1, f)
-	f.Advance(39 * time.Millisecond)
-	select {
-	case err := <-ch:
-		t.Fatalf("gave up before two service times: %v", err)
-	default:
-	}
-	f.Advance(time.Millisecond)
-	select {
-	case err := <-ch:
-		if reason(t, err) != admission.Concurrency {
-			t.Fatalf("err %v", err)
+		if s := c.Stats().ServiceTime; s != 20*time.Millisecond {
+			t.Fatalf("service time %v, want 20ms", s)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("still waiting after two service times (40 ms); the max wait is 1 s")
+		var running, waiting admission.Ticket
+		c.Arrive(&running, criticality.Critical, 0, time.Time{})
+		c.Start(context.Background(), &running)
+		c.Arrive(&waiting, tc.level, 0, time.Time{})
+		ch := make(chan error, 1)
+		go func() { ch <- c.Start(context.Background(), &waiting) }()
+		waitQueued(t, c, 1, f)
+		f.Advance(tc.bound - time.Millisecond)
+		select {
+		case err := <-ch:
+			t.Fatalf("%v gave up before %v: %v", tc.level, tc.bound, err)
+		default:
+		}
+		f.Advance(time.Millisecond)
+		select {
+		case err := <-ch:
+			if reason(t, err) != admission.Concurrency {
+				t.Fatalf("%v: err %v", tc.level, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v still waiting after %v; the max wait is 1 s", tc.level, tc.bound)
+		}
+		c.Done(&waiting)
+		c.Done(&running)
 	}
-	c.Done(&waiting)
-	c.Done(&running)
 }

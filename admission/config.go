@@ -160,7 +160,9 @@ func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c
 // (in [0, 1000]; 0, the default, turns the bound off). In front of a
 // service in another process, whose concurrency the limit finds, a queue
 // of about one service time keeps every slot busy as it frees; a longer
-// one adds only waiting. Before a service time is measured the max wait
+// one adds only waiting. CRITICAL and CRITICAL_PLUS requests wait up to
+// three times as long: where they are about all the task can serve, the
+// next slots serve them. Before a service time is measured the max wait
 // alone applies, and a request with a deadline never waits past it.
 func WithMaxWaitServiceTimes(n float64) Option {
 	return optionFunc(func(c *config) { c.waitServices = n })

@@ -790,3 +790,82 @@ func contendedTask(t *testing.T, seed uint64, demand bool) (served float64, mean
 	t.Logf("seed %d, demand %v: served %.3f of the contended capacity, wait before start mean %v p99 %v, pending cap %.1f, queued %d", seed, demand, served, mean, p99, c.Stats().PendingCap, len(q.queue))
 	return served, mean, p99
 }
+
+// The baseline probe measures the requests it starts, not the ones that
+// finish during it: in front of a service in another process whose
+// latency grows with the requests in it (one CPU shared by its threads),
+// the requests admitted before the probe finish in it with the old
+// limit's latency, and a baseline taken from them let the limit ratchet
+// up (Python's threaded server behind the sidecar: limit 7-9, 74 ms of
+// service for 10 ms of work). Here eight requests started at the limit
+// of 8 finish in the probe after 160 ms; the two the probe starts take
+// 20 ms. After it, a service time of 50 ms is 2.5 times the baseline,
+// and the limit shrinks although requests waited.
+func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(2, 8, 100), admission.WithTolerance(1.2),
+		admission.WithInterval(100*time.Millisecond), admission.WithRandom(func() float64 { return 0 }))
+	var tk admission.Ticket
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the first interval's measurement
+	c.Start(context.Background(), &tk)
+	f.Advance(10 * time.Millisecond)
+	c.Done(&tk)
+	var old [8]admission.Ticket
+	for i := range old {
+		c.Arrive(&old[i], criticality.Critical, 0, time.Time{})
+		if err := c.Start(context.Background(), &old[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Advance(90 * time.Millisecond)
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the first interval ends: the probe begins
+	c.Done(&tk)
+	if s := c.Stats(); !s.Probing || s.Limit != 2 {
+		t.Fatalf("after the first interval: %+v, want a probe at the limit of 2", s)
+	}
+	f.Advance(60 * time.Millisecond)
+	for i := range old {
+		c.Done(&old[i]) // 160 ms each
+	}
+	var probe [2]admission.Ticket
+	for i := range probe {
+		c.Arrive(&probe[i], criticality.Critical, 0, time.Time{})
+		if err := c.Start(context.Background(), &probe[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Advance(20 * time.Millisecond)
+	for i := range probe {
+		c.Done(&probe[i])
+	}
+	f.Advance(20 * time.Millisecond)
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the probe ends
+	c.Done(&tk)
+	s := c.Stats()
+	if s.Probing || s.Limit != 8 {
+		t.Fatalf("after the probe: %+v, want the limit of 8 back", s)
+	}
+	// An interval of 50 ms requests, the limit full and one more waiting.
+	var next [9]admission.Ticket
+	for i := range next[:8] {
+		c.Arrive(&next[i], criticality.Critical, 0, time.Time{})
+		if err := c.Start(context.Background(), &next[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Arrive(&next[8], criticality.Critical, 0, time.Time{})
+	if err := c.StartNow(&next[8]); !errors.Is(err, admission.ErrWouldWait) {
+		t.Fatalf("the ninth request: %v, want ErrWouldWait", err)
+	}
+	c.Done(&next[8])
+	f.Advance(50 * time.Millisecond)
+	for i := range next[:8] {
+		c.Done(&next[i])
+	}
+	f.Advance(50 * time.Millisecond)
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+	c.Done(&tk)
+	if got := c.Stats().Limit; got >= 8 {
+		t.Fatalf("after an interval at 2.5 times the probe's own requests' service time, the limit is %d, want below 8", got)
+	}
+}

@@ -195,6 +195,12 @@ func (c *Controller) enqueue(w *waiter, r int) error {
 	return nil
 }
 
+// criticalWaits is how many times WithMaxWaitServiceTimes' bound a
+// CRITICAL or CRITICAL_PLUS request may wait: where they are about all a
+// task can serve, a wait of one service time refuses some that the next
+// slots would have served.
+const criticalWaits = 3
+
 // waitBudget is how long a request of level l may wait for a slot: the
 // max wait, or WithMaxWaitServiceTimes' bound when that is shorter (an
 // interval more while the baseline probe holds the limit at its minimum:
@@ -208,7 +214,11 @@ func (c *Controller) enqueue(w *waiter, r int) error {
 func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level) (budget time.Duration, byDeadline bool) {
 	budget = c.maxWait
 	if svc := c.expectedService(); c.waitServices > 0 && svc > 0 {
-		budget = min(budget, time.Duration(c.waitServices*float64(svc)))
+		n := c.waitServices
+		if l >= criticality.Critical {
+			n *= criticalWaits
+		}
+		budget = min(budget, time.Duration(n*float64(svc)))
 	}
 	if c.probingNow.Load() {
 		budget += time.Duration(c.interval)

@@ -15,14 +15,21 @@ const stepDivisor = 10
 // limitRule finds the execution limit from service time: it grows while
 // the service time stays within tolerance of its baseline and requests
 // had to wait, shrinks when the service time inflates, and every
-// probeEvery intervals measures the baseline for one interval at the
-// minimum limit (as BBR's ProbeRTT does, since a baseline taken at the
-// current limit would let the limit ratchet up).
+// probeEvery intervals measures the baseline at the minimum limit (as
+// BBR's ProbeRTT does, since a baseline taken at the current limit would
+// let the limit ratchet up). The baseline is the service time of the
+// requests the probe started: those admitted before it finish in it with
+// the old limit's latency. The probe lasts until one of its own requests
+// is measured, at most maxProbe intervals.
 type limitRule struct {
 	min, max   int64
 	tolerance  float64
 	probeEvery int64
 }
+
+// maxProbe bounds the intervals a probe lasts waiting for a measurement
+// of a request it started; then the probe interval's mean serves.
+const maxProbe = 5
 
 // limitState is what limitRule remembers between intervals.
 type limitState struct {
@@ -31,19 +38,27 @@ type limitState struct {
 	// math.MaxInt64 before the first.
 	best      int64
 	probing   bool  // this interval runs at the minimum limit
+	probed    int64 // intervals the probe has lasted
 	resume    int64 // the limit to return to after the probe
 	intervals int64
 }
 
 // step is one interval: mean is its sampled requests' mean service time
-// (ns), waited says whether a request had to wait for a slot.
-func (r limitRule) step(s limitState, mean int64, waited bool) limitState {
+// (ns), own the mean of those the probe started (0: none measured), and
+// waited says whether a request had to wait for a slot.
+func (r limitRule) step(s limitState, mean, own int64, waited bool) limitState {
 	s.intervals++
 	switch {
+	case s.probing && own == 0 && s.probed+1 < maxProbe:
+		// Only requests admitted before the probe finished in it.
+		s.probed++
 	case s.probing:
-		// The probe interval ran at the minimum limit: its mean service
-		// time is the baseline until the next probe.
-		s.best, s.probing, s.limit = mean, false, s.resume
+		// The probe's own requests' service time is the baseline until
+		// the next probe.
+		if own == 0 {
+			own = mean
+		}
+		s.best, s.probing, s.probed, s.limit = own, false, 0, s.resume
 	case s.best == math.MaxInt64 || s.intervals%r.probeEvery == 0:
 		if s.limit > r.min {
 			s.probing, s.resume, s.limit = true, s.limit, r.min

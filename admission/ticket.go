@@ -27,6 +27,7 @@ type Ticket struct {
 	owes            bool // displaced while not started: refused at Start (Scheduled)
 	queued          bool // Start gave it its slot after a wait in the queue
 	overShare       bool // arrived over its client's share: queues as late
+	probe           bool // sampled: started while the baseline probe ran
 }
 
 // Level returns the request's criticality.
@@ -361,6 +362,7 @@ func (c *Controller) started(t *Ticket, waited time.Duration) error {
 		t.started = c.readLater() // service starts when the slot is given
 		t.mark = c.paused.Load()
 	}
+	t.probe = t.sampled && c.probingNow.Load()
 	c.obs.Admitted(t.level)
 	if c.waitObs != nil {
 		c.waitObs.Waited(t.level, waited)
@@ -416,8 +418,13 @@ func (c *Controller) Done(t *Ticket) {
 // addService counts a sampled request's service time: from Start to now,
 // less its time away and the pauses of the process.
 func (c *Controller) addService(t *Ticket, now int64) {
-	c.svcSum.Add(max(now-t.started-t.awayFor-c.pausedSince(t.mark), 1))
+	d := max(now-t.started-t.awayFor-c.pausedSince(t.mark), 1)
+	c.svcSum.Add(d)
 	c.svcCount.Add(1)
+	if t.probe {
+		c.probeSum.Add(d)
+		c.probeCount.Add(1)
+	}
 }
 
 // Away tells the Controller that a running request now waits on a call

@@ -51,6 +51,7 @@ type config struct {
 	serverCPU, loadCPU        string
 	pyRounds, nodeRounds      int
 	ioMS                      int
+	sidecarArgs               []string
 	out, triage, dir          string
 }
 
@@ -69,6 +70,10 @@ func main() {
 	flag.IntVar(&c.nodeRounds, "node-rounds", 8000, "sha256 rounds per Node request (about 10 ms here)")
 	flag.IntVar(&c.ioMS, "io-ms", 20, "the gunicorn upstream's I/O wait per request, ms (after a sixth of -python-rounds of CPU)")
 	flag.StringVar(&c.out, "out", "polyglot-out", "directory for every run's result.json and the table")
+	flag.Func("sidecar-arg", "a flag for triage sidecar beyond its defaults (-trust 127.0.0.1/32, -metrics), e.g. -sidecar-arg=-tolerance=2; repeatable", func(v string) error {
+		c.sidecarArgs = append(c.sidecarArgs, v)
+		return nil
+	})
 	soak := flag.Duration("soak", 0, "instead of the table: run the first of -upstreams behind the sidecar at 10x C for this long, reading the sidecar's goroutines and memory every 10 s")
 	over := flag.Duration("overhead", 0, "instead of the table: measure the sidecar's added latency at 0.5x C for this long per run (requests at random direct or through the sidecar)")
 	flag.Parse()
@@ -440,8 +445,8 @@ func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error
 	listen := fmt.Sprintf("127.0.0.1:%d", proxyPort)
 	switch px {
 	case "sidecar":
-		return []string{c.triage, "sidecar", "-upstream", "http://" + addr, "-listen", listen, "-trust", "127.0.0.1/32",
-			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, nil
+		return append([]string{c.triage, "sidecar", "-upstream", "http://" + addr, "-listen", listen, "-trust", "127.0.0.1/32",
+			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, c.sidecarArgs...), nil
 	case "nginx", "haproxy":
 		tmpl := nginxConf
 		if px == "haproxy" {
