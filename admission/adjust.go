@@ -21,6 +21,7 @@ func (c *Controller) maybeAdjust(now int64) {
 		c.saturated.Store(c.busy >= saturatedAt)
 	}
 	c.adjustPending()
+	c.standing.Store(!c.drained.Swap(false))
 	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
 	var own int64
 	if pn, ps := c.probeCount.Swap(0), c.probeSum.Swap(0); pn > 0 {

@@ -157,10 +157,13 @@ func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c
 
 // WithMaxWaitServiceTimes also bounds the time a request waits for an
 // execution slot by n times the mean service time of the last interval
-// (in [0, 1000]; 0, the default, turns the bound off). In front of a
-// service in another process, whose concurrency the limit finds, a queue
-// of about one service time keeps every slot busy as it frees; a longer
-// one adds only waiting. CRITICAL and CRITICAL_PLUS requests wait up to
+// (in [0, 1000]; 0, the default, turns the bound off), after an interval
+// in which the slot queue never emptied: a standing queue, not a burst
+// (CoDel's distinction; a burst at the task's capacity drains, and a
+// short bound would refuse part of it). In front of a service in another
+// process, whose concurrency the limit finds, a standing queue of about
+// one service time keeps every slot busy as it frees; a longer one adds
+// only waiting. CRITICAL and CRITICAL_PLUS requests wait up to
 // three times as long: where they are about all the task can serve, the
 // next slots serve them. Before a service time is measured the max wait
 // alone applies, and a request with a deadline never waits past it.

@@ -74,6 +74,15 @@ func (c *Controller) dispatch() {
 		}
 		w.ch <- nil
 	}
+	c.markDrained()
+}
+
+// markDrained notes that the slot queue was empty as a request started
+// (a store only the first time in an interval).
+func (c *Controller) markDrained() {
+	if !c.drained.Load() {
+		c.drained.Store(true)
+	}
 }
 
 // popHighest removes the oldest waiter of the highest rank. c.mu is
@@ -202,7 +211,9 @@ func (c *Controller) enqueue(w *waiter, r int) error {
 const criticalWaits = 3
 
 // waitBudget is how long a request of level l may wait for a slot: the
-// max wait, or WithMaxWaitServiceTimes' bound when that is shorter (an
+// max wait, or, after an interval in which the slot queue never emptied
+// (a standing queue, not a burst: CoDel's distinction),
+// WithMaxWaitServiceTimes' bound when that is shorter (an
 // interval more while the baseline probe holds the limit at its minimum:
 // a probe delays requests, as BBR's ProbeRTT does, and sheds none for
 // it), or less when its deadline leaves less time, less the expected
@@ -213,7 +224,7 @@ const criticalWaits = 3
 // until the deadline leaves only the expected service time.
 func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level) (budget time.Duration, byDeadline bool) {
 	budget = c.maxWait
-	if svc := c.expectedService(); c.waitServices > 0 && svc > 0 {
+	if svc := c.expectedService(); c.waitServices > 0 && svc > 0 && c.standing.Load() {
 		n := c.waitServices
 		if l >= criticality.Critical {
 			n *= criticalWaits
