@@ -798,7 +798,7 @@ func contendedTask(t *testing.T, seed uint64, demand bool) (served float64, mean
 // limit's latency, and a baseline taken from them let the limit ratchet
 // up (Python's threaded server behind the sidecar: limit 7-9, 74 ms of
 // service for 10 ms of work). Here eight requests started at the limit
-// of 8 finish in the probe after 160 ms; the two the probe starts take
+// of 8 finish in the probe after 150 ms; the two the probe starts take
 // 20 ms. After it, a service time of 50 ms is 2.5 times the baseline,
 // and the limit shrinks although requests waited.
 func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
@@ -811,12 +811,7 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 	f.Advance(10 * time.Millisecond)
 	c.Done(&tk)
 	var old [8]admission.Ticket
-	for i := range old {
-		c.Arrive(&old[i], criticality.Critical, 0, time.Time{})
-		if err := c.Start(context.Background(), &old[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
+	startAll(t, c, old[:])
 	f.Advance(90 * time.Millisecond)
 	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the first interval ends: the probe begins
 	c.Done(&tk)
@@ -824,20 +819,11 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 		t.Fatalf("after the first interval: %+v, want a probe at the limit of 2", s)
 	}
 	f.Advance(60 * time.Millisecond)
-	for i := range old {
-		c.Done(&old[i]) // 160 ms each
-	}
+	doneAll(c, old[:]) // 150 ms each
 	var probe [2]admission.Ticket
-	for i := range probe {
-		c.Arrive(&probe[i], criticality.Critical, 0, time.Time{})
-		if err := c.Start(context.Background(), &probe[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
+	startAll(t, c, probe[:])
 	f.Advance(20 * time.Millisecond)
-	for i := range probe {
-		c.Done(&probe[i])
-	}
+	doneAll(c, probe[:])
 	f.Advance(20 * time.Millisecond)
 	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the probe ends
 	c.Done(&tk)
@@ -847,25 +833,36 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 	}
 	// An interval of 50 ms requests, the limit full and one more waiting.
 	var next [9]admission.Ticket
-	for i := range next[:8] {
-		c.Arrive(&next[i], criticality.Critical, 0, time.Time{})
-		if err := c.Start(context.Background(), &next[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
+	startAll(t, c, next[:8])
 	c.Arrive(&next[8], criticality.Critical, 0, time.Time{})
 	if err := c.StartNow(&next[8]); !errors.Is(err, admission.ErrWouldWait) {
 		t.Fatalf("the ninth request: %v, want ErrWouldWait", err)
 	}
 	c.Done(&next[8])
 	f.Advance(50 * time.Millisecond)
-	for i := range next[:8] {
-		c.Done(&next[i])
-	}
+	doneAll(c, next[:8])
 	f.Advance(50 * time.Millisecond)
 	c.Arrive(&tk, criticality.Critical, 0, time.Time{})
 	c.Done(&tk)
 	if got := c.Stats().Limit; got >= 8 {
 		t.Fatalf("after an interval at 2.5 times the probe's own requests' service time, the limit is %d, want below 8", got)
+	}
+}
+
+// startAll admits and starts CRITICAL requests into tks, each at once.
+func startAll(t *testing.T, c *admission.Controller, tks []admission.Ticket) {
+	t.Helper()
+	for i := range tks {
+		c.Arrive(&tks[i], criticality.Critical, 0, time.Time{})
+		if err := c.Start(context.Background(), &tks[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// doneAll ends the requests of tks.
+func doneAll(c *admission.Controller, tks []admission.Ticket) {
+	for i := range tks {
+		c.Done(&tks[i])
 	}
 }
