@@ -196,7 +196,7 @@ func (f *quotaServerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.advertise, "advertise", "", "with -etcd, the address tasks reach this replica at (told to tasks by the other replicas; required with -etcd)")
 	fs.DurationVar(&f.sessionTTL, "session-ttl", quotareplica.DefaultSessionTTL*time.Second, "with -etcd, the etcd session TTL, whole seconds (etcd's unit): how long a dead leader holds the election")
 	fs.StringVar(&f.electionPrefix, "election-prefix", quotareplica.DefaultElectionPrefix, "with -etcd, the etcd key prefix of the election (replicas of one service share it)")
-	fs.StringVar(&f.policyKey, "policy-key", "", "with -etcd, the etcd key holding the YAML policy, instead of -config: every replica watches it, refuses a bad push and keeps the last good policy")
+	fs.StringVar(&f.policyKey, "policy-key", "", "with -etcd, the etcd key holding the YAML policy, instead of -policy: every replica watches it, refuses a bad push and keeps the last good policy")
 	fs.StringVar(&f.grantLog, "grant-log", "", "append every share granted to this file, one JSON line each (an audit trail; quota/grantlog), written off the refresh path; its errors go to stderr and triage_quota_grant_log_errors_total")
 	fs.Int64Var(&f.grantLogMax, "grant-log-max-bytes", 100<<20, "with -grant-log, rotate the file (to FILE.1, FILE.2, ...) before it passes this size")
 	fs.IntVar(&f.grantLogBackups, "grant-log-backups", 5, "with -grant-log, how many rotated files to keep (0 to 100)")
