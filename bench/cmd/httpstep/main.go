@@ -28,6 +28,8 @@ import (
 	"runtime/metrics"
 	"runtime/pprof"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/triagehq/triage/admission"
@@ -35,6 +37,7 @@ import (
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/statetrace"
 	"github.com/triagehq/triage/bench/internal/triagebin"
+	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -72,7 +75,8 @@ func serve(args []string) error {
 		fmt.Fprintln(w, burn.Rounds(n))
 	})
 	if *protect {
-		ctl, err := admission.New()
+		rejected := &reasons{}
+		ctl, err := admission.New(admission.WithObserver(rejected))
 		if err != nil {
 			return err
 		}
@@ -86,7 +90,7 @@ func serve(args []string) error {
 		}
 		h = mw(h)
 		if name := os.Getenv("TRIAGE_BENCH_TRACE"); name != "" {
-			if err := traceState(name, ctl); err != nil {
+			if err := traceState(name, ctl, rejected); err != nil {
 				return err
 			}
 		}
@@ -109,14 +113,33 @@ func serve(args []string) error {
 	return (&http.Server{Handler: h, ConnContext: triagehttp.ConnContext, ReadHeaderTimeout: 10 * time.Second}).Serve(lis)
 }
 
+// reasons counts the controller's rejections by reason.
+type reasons struct {
+	admission.Nop
+	n        [admission.NumReasons]atomic.Int64
+	admitted atomic.Int64
+}
+
+func (r *reasons) Rejected(_ criticality.Level, why admission.Reason, _ bool) { r.n[why].Add(1) }
+func (r *reasons) Admitted(criticality.Level)                                 { r.admitted.Add(1) }
+
 // traceState appends the controller's state to name every 100 ms, one
 // JSON line each, until the process ends (TRIAGE_BENCH_TRACE=FILE), with
-// the interval's run-queue waits (p50, p99, max) and the goroutines
-// runnable.
-func traceState(name string, ctl *admission.Controller) error {
+// the interval's run-queue waits (p50, p99, max), the goroutines
+// runnable, the interval's admissions and rejections by reason, and the
+// process's CPU time in the interval.
+func traceState(name string, ctl *admission.Controller, counts *reasons) error {
 	ms := []metrics.Sample{{Name: "/sched/latencies:seconds"}, {Name: "/sched/goroutines/runnable:goroutines"}}
 	var last []uint64
+	var lastCPU time.Duration
 	return statetrace.Start(name, 100*time.Millisecond, func() map[string]any {
+		rej := map[string]int64{}
+		for why := range admission.NumReasons {
+			rej[why.String()] = counts.n[why].Swap(0)
+		}
+		cpu := processCPU()
+		used := cpu - lastCPU
+		lastCPU = cpu
 		metrics.Read(ms)
 		h := ms[0].Value.Float64Histogram()
 		q := waits(h, last)
@@ -128,8 +151,18 @@ func traceState(name string, ctl *admission.Controller) error {
 			"delay_ms": float64(st.QueueDelay) / 1e6, "busy": st.Busy, "est_ms": float64(st.RunQueueWait) / 1e6,
 			"shed": st.QueueShed, "goroutines": runtime.NumGoroutine(), "runnable": ms[1].Value.Uint64(),
 			"rq_p50_ms": q[0] * 1e3, "rq_p99_ms": q[1] * 1e3, "rq_max_ms": q[2] * 1e3,
+			"admitted": counts.admitted.Swap(0), "rejected": rej, "cpu_ms": float64(used) / 1e6,
 		}
 	})
+}
+
+// processCPU returns the CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // waits returns the p50, p99 and max, in seconds (upper bucket edges), of
