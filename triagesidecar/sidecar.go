@@ -206,7 +206,8 @@ func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
 	}
 	to := target(upstream)
 	rp := &httputil.ReverseProxy{
-		Transport: upstreamWaits{c.transport},
+		Transport:  upstreamWaits{c.transport},
+		BufferPool: new(copyBuffers),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(to)
 			pr.Out.Host = pr.In.Host
@@ -224,6 +225,29 @@ func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
 		ErrorHandler: upstreamError,
 	}
 	return withDeadline(mw(finishing(noH2CUpgrade(rp), c.clock, c.grace)), c.timeout), nil
+}
+
+// copyBufferSize is the size of the buffers a proxy copies answers
+// through, httputil.ReverseProxy's own.
+const copyBufferSize = 32 << 10
+
+// copyBuffers are the buffers a reverse proxy copies answers through
+// (httputil.BufferPool; without one it allocates a buffer a request): as
+// many as copies run at once, and the collector takes back those a quiet
+// period leaves unused (a sync.Pool). Safe for concurrent use.
+type copyBuffers struct{ p sync.Pool }
+
+func (b *copyBuffers) Get() []byte {
+	if a, ok := b.p.Get().(*[copyBufferSize]byte); ok {
+		return a[:]
+	}
+	return new([copyBufferSize]byte)[:]
+}
+
+func (b *copyBuffers) Put(buf []byte) {
+	if len(buf) == copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(buf))
+	}
 }
 
 // noH2CUpgrade drops a request's offer to upgrade to h2c (RFC 7540,
@@ -327,7 +351,8 @@ func Egress(upstream *url.URL, caller *egress.Caller, opts ...Option) (http.Hand
 	}
 	to := target(upstream)
 	rp := &httputil.ReverseProxy{
-		Transport: &triagehttp.Transport{Base: c.transport, Caller: caller},
+		Transport:  &triagehttp.Transport{Base: c.transport, Caller: caller},
+		BufferPool: new(copyBuffers),
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(to)
 			pr.SetXForwarded()

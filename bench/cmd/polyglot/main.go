@@ -35,9 +35,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/template"
 	"time"
 
+	"github.com/triagehq/triage/bench/internal/stockproxy"
 	"github.com/triagehq/triage/bench/internal/triagebin"
 	"github.com/triagehq/triage/criticality"
 	measuring "github.com/triagehq/triage/internal/measure"
@@ -448,88 +448,17 @@ func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error
 		return append([]string{c.triage, "sidecar", "-upstream", "http://" + addr, "-listen", listen, "-trust", "127.0.0.1/32",
 			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, c.sidecarArgs...), nil
 	case "nginx", "haproxy":
-		tmpl := nginxConf
-		if px == "haproxy" {
-			tmpl = haproxyConf
-		}
-		path := filepath.Join(out, px+".conf")
-		f, err := os.Create(path)
-		if err != nil {
-			return nil, err
-		}
-		err = template.Must(template.New(px).Parse(tmpl)).Execute(f, map[string]any{
-			"Upstream": addr, "Listen": listen, "Dir": out, "Rate": int(capacity + 0.5), "Burst": max(int(capacity/10), 1), "Maxconn": maxconn(up),
-		})
-		f.Close()
-		if err != nil {
-			return nil, err
-		}
-		if px == "haproxy" {
-			return []string{"haproxy", "-db", "-f", path}, nil
-		}
-		return []string{"nginx", "-p", out, "-c", path, "-g", "daemon off;"}, nil
+		// nginx: limit_req at the measured capacity with a burst of a
+		// tenth of a second, limit_conn at the concurrency that keeps a
+		// one-core upstream busy. HAProxy: maxconn as its documentation
+		// says for the upstream, the rest queued for at most half the
+		// callers' deadline (a longer wait serves callers who gave up).
+		return stockproxy.Argv(px, stockproxy.Config{Upstream: addr, Listen: listen, Dir: out,
+			Rate: int(capacity + 0.5), Burst: max(int(capacity/10), 1), Conns: 4,
+			Maxconn: maxconn(up), Queue: 500 * time.Millisecond})
 	}
 	return nil, fmt.Errorf("unknown configuration %q", px)
 }
-
-// nginxConf is nginx in front of the upstream, tuned as its documentation
-// allows: one worker on the upstream's core; keep-alive connections to
-// the upstream; limit_req at the upstream's measured capacity with a
-// burst of a tenth of a second, and limit_conn at the concurrency that
-// keeps a one-core upstream busy, both answering 503 at once.
-const nginxConf = `worker_processes 1;
-pid {{.Dir}}/nginx.pid;
-error_log {{.Dir}}/nginx-error.log warn;
-events { worker_connections 16384; }
-http {
-  access_log off;
-  client_body_temp_path {{.Dir}}/tmp; proxy_temp_path {{.Dir}}/tmp;
-  fastcgi_temp_path {{.Dir}}/tmp; uwsgi_temp_path {{.Dir}}/tmp; scgi_temp_path {{.Dir}}/tmp;
-  keepalive_requests 100000;
-  limit_req_zone $server_name zone=rate:1m rate={{.Rate}}r/s;
-  limit_conn_zone $server_name zone=conns:1m;
-  upstream app { server {{.Upstream}}; keepalive 64; }
-  server {
-    listen {{.Listen}} backlog=4096;
-    location / {
-      limit_req zone=rate burst={{.Burst}} nodelay;
-      limit_conn conns 4;
-      limit_req_status 503; limit_conn_status 503;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_pass http://app;
-    }
-  }
-}
-`
-
-// haproxyConf is HAProxy in front of the upstream, tuned as its
-// documentation allows: the upstream's concurrency capped by maxconn,
-// the rest waiting in HAProxy's queue for at most half the callers'
-// deadline (a longer wait serves requests whose callers gave up),
-// the queue ordered by priority classes set from the criticality header
-// (set-priority-class), so that HAProxy too serves CRITICAL first.
-const haproxyConf = `global
-  maxconn 8000
-  nbthread 1
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 30s
-  timeout server 30s
-  timeout queue 500ms
-  option http-keep-alive
-frontend fe
-  bind {{.Listen}}
-  http-request set-priority-class int(-2) if { req.hdr(triage-criticality) -m str CRITICAL_PLUS }
-  http-request set-priority-class int(-1) if { req.hdr(triage-criticality) -m str CRITICAL }
-  http-request set-priority-class int(1) if { req.hdr(triage-criticality) -m str SHEDDABLE_PLUS }
-  http-request set-priority-class int(2) if { req.hdr(triage-criticality) -m str SHEDDABLE }
-  default_backend app
-backend app
-  http-reuse always
-  server up {{.Upstream}} maxconn {{.Maxconn}}
-`
 
 // table is the medians of every configuration's runs, per load.
 func (c config) table(results map[string][]*run) string {

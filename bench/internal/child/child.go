@@ -117,6 +117,34 @@ func ProcessCPU(pid int) float64 {
 	return (u + s) / 100 // clock ticks (USER_HZ is 100 on Linux)
 }
 
+// GroupCPU returns the CPU seconds the processes of process group pgid
+// (a server and the workers it forked: nginx, gunicorn) used so far, from
+// /proc; processes that ended are not counted.
+func GroupCPU(pgid int) float64 {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	total := 0.0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 13 || f[2] != strconv.Itoa(pgid) {
+			continue
+		}
+		total += ProcessCPU(pid)
+	}
+	return total
+}
+
 // PinSelf pins this process, every thread of it, to cpu (a taskset list)
 // when cpu is not empty and taskset exists.
 func PinSelf(cpu string) {
