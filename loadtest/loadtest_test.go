@@ -442,3 +442,29 @@ func TestTimelineHasEachSecondsLatency(t *testing.T) {
 		t.Errorf("the step's latency %+v, want its p99 and max 500 ms", st.Latency)
 	}
 }
+
+// Each criticality has the latency of its own successes: a service that
+// keeps CRITICAL fast while SHEDDABLE waits shows it (issue 56's target
+// is on CRITICAL's p50 and p99 against its own at half load).
+func TestLevelsHaveTheirOwnLatency(t *testing.T) {
+	var samples []sample
+	for i := range 100 {
+		at := time.Duration(i) * 10 * time.Millisecond
+		samples = append(samples,
+			sample{at: at, latency: 2 * time.Millisecond, outcome: OK, level: criticality.Critical},
+			sample{at: at, latency: 400 * time.Millisecond, outcome: OK, level: criticality.Sheddable},
+			sample{at: at, latency: time.Millisecond, outcome: Overloaded, level: criticality.Critical})
+	}
+	st := summarize(samples, 300, time.Second)
+	st.finish(100, []Share{{criticality.Critical, 0.5}, {criticality.Sheddable, 0.5}})
+	byLevel := map[criticality.Level]Latency{}
+	for _, lr := range st.Levels {
+		byLevel[lr.Level] = lr.Latency
+	}
+	if got := byLevel[criticality.Critical]; got.P50 != 2 || got.P99 != 2 || got.Max != 2 {
+		t.Errorf("CRITICAL's latency %+v, want 2 ms throughout (its refusals are no successes)", got)
+	}
+	if got := byLevel[criticality.Sheddable]; got.P50 != 400 || got.P99 != 400 {
+		t.Errorf("SHEDDABLE's latency %+v, want 400 ms", got)
+	}
+}

@@ -44,6 +44,7 @@ type Step struct {
 	samples   []sample         // dropped by finish
 	levelOK   [criticality.NumLevels]int
 	levelN    [criticality.NumLevels]int
+	levelLat  [criticality.NumLevels]Latency
 }
 
 // MarshalJSON writes the outcomes by name.
@@ -67,6 +68,9 @@ type LevelResult struct {
 	// Success is OK / Sent; Goodput is successes per second / C.
 	Success float64 `json:"success"`
 	Goodput float64 `json:"goodput"`
+	// Latency is of this criticality's successes, from their scheduled
+	// send.
+	Latency Latency `json:"latency_ms"`
 }
 
 // Latency holds percentiles, in milliseconds.
@@ -89,6 +93,7 @@ type Second struct {
 func summarize(samples []sample, rate float64, d time.Duration) Step {
 	st := Step{OfferedRPS: rate, Seconds: d.Seconds(), Scheduled: len(samples), samples: samples}
 	var lat []float64
+	var byLevel [criticality.NumLevels][]float64
 	secs := int(d/time.Second) + 1
 	tl := make([]Second, secs)
 	perSec := make([][]float64, secs)
@@ -105,6 +110,7 @@ func summarize(samples []sample, rate float64, d time.Duration) Step {
 		if s.outcome == OK {
 			st.levelOK[s.level]++
 			lat = append(lat, ms(s.latency))
+			byLevel[s.level] = append(byLevel[s.level], ms(s.latency))
 			i := min(int(s.at/time.Second), secs-1)
 			tl[i].OK[s.level]++
 			perSec[i] = append(perSec[i], ms(s.latency))
@@ -123,6 +129,9 @@ func summarize(samples []sample, rate float64, d time.Duration) Step {
 	}
 	st.Timeline = tl
 	st.Latency = latencyOf(lat)
+	for l, v := range byLevel {
+		st.levelLat[l] = latencyOf(v)
+	}
 	return st
 }
 
@@ -143,7 +152,7 @@ func (st *Step) finish(c float64, mix []Share) {
 	}
 	for _, sh := range mix {
 		l := sh.Level
-		lr := LevelResult{Level: l, Sent: st.levelN[l], OK: st.levelOK[l]}
+		lr := LevelResult{Level: l, Sent: st.levelN[l], OK: st.levelOK[l], Latency: st.levelLat[l]}
 		if lr.Sent > 0 {
 			lr.Success = float64(lr.OK) / float64(lr.Sent)
 		}

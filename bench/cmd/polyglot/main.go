@@ -37,6 +37,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/stockproxy"
 	"github.com/triagehq/triage/bench/internal/triagebin"
 	"github.com/triagehq/triage/criticality"
@@ -146,14 +147,18 @@ func measure(c config) error {
 type run struct {
 	*loadtest.Result
 	disturbed []bool
+	proxyCPU  []float64 // the proxy's CPU in each step, in cores
 }
 
 func goodputs(r *run) string {
 	var s []string
-	for _, st := range r.Steps {
+	for i, st := range r.Steps {
 		s = append(s, fmt.Sprintf("%gx %.2f", st.Load, st.Goodput))
-		if r.disturbed[len(s)-1] {
-			s[len(s)-1] += " (disturbed)"
+		if i < len(r.proxyCPU) {
+			s[i] += fmt.Sprintf(" (proxy CPU %.0f%%)", 100*r.proxyCPU[i])
+		}
+		if r.disturbed[i] {
+			s[i] += " (disturbed)"
 		}
 	}
 	return strings.Join(s, ", ")
@@ -181,6 +186,7 @@ func (c config) once(up, px, out string) (*run, error) {
 	defer stopUp()
 	upURL := fmt.Sprintf("http://127.0.0.1:%d/", upstreamPort)
 	target := upURL
+	proxyGroup := 0 // the proxy's process group, for its CPU
 	if px != "direct" {
 		probe, err := c.probe(ctx, filepath.Join(out, "probe"), upURL)
 		if err != nil {
@@ -194,11 +200,12 @@ func (c config) once(up, px, out string) (*run, error) {
 		if err != nil {
 			return nil, err
 		}
-		stopPx, err := c.startOn(ctx, cpu, out, name, proxyPort, argv...)
+		stopPx, pgid, err := c.startGroup(ctx, cpu, out, name, proxyPort, argv...)
 		if err != nil {
 			return nil, err
 		}
 		defer stopPx()
+		proxyGroup = pgid
 		target = fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)
 	}
 	// Each step: the upstream's capacity probed directly, then the step
@@ -217,10 +224,16 @@ func (c config) once(up, px, out string) (*run, error) {
 			fmt.Printf("  %s before %sx: %v; using C = %.0f\n", out, l, err, caps[len(caps)-1])
 			capacity = caps[len(caps)-1]
 		}
+		cpu0 := child.GroupCPU(proxyGroup)
 		r, err := c.loadtest(ctx, filepath.Join(out, "step-"+l), "-url", target, "-capacity", strconv.FormatFloat(capacity, 'f', 1, 64),
 			"-loads", l, "-step", c.step.String())
 		if err != nil {
 			return nil, err
+		}
+		if proxyGroup != 0 {
+			// The proxy's CPU over the load test's run (which starts and
+			// ends a little around the step), as a share of a core.
+			all.proxyCPU = append(all.proxyCPU, (child.GroupCPU(proxyGroup)-cpu0)/c.step.Seconds())
 		}
 		after := c.canary()
 		all.Steps = append(all.Steps, r.Steps...)
@@ -387,12 +400,19 @@ func (c config) start(ctx context.Context, out, name string, port int, argv ...s
 
 // startOn is start on cpu.
 func (c config) startOn(ctx context.Context, cpu, out, name string, port int, argv ...string) (func(), error) {
+	stop, _, err := c.startGroup(ctx, cpu, out, name, port, argv...)
+	return stop, err
+}
+
+// startGroup is startOn that also returns the process group the command
+// runs in (its CPU: child.GroupCPU).
+func (c config) startGroup(ctx context.Context, cpu, out, name string, port int, argv ...string) (func(), int, error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	logf, err := os.Create(filepath.Join(out, name+".log"))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	cmd := exec.CommandContext(ctx, "taskset", append([]string{"-c", cpu}, argv...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -400,7 +420,7 @@ func (c config) startOn(ctx context.Context, cpu, out, name string, port int, ar
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, err
+		return nil, 0, err
 	}
 	stop := func() {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
@@ -410,12 +430,12 @@ func (c config) startOn(ctx context.Context, cpu, out, name string, port int, ar
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
 			conn.Close()
-			return stop, nil
+			return stop, cmd.Process.Pid, nil
 		}
 		if time.Now().After(deadline) {
 			stop()
 			b, _ := os.ReadFile(logf.Name())
-			return nil, fmt.Errorf("%s did not listen on %d: %s", name, port, b)
+			return nil, 0, fmt.Errorf("%s did not listen on %d: %s", name, port, b)
 		}
 	}
 }
@@ -463,7 +483,7 @@ func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error
 // table is the medians of every configuration's runs, per load.
 func (c config) table(results map[string][]*run) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Medians of %d runs, less the disturbed ones (the machine's speed changed over 15%% across the step, or the load generator fell behind); each cell: goodput (successes/s / C); CRITICAL_PLUS and CRITICAL answered; p50 / p99 ms.\n\n", c.repeats)
+	fmt.Fprintf(&b, "Medians of %d runs, less the disturbed ones (the machine's speed changed over 15%% across the step, or the load generator fell behind); each cell: goodput (successes/s / C); CRITICAL_PLUS and CRITICAL answered; p50 / p99 ms of every success; CRITICAL's own p50 / p99 ms.\n\n", c.repeats)
 	fmt.Fprintf(&b, "| upstream | in front | C/s | %s |\n|---|---|---|%s\n", strings.Join(loadHeads(c.loads), " | "), strings.Repeat("---|", len(c.loads)))
 	for _, up := range c.upstreams {
 		for _, px := range c.proxies {
@@ -492,7 +512,7 @@ func loadHeads(loads []string) []string {
 
 // cell is step i's medians over runs.
 func cell(rs []*run, i int) string {
-	var g, cp, cr, p50, p99 []float64
+	var g, cp, cr, p50, p99, c50, c99 []float64
 	discarded := 0
 	for _, r := range rs {
 		if i >= len(r.Steps) {
@@ -510,6 +530,8 @@ func cell(rs []*run, i int) string {
 				cp = append(cp, lv.Success)
 			case criticality.Critical:
 				cr = append(cr, lv.Success)
+				c50 = append(c50, lv.Latency.P50)
+				c99 = append(c99, lv.Latency.P99)
 			}
 		}
 		p50 = append(p50, st.Latency.P50)
@@ -522,5 +544,6 @@ func cell(rs []*run, i int) string {
 	if discarded > 0 {
 		mark = fmt.Sprintf(" (of %d; %d disturbed)", len(g), discarded)
 	}
-	return fmt.Sprintf("%.2f; %.0f/%.0f%%; %.1f / %.0f%s", measuring.Median(g), 100*measuring.Median(cp), 100*measuring.Median(cr), measuring.Median(p50), measuring.Median(p99), mark)
+	return fmt.Sprintf("%.2f; %.0f/%.0f%%; %.1f / %.0f; CRITICAL %.1f / %.0f%s", measuring.Median(g), 100*measuring.Median(cp), 100*measuring.Median(cr),
+		measuring.Median(p50), measuring.Median(p99), measuring.Median(c50), measuring.Median(c99), mark)
 }
