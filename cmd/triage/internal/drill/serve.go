@@ -2,15 +2,11 @@ package drill
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
-	"runtime"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,9 +27,7 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/balance"
-	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/relay"
@@ -44,7 +38,6 @@ import (
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
-	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -186,114 +179,6 @@ type AdmissionStats struct {
 	ForceShed map[string]float64 `json:"force_shed,omitempty"`
 }
 
-// machine emulates a task's machine: Slots workers, each request holding
-// one for Work. Busy time is integrated for utilization.
-type machine struct {
-	slots chan struct{}
-	work  time.Duration
-	n     int
-
-	now      func() time.Time
-	mu       sync.Mutex
-	busy     int
-	busyArea float64 // slot-seconds since lastRead
-	lastAt   time.Time
-	lastRead time.Time
-	ewma     float64 // busy slots, averaged with time constant reportTau
-	ewmaAt   time.Time
-}
-
-// reportTau is the time constant of the busy share a task reports to its
-// clients: about the interval a CPU utilization is measured over.
-const reportTau = 500 * time.Millisecond
-
-func newMachine(n int, work time.Duration) *machine {
-	now := time.Now()
-	return &machine{slots: make(chan struct{}, n), work: work, n: n, now: time.Now, lastAt: now, lastRead: now, ewmaAt: now}
-}
-
-func (m *machine) account(delta int) {
-	m.mu.Lock()
-	now := m.now()
-	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
-	m.decay(now)
-	m.busy += delta
-	m.lastAt = now
-	m.mu.Unlock()
-}
-
-// decay brings the average busy slots up to now. m.mu is held.
-func (m *machine) decay(now time.Time) {
-	if dt := now.Sub(m.ewmaAt); dt > 0 {
-		a := math.Exp(-float64(dt) / float64(reportTau))
-		m.ewma = m.ewma*a + float64(m.busy)*(1-a)
-		m.ewmaAt = now
-	}
-}
-
-// reported is the utilization a task reports in its load reports: its
-// busy share over the last reportTau or so.
-func (m *machine) reported() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.decay(m.now())
-	return m.ewma / float64(m.n)
-}
-
-// run holds a slot for d (waiting for one first, until ctx ends). It
-// returns the request's CPU on this machine: how long it held the slot,
-// but never more than d, the work it did. A process frozen meanwhile
-// (SIGSTOP) or a host too busy to fire the timer on time holds the slot
-// longer, and does no more work for it.
-func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, error) {
-	select {
-	case m.slots <- struct{}{}:
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	m.account(+1)
-	began := m.now()
-	defer func() { m.account(-1); <-m.slots }()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return min(m.now().Sub(began), d), nil
-	case <-ctx.Done():
-		return min(m.now().Sub(began), d), ctx.Err()
-	}
-}
-
-// utilization returns the mean busy share of the slots since the last call.
-func (m *machine) utilization() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := m.now()
-	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
-	m.decay(now)
-	m.lastAt = now
-	span := now.Sub(m.lastRead).Seconds()
-	area := m.busyArea
-	m.busyArea, m.lastRead = 0, now
-	if span <= 0 {
-		return 0
-	}
-	return area / span / float64(m.n)
-}
-
-// Name and Utilization make the machine an signals.Signal: its busy
-// share now.
-func (m *machine) Name() string         { return "machine" }
-func (m *machine) Utilization() float64 { return m.current() }
-
-// current is the instantaneous busy share: the saturation signal
-// admission reads, and the degradation threshold.
-func (m *machine) current() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return float64(m.busy) / float64(m.n)
-}
-
 // task is a running task's state.
 type task struct {
 	cfg      Task
@@ -323,41 +208,6 @@ func (t *task) reject(reason string) {
 		t.rejected[reason]++
 	}
 	t.rejMu.Unlock()
-}
-
-// observer counts the task's admission and client-side refusals among
-// its rejections, by reason and criticality.
-type observer struct {
-	admission.Nop
-	t *task
-}
-
-func (o observer) Rejected(l criticality.Level, r admission.Reason, _ bool) {
-	o.t.reject("admission " + r.String() + " " + l.String())
-}
-func (o observer) Requested(criticality.Level)       {}
-func (o observer) Answered(criticality.Level, bool)  {}
-func (o observer) Throttled(l criticality.Level)     { o.t.reject("throttled " + l.String()) }
-func (o observer) Retried(criticality.Level)         {}
-func (o observer) BudgetRefused(l criticality.Level) { o.t.reject("retry budget " + l.String()) }
-func (o observer) Exhausted(criticality.Level)       {}
-
-// shadowObserver counts the task's would-be refusals in shadow among its
-// rejections, marked "would": "would admission concurrency SHEDDABLE",
-// "would throttle throttled CRITICAL", ...
-type shadowObserver struct{ t *task }
-
-func (o shadowObserver) WouldRefuse(m shadow.Mechanism, reason string, l criticality.Level) {
-	o.t.reject("would " + m.String() + " " + reason + " " + l.String())
-}
-
-// shadowing returns the task's shadow options' arguments: every
-// mechanism, when the task runs in shadow, else none.
-func (t *task) shadowing() (shadow.Set, shadow.Observer) {
-	if !t.cfg.Shadow {
-		return 0, nil
-	}
-	return shadow.All(), shadowObserver{t}
 }
 
 // hold takes a request's memory; past the limit the task dies. The
@@ -688,222 +538,4 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 		t.served.Add(1)
 		return out, nil
 	}
-}
-
-// The frontend's criticality rules: by path, as the CRE post suggests.
-var frontendRules = edge.Config{Default: "CRITICAL", Rules: []edge.RuleConfig{
-	{PathPrefix: "/checkout", Criticality: "CRITICAL_PLUS"},
-	{PathPrefix: "/search", Criticality: "CRITICAL"},
-	{PathPrefix: "/suggest", Criticality: "SHEDDABLE_PLUS"},
-	{PathPrefix: "/prefetch", Criticality: "SHEDDABLE"},
-}}
-
-// Customers are identified at the frontend from their API key.
-var apiKeys = map[string]string{"key-gmail": "gmail", "key-calendar": "calendar", "key-android": "android", "key-abuser": "abuser"}
-
-// DefaultFrontendConns is the protected frontend's default bound on open
-// connections (Task.MaxConns): each costs it a goroutine and buffers, and
-// every request it sends costs it CPU to answer, refusals included, so
-// that a population of clients past it would take the CPU its backends
-// need (bench/cmd/frontendload).
-const DefaultFrontendConns = 1000
-
-// MaxFrontendConns bounds Task.MaxConns.
-const MaxFrontendConns = 100000
-
-// serveFrontend is the HTTP frontend: criticality by rules, customer by
-// API key, one call to A per request.
-func (t *task) serveFrontend(ln net.Listener, next *grpc.ClientConn) (func(), error) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer t.hold()()
-		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
-		defer cancel()
-		if c := apiKeys[r.Header.Get("X-Api-Key")]; c != "" {
-			ctx = quota.NewContext(ctx, c)
-		}
-		l := criticality.Of(ctx)
-		t.spent.handled(l)
-		began := time.Now()
-		out, err := relay.Invoke(ctx, next, "full")
-		t.spent.add(l, partDownstream, time.Since(began))
-		if err != nil {
-			t.reject(reasonOf(err))
-			if !triagehttp.WriteError(w, err) {
-				w.WriteHeader(http.StatusServiceUnavailable)
-			}
-			return
-		}
-		t.served.Add(1)
-		if out == "partial" {
-			t.degraded.Add(1)
-			w.Header().Set("X-Degraded", "1")
-		}
-		w.WriteHeader(http.StatusOK)
-	})
-	var handler http.Handler = h
-	if t.cfg.Protect {
-		ctl, err := admission.New(admission.WithObserver(observer{t: t}))
-		if err != nil {
-			return nil, err
-		}
-		t.ctl = ctl
-		cl, err := edge.New(frontendRules)
-		if err != nil {
-			return nil, err
-		}
-		mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(cl)), triagehttp.WithAdmission(ctl), triagehttp.WithIntake(intake.WithShadow(t.shadowing()),
-			intake.WithTracer(intakeSpent{&t.spent})))
-		if err != nil {
-			return nil, err
-		}
-		handler = mw(h)
-	} else {
-		// Unprotected, criticality still travels (it is how the traffic is
-		// labelled), but nothing acts on it.
-		cl, _ := edge.New(frontendRules)
-		mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithClassifier(cl)))
-		if err != nil {
-			return nil, err
-		}
-		handler = mw(h)
-	}
-	if t.cfg.Protect && t.cfg.MaxConns > 0 {
-		cl, err := connload.NewListener(ln, connload.WithMaxOpen(t.cfg.MaxConns))
-		if err != nil {
-			return nil, err
-		}
-		ln = cl
-	}
-	s := &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second, ConnContext: triagehttp.ConnContext}
-	lc, err := lifecycle.New(lifecycle.WithDrain(time.Second))
-	if err != nil {
-		return nil, err
-	}
-	unsubscribe := triagehttp.Announce(lc, s)
-	go func() {
-		connectNext(next) // connections wait in the listen queue meanwhile
-		s.Serve(ln)
-	}()
-	return func() {
-		defer unsubscribe()
-		sctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		lc.Shutdown(sctx, triagehttp.Shutdown(s))
-	}, nil
-}
-
-// reasonOf names an error for the rejection counts.
-func reasonOf(err error) string {
-	if oe, ok := outcome.As(err); ok {
-		return oe.Kind.Token()
-	}
-	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "DeadlineExceeded") {
-		return "deadline"
-	}
-	return "error"
-}
-
-// slowdown is the factor the slow fault multiplies the work by now (1
-// without it).
-func (t *task) slowdown() int64 {
-	if time.Now().UnixNano() < t.slowUntil.Load() {
-		return max(1, t.slowBy.Load())
-	}
-	return 1
-}
-
-// MaxSlowFactor and MaxSlowFor bound the slow fault: its factor and how
-// long it lasts.
-const (
-	MaxSlowFactor = 100
-	MaxSlowFor    = 5 * time.Minute
-)
-
-// serveFault is the task's fault knob, for the drill's fault harness on
-// its stats address: POST /fault?slow=F&for=D makes the handlers F times
-// slower for D (F 1 restores the speed at once); POST
-// /fault?shed=LEVEL:FRACTION:DURATION starts a ForceShed drill (FRACTION 0
-// is not accepted: a drill ends at its time, or replaced by a shorter one).
-func (t *task) serveFault(w http.ResponseWriter, r *http.Request) {
-	if spec := r.URL.Query().Get("shed"); spec != "" {
-		d, err := ParseForceShed(spec)
-		if err == nil && t.ctl == nil {
-			err = errors.New("no admission control on this task")
-		}
-		if err == nil {
-			err = t.ctl.ForceShed(d.Level, d.Fraction, d.For)
-		}
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		fmt.Fprintf(w, "%s: force-shedding %.0f%% of %v for %v\n", t.cfg.ID, 100*d.Fraction, d.Level, d.For)
-		return
-	}
-	f, err := strconv.Atoi(r.URL.Query().Get("slow"))
-	if err != nil || f < 1 || f > MaxSlowFactor {
-		http.Error(w, fmt.Sprintf("slow must be an integer in [1, %d]", MaxSlowFactor), http.StatusBadRequest)
-		return
-	}
-	d, err := time.ParseDuration(r.URL.Query().Get("for"))
-	if err != nil || d <= 0 || d > MaxSlowFor {
-		http.Error(w, fmt.Sprintf("for must be a duration in (0, %v]", MaxSlowFor), http.StatusBadRequest)
-		return
-	}
-	t.slowBy.Store(int64(f))
-	t.slowUntil.Store(time.Now().Add(d).UnixNano())
-	fmt.Fprintf(w, "%s: handlers %dx slower for %v\n", t.cfg.ID, f, d)
-}
-
-func (t *task) serveStats(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Query().Get("gc") == "1" {
-		runtime.GC() // twice: the first moves the buffers hold keeps for reuse aside, the second frees them
-		runtime.GC()
-	}
-	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(live)
-	s := Stats{ID: t.cfg.ID, Role: t.cfg.Role, Slots: t.cfg.Slots, Busy: t.mach.utilization() * float64(t.cfg.Slots),
-		Served: t.served.Load(), Degraded: t.degraded.Load(), Memory: t.memory.Load(), Rejected: map[string]int64{},
-		Goroutines: runtime.NumGoroutine(), Spent: t.spent.snapshot()}
-	if live[0].Value.Kind() == metrics.KindUint64 {
-		s.LiveHeap = live[0].Value.Uint64()
-	}
-	for i := range s.Attempts {
-		s.Attempts[i] = t.attempts[i].Load()
-	}
-	t.rejMu.Lock()
-	for k, v := range t.rejected {
-		s.Rejected[k] = v
-	}
-	t.rejMu.Unlock()
-	if t.ctl != nil {
-		a := t.ctl.Stats()
-		s.Admission = &AdmissionStats{PendingCap: a.PendingCap, Pending: a.Pending, Limit: a.Limit, Saturated: a.Saturated}
-		for l, f := range a.Forced {
-			if f > 0 {
-				if s.Admission.ForceShed == nil {
-					s.Admission.ForceShed = map[string]float64{}
-				}
-				s.Admission.ForceShed[criticality.Level(l).String()] = f
-			}
-		}
-	}
-	if t.enf != nil {
-		s.Usage, s.Limit = map[string]float64{}, map[string]float64{}
-		for _, c := range t.enf.Usage().Snapshot() {
-			var used float64
-			for _, v := range c.Used {
-				used += v
-			}
-			s.Usage[c.Customer] = used
-		}
-		for c := range apiKeys {
-			name := apiKeys[c]
-			if lim, _ := t.leased.Limit(name, criticality.Sheddable); lim < 1e9 {
-				s.Limit[name] = lim
-			}
-		}
-	}
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(s)
 }

@@ -1,0 +1,116 @@
+package drill
+
+import (
+	"context"
+	"math"
+	"sync"
+	"time"
+)
+
+// machine emulates a task's machine: Slots workers, each request holding
+// one for Work. Busy time is integrated for utilization.
+type machine struct {
+	slots chan struct{}
+	work  time.Duration
+	n     int
+
+	now      func() time.Time
+	mu       sync.Mutex
+	busy     int
+	busyArea float64 // slot-seconds since lastRead
+	lastAt   time.Time
+	lastRead time.Time
+	ewma     float64 // busy slots, averaged with time constant reportTau
+	ewmaAt   time.Time
+}
+
+// reportTau is the time constant of the busy share a task reports to its
+// clients: about the interval a CPU utilization is measured over.
+const reportTau = 500 * time.Millisecond
+
+func newMachine(n int, work time.Duration) *machine {
+	now := time.Now()
+	return &machine{slots: make(chan struct{}, n), work: work, n: n, now: time.Now, lastAt: now, lastRead: now, ewmaAt: now}
+}
+
+func (m *machine) account(delta int) {
+	m.mu.Lock()
+	now := m.now()
+	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.decay(now)
+	m.busy += delta
+	m.lastAt = now
+	m.mu.Unlock()
+}
+
+// decay brings the average busy slots up to now. m.mu is held.
+func (m *machine) decay(now time.Time) {
+	if dt := now.Sub(m.ewmaAt); dt > 0 {
+		a := math.Exp(-float64(dt) / float64(reportTau))
+		m.ewma = m.ewma*a + float64(m.busy)*(1-a)
+		m.ewmaAt = now
+	}
+}
+
+// reported is the utilization a task reports in its load reports: its
+// busy share over the last reportTau or so.
+func (m *machine) reported() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.decay(m.now())
+	return m.ewma / float64(m.n)
+}
+
+// run holds a slot for d (waiting for one first, until ctx ends). It
+// returns the request's CPU on this machine: how long it held the slot,
+// but never more than d, the work it did. A process frozen meanwhile
+// (SIGSTOP) or a host too busy to fire the timer on time holds the slot
+// longer, and does no more work for it.
+func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, error) {
+	select {
+	case m.slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	m.account(+1)
+	began := m.now()
+	defer func() { m.account(-1); <-m.slots }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return min(m.now().Sub(began), d), nil
+	case <-ctx.Done():
+		return min(m.now().Sub(began), d), ctx.Err()
+	}
+}
+
+// utilization returns the mean busy share of the slots since the last call.
+func (m *machine) utilization() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.decay(now)
+	m.lastAt = now
+	span := now.Sub(m.lastRead).Seconds()
+	area := m.busyArea
+	m.busyArea, m.lastRead = 0, now
+	if span <= 0 {
+		return 0
+	}
+	return area / span / float64(m.n)
+}
+
+// Name and Utilization make the machine an signals.Signal: its busy
+// share now.
+func (m *machine) Name() string         { return "machine" }
+func (m *machine) Utilization() float64 { return m.current() }
+
+// current is the instantaneous busy share: the saturation signal
+// admission reads, and the degradation threshold.
+func (m *machine) current() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return float64(m.busy) / float64(m.n)
+}
