@@ -206,6 +206,52 @@ func TestFunctionsFitOnAScreen(t *testing.T) {
 	}
 }
 
+// maxFileLines bounds a Go file, tests and the benchmark module's
+// included, outside the simulator's scenarios (sim/) and generated code:
+// a file is one part of its package that a reader can take in (issue 58).
+const maxFileLines = 600
+
+func TestFilesFitAReader(t *testing.T) {
+	root := filepath.Join("..", "..")
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() && path != root && (d.Name() == "testdata" || rel == "sim" || strings.HasPrefix(d.Name(), ".")) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if ast.IsGenerated(mustParseComments(t, path, b)) {
+			return nil
+		}
+		if n := strings.Count(string(b), "\n"); n > maxFileLines {
+			t.Errorf("%s is %d lines, more than %d: split it by what its parts do", rel, n, maxFileLines)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mustParseComments parses a Go file's package clause and comments.
+func mustParseComments(t *testing.T, path string, src []byte) *ast.File {
+	t.Helper()
+	af, err := parser.ParseFile(token.NewFileSet(), path, src, parser.PackageClauseOnly|parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return af
+}
+
 // internal/ holds one kind of thing: the runtime helpers the core stands
 // on, which import only the standard library, so that no import runs back
 // up through it. Test and demo helpers live in internal/testkit/, and

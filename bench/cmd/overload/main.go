@@ -29,7 +29,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -37,31 +36,22 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/logx"
 	"github.com/zeromicro/go-zero/core/stat"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/bench/internal/stockrows"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/egress"
-	"github.com/triagehq/triage/retry"
 )
 
 var allVariants = []string{"none", "procrustean", "go-zero", "kratos-bbr", "failsafe-go", "oracle-tap16", "triage-admission", "triage"}
@@ -238,130 +228,6 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("--scenario must be steps, mix or recovery, got %q", c.scenario)
 	}
 	return c, nil
-}
-
-// backend is a running server process.
-type backend struct {
-	cmd         *exec.Cmd
-	addr, admin string
-}
-
-func startBackend(cfg config, variant string) (*backend, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	args := []string{exe, "server", "--variant", variant, "--rounds", strconv.Itoa(cfg.rounds)}
-	if cfg.serverCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			args = append([]string{ts, "-c", cfg.serverCPU}, args...)
-		}
-	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, fmt.Errorf("backend %s did not start: %v", variant, err)
-	}
-	f := strings.Fields(line)
-	if len(f) != 3 || f[0] != "LISTEN" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, fmt.Errorf("backend %s: unexpected %q", variant, line)
-	}
-	go io.Copy(io.Discard, out)
-	return &backend{cmd: cmd, addr: f[1], admin: f[2]}, nil
-}
-
-func (b *backend) stop() {
-	b.cmd.Process.Kill()
-	b.cmd.Wait()
-}
-
-type stats struct {
-	Goroutines int              `json:"goroutines"`
-	RSSMB      float64          `json:"rss_mb"`
-	Limit      int              `json:"limit"`
-	Executing  int              `json:"executing"`
-	Queued     int              `json:"queued"`
-	Pending    int              `json:"pending"`
-	ServiceMS  float64          `json:"service_ms"`
-	PendingCap float64          `json:"pending_cap"`
-	Rejected   map[string]int64 `json:"rejected"`
-}
-
-func (b *backend) stats() (stats, error) {
-	var s stats
-	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + b.admin + "/stats")
-	if err != nil {
-		return s, err
-	}
-	defer resp.Body.Close()
-	return s, json.NewDecoder(resp.Body).Decode(&s)
-}
-
-// retries counts a client's retries per criticality.
-type retries struct {
-	n [criticality.NumLevels]atomic.Int64
-}
-
-func (*retries) Requested(criticality.Level)      {}
-func (*retries) Answered(criticality.Level, bool) {}
-func (*retries) Throttled(criticality.Level)      {}
-func (r *retries) Retried(l criticality.Level)    { r.n[l].Add(1) }
-func (*retries) BudgetRefused(criticality.Level)  {}
-func (*retries) Exhausted(criticality.Level)      {}
-
-// snapshot returns the counts so far.
-func (r *retries) snapshot() (out [criticality.NumLevels]int64) {
-	for l := range out {
-		out[l] = r.n[l].Load()
-	}
-	return out
-}
-
-// dial connects to the backend: the triage variants through triage's
-// client (its retries counted in the returned retries), the others
-// plainly.
-func dial(cfg config, b *backend, variant string) ([]grpc.ClientConnInterface, *retries, func(), error) {
-	var extra []grpc.DialOption
-	var count *retries
-	if variant == "triage" || variant == "triage-no-retry-after" {
-		count = new(retries)
-		pol, err := retry.New(retry.WithObserver(count))
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		extra = clientopts.MustDial([]egress.Option{egress.WithPolicy(pol)}) // one client: one throttle and budget for the backend
-	} else {
-		extra = clientopts.MustDial([]egress.Option{egress.WithoutPolicy()})
-	}
-	var ccs []grpc.ClientConnInterface
-	var closers []func()
-	for i := 0; i < cfg.conns; i++ {
-		cc, err := grpc.NewClient("passthrough:///"+b.addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		ccs = append(ccs, cc)
-		closers = append(closers, func() { cc.Close() })
-	}
-	return ccs, count, func() {
-		for _, c := range closers {
-			c()
-		}
-	}, nil
 }
 
 // probe measures the capacity C of the unprotected backend: closed loop,
@@ -704,90 +570,6 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
-
-// recoverySecond is one second of the recovery scenario after the overload.
-type recoverySecond struct {
-	Second  int     `json:"second"`
-	Success float64 `json:"success"`
-	P99ms   float64 `json:"p99_ms"`
-}
-
-type recoveryReport struct {
-	Variant     string           `json:"variant"`
-	BeforeP99ms float64          `json:"before_p99_ms"`
-	During      result           `json:"during_10x"`
-	After       []recoverySecond `json:"after"`
-}
-
-func recovery(ctx context.Context, cfg config, c float64, variant string) (recoveryReport, error) {
-	rr := recoveryReport{Variant: variant}
-	b, err := startBackend(cfg, variant)
-	if err != nil {
-		return rr, err
-	}
-	defer b.stop()
-	ccs, _, closeAll, err := dial(cfg, b, variant)
-	if err != nil {
-		return rr, err
-	}
-	defer closeAll()
-	mix := []share{{criticality.Critical, 1}}
-	pre := openLoop(ctx, ccs, 0.5*c, 10*time.Second, cfg.deadline, mix, 1)
-	rr.BeforeP99ms = ms(summarize(pre, 5*time.Second, 10*time.Second).p99)
-	over := openLoop(ctx, ccs, 10*c, 30*time.Second, cfg.deadline, mix, 2)
-	s := summarize(over, 15*time.Second, 30*time.Second)
-	rr.During = result{Variant: variant, Load: 10, Goodput: s.goodputRPS / c, P50ms: ms(s.p50), P99ms: ms(s.p99), Sent: over.sent, Completed: over.done, Valid: over.lagOver == 0}
-	post := openLoop(ctx, ccs, 0.5*c, 15*time.Second, cfg.deadline, mix, 3)
-	for sec := 0; sec < 15; sec++ {
-		x := summarize(post, time.Duration(sec)*time.Second, time.Duration(sec+1)*time.Second)
-		succ := 0.0
-		if x.offered > 0 {
-			succ = float64(x.ok) / float64(x.offered)
-		}
-		rr.After = append(rr.After, recoverySecond{Second: sec, Success: succ, P99ms: ms(x.p99)})
-	}
-	fmt.Fprintf(os.Stderr, "  recovery %s: before p99 %.1f ms, during 10x goodput %.2f\n", variant, rr.BeforeP99ms, rr.During.Goodput)
-	return rr, nil
-}
-
-func printTable(w io.Writer, rep report) {
-	fmt.Fprintf(w, "capacity C = %.0f req/s at cost %.2f ms (one backend CPU; the first probe: with --reprobe each load step's goodput is against its own C_step)\n\n", rep.CapacityRPS, rep.CostMS)
-	if rep.Recovery != nil {
-		b, _ := json.MarshalIndent(rep.Recovery, "", "  ")
-		fmt.Fprintln(w, string(b))
-		return
-	}
-	fmt.Fprintf(w, "%-17s %5s %8s %8s %8s %8s %8s %6s %s\n", "VARIANT", "LOAD", "GOODPUT", "P50ms", "P99ms", "RSS_MB", "SURVIVED", "VALID", "NOTES")
-	res := append([]result(nil), rep.Results...)
-	sort.SliceStable(res, func(i, j int) bool {
-		if (res[i].Workers > 0) != (res[j].Workers > 0) {
-			return res[j].Workers > 0
-		}
-		return res[i].Load < res[j].Load
-	})
-	for _, r := range res {
-		notes := fmt.Sprintf("generator_cpu=%.2f sent=%d completed=%d late_sends=%d (%.2f%%) max_lag=%.0fms over_deadline_max=%.0fms untriaged_failures=%d goroutines=%d->%d",
-			r.GeneratorCPU, r.Sent, r.Completed, r.LateSends, 100*float64(r.LateSends)/float64(max(r.Sent, 1)), r.MaxLagMS, r.MaxOverMS, r.Untriaged, r.Goroutines[0], r.Goroutines[1])
-		if r.StepCapacityRPS > 0 {
-			notes = fmt.Sprintf("C_step=%.0f ", r.StepCapacityRPS) + notes
-		}
-		if r.VsOracle > 0 {
-			notes = fmt.Sprintf("vs_oracle=%.2f ", r.VsOracle) + notes
-		}
-		if len(r.ByCriticality) > 0 {
-			notes += fmt.Sprintf(" by_criticality=%v", r.ByCriticality)
-		}
-		if len(r.Retries) > 0 {
-			notes += fmt.Sprintf(" retries=%v (second half %v)", r.Retries, r.RetriesLate)
-		}
-		load := fmt.Sprintf("%.1f", r.Load)
-		if r.Workers > 0 {
-			load = fmt.Sprintf("%gx/%dw", r.Load, r.Workers)
-		}
-		fmt.Fprintf(w, "%-17s %5s %8.2f %8.1f %8.1f %8.1f %8v %6v %s\n", r.Variant, load, r.Goodput, r.P50ms, r.P99ms, r.PeakRSSMB, r.Survived, r.Valid, notes)
-	}
-	_ = codes.OK
-}
 
 // profileGenerator profiles this process, the generator, for the next d
 // into TRIAGE_BENCH_CPUPROFILE's directory, if it is set.
