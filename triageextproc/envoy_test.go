@@ -50,6 +50,7 @@ type envoy struct {
 	noAttribute bool
 	before      func(http.Header) // the filters before ext_proc, if any
 	cluster     string            // the xds.cluster_name attribute, if any
+	authority   string            // the requests' :authority; "" for shop.example
 }
 
 // answer is what the client got, what the upstream saw, and how.
@@ -186,7 +187,11 @@ func (e *envoy) call(ctx context.Context, method, path string, h http.Header, bo
 
 // requestHeaders is the filter's first message.
 func (e *envoy) requestHeaders(method, path string, h http.Header, endOfStream bool) *extprocv3.ProcessingRequest {
-	pseudo := map[string]string{":method": method, ":path": path, ":authority": "shop.example", ":scheme": "http"}
+	authority := e.authority
+	if authority == "" {
+		authority = "shop.example"
+	}
+	pseudo := map[string]string{":method": method, ":path": path, ":authority": authority, ":scheme": "http"}
 	req := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
 		Headers: headerMap(pseudo, h), EndOfStream: endOfStream}}}
 	if !e.noAttribute {

@@ -105,6 +105,16 @@ type Server struct {
 	// let the request through unprocessed (failure_mode_allow), triage
 	// headers and all. Set it before Register.
 	DecisionTimeout time.Duration
+	// HealthChecks are the paths of health checks that pass through
+	// Envoy (gRPC's "/grpc.health.v1.Health/Check", an HTTP probe path):
+	// classified, and answered whatever the load, outside isolation,
+	// quotas and admission, as triagehttp.WithHealthCheck does. Set it
+	// before Register.
+	HealthChecks []string
+	// Group, if set, gives a request's user group for the edge's group
+	// rules, from its headers (header returns a header's first value by
+	// name), as triagehttp.WithGroup does. Set it before Register.
+	Group func(header func(name string) string) string
 
 	in       *intake.Intake // requests to no cluster, or past MaxClusters
 	clusters *clusters      // NewPerCluster's; nil: in serves every request
@@ -307,7 +317,12 @@ func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRe
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	h, err := s.intakeFor(req.Attributes, hh.Attributes).Accept(ctx, &ir)
+	in := s.intakeFor(req.Attributes, hh.Attributes)
+	ir.HealthCheck = slices.Contains(s.HealthChecks, ir.Path)
+	if s.Group != nil && in.NeedsGroup() {
+		ir.Group = s.Group(func(name string) string { return first(ir.Header, strings.ToLower(name)) })
+	}
+	h, err := in.Accept(ctx, &ir)
 	if err == nil {
 		err = s.start(h)
 	}
@@ -321,7 +336,7 @@ func (s *Server) requestHeaders(ctx context.Context, req *extprocv3.ProcessingRe
 	k, _ := call.Keys(h)
 	call.End()
 	k.Attempt = attempt.Incoming(h)
-	return admitted(k, append(sent, claims...), ir.Header), h, false, nil
+	return admitted(k, append(sent, claims...)), h, false, nil
 }
 
 // errTooManyHeaders is requestOf's error for a request over MaxHeaders.
@@ -438,16 +453,10 @@ func first(h map[string][]string, k string) string {
 	return ""
 }
 
-// admitted is the answer that lets a request through: the headers in
-// sent that intake did not keep (an untrusted peer's triage keys, every
-// claim) are removed, and the request's own set.
-func admitted(k egress.Keys, sent []string, after map[string][]string) *extprocv3.ProcessingResponse {
+// admitted is the answer that lets a request through: the request's own
+// keys set, and every other triage header or claim in sent removed.
+func admitted(k egress.Keys, sent []string) *extprocv3.ProcessingResponse {
 	m := &extprocv3.HeaderMutation{}
-	for _, k := range sent {
-		if _, kept := after[k]; !kept {
-			m.RemoveHeaders = append(m.RemoveHeaders, k)
-		}
-	}
 	set := func(k, v string) {
 		m.SetHeaders = append(m.SetHeaders, &corev3.HeaderValueOption{
 			Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
@@ -463,6 +472,14 @@ func admitted(k egress.Keys, sent []string, after map[string][]string) *extprocv
 	}
 	if k.Attempt > 0 {
 		set(wire.AttemptKey, attempt.Format(k.Attempt))
+	}
+	// The request carries on the keys decided, no other: a key it came
+	// with that is not set again (an untrusted caller's, a trusted one's
+	// spent decay or malformed customer) is removed.
+	for _, key := range sent {
+		if !slices.ContainsFunc(m.SetHeaders, func(o *corev3.HeaderValueOption) bool { return o.GetHeader().GetKey() == key }) {
+			m.RemoveHeaders = append(m.RemoveHeaders, key)
+		}
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 		Response: &extprocv3.CommonResponse{HeaderMutation: m},

@@ -16,13 +16,15 @@ import (
 
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/internal/testkit/conformance"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triagesidecar"
 	"github.com/triagehq/triage/trust"
 )
 
-// The conformance table through triage sidecar: the same rows, as gRPC
+// The conformance table (internal/testkit/conformance) through triage
+// sidecar: the same rows, as gRPC
 // calls to a sidecar configured like the servers above, in front of a
 // gRPC upstream that believes the sidecar (its only trusted peer) and
 // nothing else. The sidecar must refuse what the servers refuse, and the
@@ -35,9 +37,9 @@ import (
 // past) is spent, not forwarded, which leaves the request the same.
 func TestConformanceThroughTheSidecar(t *testing.T) {
 	call := conformanceSidecar(t)
-	for _, row := range conformanceRows {
-		t.Run(row.name, func(t *testing.T) {
-			got, want := call(t, row), row.want
+	for _, row := range conformance.Rows {
+		t.Run(row.Name, func(t *testing.T) {
+			got, want := call(t, row), row.Want
 			want.ClientType, want.TriageKeys = "", nil
 			if want.DecayIn == 0 && want.DecayTo == want.Level.String() {
 				want.DecayTo = ""
@@ -52,7 +54,7 @@ func TestConformanceThroughTheSidecar(t *testing.T) {
 
 // sidecarUpstream is a gRPC server on 127.0.0.1 that trusts only the
 // sidecar's address and records what each call's handler sees.
-func sidecarUpstream(t *testing.T, sidecarIP string) (*recorder, string) {
+func sidecarUpstream(t *testing.T, sidecarIP string) (*conformance.Recorder, string) {
 	t.Helper()
 	cl := edge.MustNew(edge.Config{Rules: []edge.RuleConfig{{Header: true}}})
 	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(
@@ -60,13 +62,13 @@ func sidecarUpstream(t *testing.T, sidecarIP string) (*recorder, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := &recorder{}
+	rec := &conformance.Recorder{}
 	gs := grpc.NewServer(append(srv.ServerOptions(), grpc.UnknownServiceHandler(func(_ any, ss grpc.ServerStream) error {
 		var in emptypb.Empty
 		if err := ss.RecvMsg(&in); err != nil {
 			return err
 		}
-		rec.record(ss.Context(), nil)
+		rec.Record(ss.Context(), nil)
 		return ss.SendMsg(&emptypb.Empty{})
 	}))...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -78,15 +80,15 @@ func sidecarUpstream(t *testing.T, sidecarIP string) (*recorder, string) {
 	return rec, lis.Addr().String()
 }
 
-func conformanceSidecar(t *testing.T) func(*testing.T, conformanceRow) seen {
+func conformanceSidecar(t *testing.T) func(*testing.T, conformance.Row) conformance.Seen {
 	rec, upstream := sidecarUpstream(t, "127.0.0.1")
-	pol, cl, iso, e, m, ctl := conformancePolicy(t)
+	opts, ctl := conformance.Setup(t, trustedIP)
 	up, err := url.Parse("h2c://" + upstream)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h, err := triagesidecar.Ingress(up, triagesidecar.WithTimeout(0), triagesidecar.WithMiddleware(
-		triagehttp.WithIntake(intake.WithTrust(pol), intake.WithClassifier(cl), intake.WithIsolation(iso), intake.WithQuota(e, m)),
+		triagehttp.WithIntake(opts...),
 		triagehttp.WithAdmission(ctl),
 		triagehttp.WithHealthCheck("/grpc.health.v1.Health/Check"),
 		triagehttp.WithGroup(func(r *http.Request) string { return r.Header.Get("X-Plan") })))
@@ -120,25 +122,25 @@ func conformanceSidecar(t *testing.T) func(*testing.T, conformanceRow) seen {
 		conns[key] = cc
 		return cc
 	}
-	return func(t *testing.T, row conformanceRow) seen {
+	return func(t *testing.T, row conformance.Row) conformance.Seen {
 		md := metadata.MD{}
-		for _, kv := range row.header {
+		for _, kv := range row.Header {
 			k := strings.ToLower(kv[0])
 			md[k] = append(md[k], kv[1])
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		ctx = metadata.NewOutgoingContext(ctx, md)
-		err := conn(row.trusted, row.host).Invoke(ctx, row.path, &emptypb.Empty{}, &emptypb.Empty{}, grpc.WaitForReady(true))
+		err := conn(row.Trusted, row.Host).Invoke(ctx, row.Path, &emptypb.Empty{}, &emptypb.Empty{}, grpc.WaitForReady(true))
 		if err != nil {
 			oe, ok := triagegrpc.FromStatus(status.Convert(err))
 			if !ok {
-				t.Fatalf("through the sidecar %s: %v", row.path, err)
+				t.Fatalf("through the sidecar %s: %v", row.Path, err)
 			}
-			return seen{Outcome: oe.Kind}
+			return conformance.Seen{Outcome: oe.Kind}
 		}
-		s := rec.take()
-		s.Deadline = withoutCallDeadline(s.Deadline)
+		s := rec.Take()
+		s.Deadline = conformance.WithoutCallDeadline(s.Deadline)
 		s.TriageKeys = nil
 		return s
 	}
