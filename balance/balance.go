@@ -256,14 +256,8 @@ func WithExpiry(d time.Duration) Option { return optionFunc(func(c *config) { c.
 // error_utilization_penalty).
 func WithErrorPenalty(p float64) Option { return optionFunc(func(c *config) { c.errorPenalty = p }) }
 
-// ClockOption sets the clock of a Balancer or a Meter (WithClock).
-type ClockOption struct{ c clock.Clock }
-
-// WithClock sets the clock of a Balancer or a Meter. Default clock.Real().
-func WithClock(c clock.Clock) ClockOption { return ClockOption{c} }
-
-func (o ClockOption) apply(cfg *config)           { cfg.clock = o.c }
-func (o ClockOption) applyMeter(cfg *meterConfig) { cfg.clock = o.c }
+// WithClock sets the Balancer's clock. Default clock.Real().
+func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
 // WithObserver sets the Observer. Default Nop.
 func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/subset"
 )
 
@@ -220,7 +221,7 @@ type lbBackend struct {
 	busyInt           float64 // slot-ns busy since the start
 	lastChange        int64
 	measureFrom       float64 // busyInt at the measurement's start
-	meter             *balance.Meter
+	meter             *loadreport.Meter
 	report            balance.Load
 	reportAt          int64
 	// the busy integral at each of the last lbReportRing reports
@@ -310,8 +311,8 @@ func runLB(cfg LBConfig, policy balance.Policy) (LBRow, error) {
 		if !cfg.UniformMachines && i%2 == 1 {
 			b.speed = 2
 		}
-		m, err := balance.NewMeter(balance.WithClock(vc), balance.WithMeterWindow(lbReportRing*time.Duration(lbReportEvery)),
-			balance.WithUtilization(func() float64 { return b.utilization(vc.now) }))
+		m, err := loadreport.New(loadreport.WithClock(vc), loadreport.WithWindow(lbReportRing*time.Duration(lbReportEvery)),
+			loadreport.WithUtilization(func() float64 { return b.utilization(vc.now) }))
 		if err != nil {
 			return LBRow{}, err
 		}

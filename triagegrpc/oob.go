@@ -6,7 +6,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/orca"
 
-	"github.com/triagehq/triage/balance"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -19,7 +19,7 @@ import (
 // with oobLoadReport subscribe to it. A subscriber gets a report at once,
 // then at the interval it asks for, no more often than grpc-go's orca
 // package allows (every 30 s).
-func RegisterLoadReportService(s grpc.ServiceRegistrar, m *balance.Meter) error {
+func RegisterLoadReportService(s grpc.ServiceRegistrar, m *loadreport.Meter) error {
 	if m == nil {
 		return errors.New("triagegrpc: RegisterLoadReportService needs a Meter")
 	}
@@ -28,7 +28,7 @@ func RegisterLoadReportService(s grpc.ServiceRegistrar, m *balance.Meter) error 
 
 // meterMetrics reads a Meter as ORCA's server metrics, the fields the
 // trailer carries.
-type meterMetrics struct{ m *balance.Meter }
+type meterMetrics struct{ m *loadreport.Meter }
 
 func (p meterMetrics) ServerMetrics() *orca.ServerMetrics {
 	l := p.m.Load()

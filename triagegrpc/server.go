@@ -17,11 +17,11 @@ import (
 	"google.golang.org/grpc/tap"
 
 	"github.com/triagehq/triage/admission"
-	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/lifecycle"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/outcome"
 )
 
@@ -56,7 +56,7 @@ type ServerOption interface{ applyServer(*serverConfig) }
 
 type serverConfig struct {
 	intake    []intake.Option
-	meter     *balance.Meter
+	meter     *loadreport.Meter
 	lifecycle *lifecycle.Lifecycle
 	clock     clock.Clock
 	group     func(context.Context, metadata.MD) string
@@ -86,7 +86,7 @@ func WithGroup(f func(ctx context.Context, md metadata.MD) string) ServerOption 
 // the endpoint-load-metrics-bin trailer, for weighted round robin in
 // triage's balancer or grpc-go's weighted_round_robin. The interceptors
 // record each call's outcome in m. Default: none.
-func WithLoadReports(m *balance.Meter) ServerOption {
+func WithLoadReports(m *loadreport.Meter) ServerOption {
 	return serverOptionFunc(func(sc *serverConfig) { sc.meter = m })
 }
 

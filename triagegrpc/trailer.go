@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/lifecycle"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/triagegrpc/internal/backenderr"
 	"github.com/triagehq/triage/wire"
 )
@@ -29,7 +29,7 @@ const reportEvery = 100 * time.Millisecond
 // trailers builds the trailer every response carries: the load report
 // (WithLoadReports) and the lame duck announcement (WithLifecycle).
 type trailers struct {
-	meter     *balance.Meter
+	meter     *loadreport.Meter
 	lifecycle *lifecycle.Lifecycle
 	since     func() time.Duration // the server's clock
 	cached    atomic.Pointer[cachedTrailer]

@@ -26,9 +26,9 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
-	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
 )
@@ -49,7 +49,7 @@ type slotBackend struct {
 	failAll atomic.Bool
 	served  atomic.Int64
 	busyNs  atomic.Int64 // total slot-time held
-	meter   *balance.Meter
+	meter   *loadreport.Meter
 	srv     *grpc.Server
 
 	mu    sync.Mutex
@@ -81,7 +81,7 @@ func (b *slotBackend) utilization() float64 {
 func startSlotBackend(t *testing.T, slots int, service time.Duration) *slotBackend {
 	t.Helper()
 	b := &slotBackend{slots: make(chan struct{}, slots), service: service}
-	m, err := balance.NewMeter(balance.WithMeterWindow(2*time.Second), balance.WithUtilization(b.utilization))
+	m, err := loadreport.New(loadreport.WithWindow(2*time.Second), loadreport.WithUtilization(b.utilization))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,10 +24,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
-	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/triagegrpc"
 )
 
@@ -48,7 +48,7 @@ func TestBackendProcess(t *testing.T) {
 	defer stop()
 	var lameAt atomic.Int64
 	var served, late, afterLame, inflight atomic.Int64
-	m, err := balance.NewMeter(balance.WithMeterWindow(2*time.Second), balance.WithUtilization(func() float64 { return 0.5 }))
+	m, err := loadreport.New(loadreport.WithWindow(2*time.Second), loadreport.WithUtilization(func() float64 { return 0.5 }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
-	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/lifecycle"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
 )
@@ -31,7 +31,7 @@ func ExampleRegister() {
 	var servers []*grpc.Server
 	var lifecycles []*lifecycle.Lifecycle
 	for range 3 {
-		meter, _ := balance.NewMeter(balance.WithUtilization(func() float64 { return 0.5 }))
+		meter, _ := loadreport.New(loadreport.WithUtilization(func() float64 { return 0.5 }))
 		hs := health.NewServer()
 		lc, _ := triagegrpc.NewLifecycle(hs, lifecycle.WithDrain(100*time.Millisecond))
 		srv, _ := triagegrpc.NewServer(triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc))

@@ -19,6 +19,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
+	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/lb"
 )
@@ -30,7 +31,7 @@ import (
 func meteredBackend(t *testing.T, util float64, served *atomic.Int64, oob bool) string {
 	t.Helper()
 	clk := clock.NewFake(time.Unix(0, 0))
-	m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return util }), balance.WithClock(clk))
+	m, err := loadreport.New(loadreport.WithUtilization(func() float64 { return util }), loadreport.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,11 +145,11 @@ func TestStockWRRFollowsOOBReports(t *testing.T) {
 	}
 	var served [2]atomic.Int64
 	backend := func(i int, cost float64) string {
-		rate, err := balance.NewMeter(balance.WithUtilization(func() float64 { return 0 }))
+		rate, err := loadreport.New(loadreport.WithUtilization(func() float64 { return 0 }))
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := balance.NewMeter(balance.WithUtilization(func() float64 { return rate.Load().QPS * cost }))
+		m, err := loadreport.New(loadreport.WithUtilization(func() float64 { return rate.Load().QPS * cost }))
 		if err != nil {
 			t.Fatal(err)
 		}
