@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"slices"
 
 	"log"
 	"net"
@@ -59,7 +60,7 @@ type config struct {
 func main() {
 	var c config
 	var ups, pxs, loads string
-	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, gunicorn (sync workers, CPU then I/O wait), python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
+	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, node-grpc (a gRPC service in Node, @grpc/grpc-js: npm ci in bench/polyglot), gunicorn (sync workers, CPU then I/O wait), python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
 	flag.StringVar(&pxs, "proxies", "direct,nginx,haproxy,sidecar",
 		"configurations: direct (unprotected), nginx, haproxy, sidecar; NAME-own-cpu: the proxy on -load-cpu instead of the upstream's")
 	flag.StringVar(&loads, "loads", "0.5,1,2,5,10", "load steps, multiples of the upstream's probed capacity")
@@ -116,6 +117,11 @@ func (c *config) prepare() error {
 		return err
 	}
 	c.dir = filepath.Join(strings.TrimSpace(string(root)), "bench", "polyglot")
+	if slices.Contains(c.upstreams, "node-grpc") {
+		if _, err := os.Stat(filepath.Join(c.dir, "node_modules", "@grpc", "grpc-js")); err != nil {
+			return fmt.Errorf("the node-grpc upstream needs @grpc/grpc-js: run npm ci in %s", c.dir)
+		}
+	}
 	return nil
 }
 
@@ -184,7 +190,7 @@ func (c config) once(up, px, out string) (*run, error) {
 		return nil, err
 	}
 	defer stopUp()
-	upURL := fmt.Sprintf("http://127.0.0.1:%d/", upstreamPort)
+	upURL := targetURL(up, upstreamPort)
 	target := upURL
 	proxyGroup := 0 // the proxy's process group, for its CPU
 	if px != "direct" {
@@ -206,7 +212,7 @@ func (c config) once(up, px, out string) (*run, error) {
 		}
 		defer stopPx()
 		proxyGroup = pgid
-		target = fmt.Sprintf("http://127.0.0.1:%d/", proxyPort)
+		target = targetURL(up, proxyPort)
 	}
 	// Each step: the upstream's capacity probed directly, then the step
 	// offered through the configuration at that capacity.
@@ -225,8 +231,8 @@ func (c config) once(up, px, out string) (*run, error) {
 			capacity = caps[len(caps)-1]
 		}
 		cpu0 := child.GroupCPU(proxyGroup)
-		r, err := c.loadtest(ctx, filepath.Join(out, "step-"+l), "-url", target, "-capacity", strconv.FormatFloat(capacity, 'f', 1, 64),
-			"-loads", l, "-step", c.step.String())
+		r, err := c.loadtest(ctx, filepath.Join(out, "step-"+l), append(targetFlags(target), "-capacity", strconv.FormatFloat(capacity, 'f', 1, 64),
+			"-loads", l, "-step", c.step.String())...)
 		if err != nil {
 			return nil, err
 		}
@@ -283,11 +289,32 @@ func (c config) probe(ctx context.Context, out, url string) (float64, error) {
 			time.Sleep(4 * time.Second)
 		}
 		var r *loadtest.Result
-		if r, err = c.loadtest(ctx, out, "-url", url, "-loads", "0.1", "-step", "1s"); err == nil {
+		if r, err = c.loadtest(ctx, out, append(targetFlags(url), "-loads", "0.1", "-step", "1s")...); err == nil {
 			return r.Capacity, nil
 		}
 	}
 	return 0, fmt.Errorf("probing %s: it sustained no rate for 20 s", url)
+}
+
+// grpcMethod is the node-grpc upstream's method (bench/polyglot/grpc-upstream.js).
+const grpcMethod = "/bench.Burn/Call"
+
+// targetURL is where the load goes for upstream up on port: an HTTP URL,
+// or for a gRPC upstream grpc://host:port followed by its method.
+func targetURL(up string, port int) string {
+	if up == "node-grpc" {
+		return fmt.Sprintf("grpc://127.0.0.1:%d%s", port, grpcMethod)
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d/", port)
+}
+
+// targetFlags are triage loadtest's flags for a targetURL.
+func targetFlags(u string) []string {
+	if rest, ok := strings.CutPrefix(u, "grpc://"); ok {
+		addr, method, _ := strings.Cut(rest, "/")
+		return []string{"-grpc", addr, "-method", "/" + method}
+	}
+	return []string{"-url", u}
 }
 
 // Ports of the stack's second tier, its sidecar, and the first tier's
@@ -369,6 +396,8 @@ func (c config) upstreamArgv(up string) []string {
 	switch up {
 	case "node":
 		return []string{"node", filepath.Join(c.dir, "upstream.js"), port, strconv.Itoa(c.nodeRounds)}
+	case "node-grpc":
+		return []string{"node", filepath.Join(c.dir, "grpc-upstream.js"), port, strconv.Itoa(c.nodeRounds)}
 	case "gunicorn":
 		return []string{"env", fmt.Sprintf("ROUNDS=%d", c.pyRounds/6), fmt.Sprintf("IO_MS=%d", c.ioMS),
 			"gunicorn", "--workers", strconv.Itoa(gunicornWorkers), "--bind", "127.0.0.1:" + port, "--chdir", c.dir, "wsgi:app"}
@@ -465,7 +494,11 @@ func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error
 	listen := fmt.Sprintf("127.0.0.1:%d", proxyPort)
 	switch px {
 	case "sidecar":
-		return append([]string{c.triage, "sidecar", "-upstream", "http://" + addr, "-listen", listen, "-trust", "127.0.0.1/32",
+		scheme := "http://"
+		if up == "node-grpc" {
+			scheme = "h2c://"
+		}
+		return append([]string{c.triage, "sidecar", "-upstream", scheme + addr, "-listen", listen, "-trust", "127.0.0.1/32",
 			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, c.sidecarArgs...), nil
 	case "nginx", "haproxy":
 		// nginx: limit_req at the measured capacity with a burst of a
@@ -475,7 +508,7 @@ func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error
 		// callers' deadline (a longer wait serves callers who gave up).
 		return stockproxy.Argv(px, stockproxy.Config{Upstream: addr, Listen: listen, Dir: out,
 			Rate: int(capacity + 0.5), Burst: max(int(capacity/10), 1), Conns: 4,
-			Maxconn: maxconn(up), Queue: 500 * time.Millisecond})
+			Maxconn: maxconn(up), Queue: 500 * time.Millisecond, GRPC: up == "node-grpc"})
 	}
 	return nil, fmt.Errorf("unknown configuration %q", px)
 }

@@ -28,6 +28,11 @@ type Config struct {
 	// criticality header.
 	Maxconn int
 	Queue   time.Duration
+
+	// GRPC says the upstream speaks gRPC: the proxy takes HTTP/2 in
+	// cleartext and passes it on as HTTP/2 (nginx's grpc_pass, HAProxy's
+	// proto h2 both ways).
+	GRPC bool
 }
 
 // Argv writes proxy's configuration ("nginx" or "haproxy") into c.Dir and
@@ -84,7 +89,7 @@ http {
   limit_conn_zone $server_name zone=conns:1m;
   upstream app { server {{.Upstream}}; keepalive 64; }
   server {
-    listen {{.Listen}} backlog=4096;
+    listen {{.Listen}} backlog=4096{{if .GRPC}} http2{{end}};
     server_name bench;
     location / {
 {{- if .Rate}}
@@ -93,10 +98,15 @@ http {
 {{- end}}
       limit_conn conns {{.Conns}};
       limit_conn_status 503;
+{{- if .GRPC}}
+      grpc_read_timeout 90s;
+      grpc_pass grpc://app;
+{{- else}}
       proxy_http_version 1.1;
       proxy_set_header Connection "";
       proxy_read_timeout 90s;
       proxy_pass http://app;
+{{- end}}
     }
   }
 }
@@ -117,7 +127,7 @@ defaults
   timeout queue {{.QueueMS}}ms
   option http-keep-alive
 frontend fe
-  bind {{.Listen}}
+  bind {{.Listen}}{{if .GRPC}} proto h2{{end}}
   http-request set-priority-class int(-2) if { req.hdr(triage-criticality) -m str CRITICAL_PLUS }
   http-request set-priority-class int(-1) if { req.hdr(triage-criticality) -m str CRITICAL }
   http-request set-priority-class int(1) if { req.hdr(triage-criticality) -m str SHEDDABLE_PLUS }
@@ -125,5 +135,5 @@ frontend fe
   default_backend app
 backend app
   http-reuse always
-  server up {{.Upstream}} maxconn {{.Maxconn}}
+  server up {{.Upstream}} maxconn {{.Maxconn}}{{if .GRPC}} proto h2{{end}}
 `

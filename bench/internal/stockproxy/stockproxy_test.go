@@ -85,7 +85,7 @@ func start(t *testing.T, proxy string, c Config, up string) string {
 }
 
 // status sends GET path with criticality and returns the status.
-func status(t *testing.T, addr, path string) int {
+func httpStatus(t *testing.T, addr, path string) int {
 	t.Helper()
 	req, _ := http.NewRequest("GET", "http://"+addr+path, nil)
 	req.Header.Set("Triage-Criticality", "CRITICAL")
@@ -122,7 +122,7 @@ func TestNginxLimitsConnections(t *testing.T) {
 	up := newHeld(t)
 	addr := start(t, "nginx", Config{Conns: 2}, up.addr)
 	hold(t, addr, up, 2)
-	if got := status(t, addr, "/"); got != http.StatusServiceUnavailable {
+	if got := httpStatus(t, addr, "/"); got != http.StatusServiceUnavailable {
 		t.Errorf("a third request beside two held, limit_conn 2: %d, want 503", got)
 	}
 }
@@ -133,7 +133,7 @@ func TestNginxLimitsRate(t *testing.T) {
 	addr := start(t, "nginx", Config{Rate: 1, Burst: 1, Conns: 100}, up.addr)
 	codes := map[int]int{}
 	for range 5 {
-		codes[status(t, addr, "/")]++
+		codes[httpStatus(t, addr, "/")]++
 	}
 	if codes[http.StatusOK] != 2 || codes[http.StatusServiceUnavailable] != 3 {
 		t.Errorf("five requests at once at 1/s with a burst of 1: %v, want two 200 and three 503", codes)
@@ -147,7 +147,7 @@ func TestHAProxyQueuesThenRefuses(t *testing.T) {
 	addr := start(t, "haproxy", Config{Maxconn: 1, Queue: 200 * time.Millisecond}, up.addr)
 	hold(t, addr, up, 1)
 	begin := time.Now()
-	if got := status(t, addr, "/"); got != http.StatusServiceUnavailable {
+	if got := httpStatus(t, addr, "/"); got != http.StatusServiceUnavailable {
 		t.Errorf("a second request beside one held, maxconn 1: %d, want 503", got)
 	}
 	if waited := time.Since(begin); waited < 150*time.Millisecond {
