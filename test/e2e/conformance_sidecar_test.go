@@ -1,17 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"net"
 	"net/http"
 	"net/url"
-	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/triagehq/triage/edge"
@@ -104,44 +99,10 @@ func conformanceSidecar(t *testing.T) func(*testing.T, conformance.Row) conforma
 	hs.Protocols.SetUnencryptedHTTP2(true)
 	go hs.Serve(lis)
 	t.Cleanup(func() { hs.Close() })
-	conns := map[string]*grpc.ClientConn{}
-	conn := func(trusted bool, host string) *grpc.ClientConn {
-		src := untrustedIP
-		if trusted {
-			src = trustedIP
-		}
-		key := src + "|" + host
-		if cc := conns[key]; cc != nil {
-			return cc
-		}
-		var opts []grpc.DialOption
-		if host != "" {
-			opts = append(opts, grpc.WithAuthority(host))
-		}
-		cc := dialFrom(t, src, lis.Addr().String(), opts...)
-		conns[key] = cc
-		return cc
-	}
+	call := grpcCaller(t, lis.Addr().String(), rec)
 	return func(t *testing.T, row conformance.Row) conformance.Seen {
-		md := metadata.MD{}
-		for _, kv := range row.Header {
-			k := strings.ToLower(kv[0])
-			md[k] = append(md[k], kv[1])
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		ctx = metadata.NewOutgoingContext(ctx, md)
-		err := conn(row.Trusted, row.Host).Invoke(ctx, row.Path, &emptypb.Empty{}, &emptypb.Empty{}, grpc.WaitForReady(true))
-		if err != nil {
-			oe, ok := triagegrpc.FromStatus(status.Convert(err))
-			if !ok {
-				t.Fatalf("through the sidecar %s: %v", row.Path, err)
-			}
-			return conformance.Seen{Outcome: oe.Kind}
-		}
-		s := rec.Take()
-		s.Deadline = conformance.WithoutCallDeadline(s.Deadline)
-		s.TriageKeys = nil
+		s := call(t, row)
+		s.TriageKeys = nil // the upstream sees the keys the sidecar writes
 		return s
 	}
 }

@@ -73,45 +73,7 @@ func conformanceGRPC(t *testing.T) func(*testing.T, conformance.Row) conformance
 	}
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
-	conns := map[string]*grpc.ClientConn{}
-	conn := func(trusted bool, host string) *grpc.ClientConn {
-		src := untrustedIP
-		if trusted {
-			src = trustedIP
-		}
-		key := src + "|" + host
-		if cc := conns[key]; cc != nil {
-			return cc
-		}
-		var opts []grpc.DialOption
-		if host != "" {
-			opts = append(opts, grpc.WithAuthority(host))
-		}
-		cc := dialFrom(t, src, lis.Addr().String(), opts...)
-		conns[key] = cc
-		return cc
-	}
-	return func(t *testing.T, row conformance.Row) conformance.Seen {
-		md := metadata.MD{}
-		for _, kv := range row.Header {
-			k := strings.ToLower(kv[0]) // gRPC metadata keys are lower case
-			md[k] = append(md[k], kv[1])
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		ctx = metadata.NewOutgoingContext(ctx, md)
-		err := conn(row.Trusted, row.Host).Invoke(ctx, row.Path, &emptypb.Empty{}, &emptypb.Empty{}, grpc.WaitForReady(true))
-		if err != nil {
-			oe, ok := triagegrpc.FromStatus(status.Convert(err))
-			if !ok {
-				t.Fatalf("gRPC %s: %v", row.Path, err)
-			}
-			return conformance.Seen{Outcome: oe.Kind}
-		}
-		s := rec.Take()
-		s.Deadline = conformance.WithoutCallDeadline(s.Deadline)
-		return s
-	}
+	return grpcCaller(t, lis.Addr().String(), &rec)
 }
 
 func conformanceHTTP(t *testing.T) func(*testing.T, conformance.Row) conformance.Seen {
@@ -160,5 +122,50 @@ func conformanceHTTP(t *testing.T) func(*testing.T, conformance.Row) conformance
 			t.Fatalf("HTTP %s: %s", row.Path, resp.Status)
 		}
 		return rec.Take()
+	}
+}
+
+// grpcCaller sends a row as a gRPC call to addr, from the row's caller
+// (one connection per caller and authority), and returns its outcome, or
+// what rec recorded at the handler.
+func grpcCaller(t *testing.T, addr string, rec *conformance.Recorder) func(*testing.T, conformance.Row) conformance.Seen {
+	conns := map[string]*grpc.ClientConn{}
+	conn := func(trusted bool, host string) *grpc.ClientConn {
+		src := untrustedIP
+		if trusted {
+			src = trustedIP
+		}
+		key := src + "|" + host
+		if cc := conns[key]; cc != nil {
+			return cc
+		}
+		var opts []grpc.DialOption
+		if host != "" {
+			opts = append(opts, grpc.WithAuthority(host))
+		}
+		cc := dialFrom(t, src, addr, opts...)
+		conns[key] = cc
+		return cc
+	}
+	return func(t *testing.T, row conformance.Row) conformance.Seen {
+		md := metadata.MD{}
+		for _, kv := range row.Header {
+			k := strings.ToLower(kv[0]) // gRPC metadata keys are lower case
+			md[k] = append(md[k], kv[1])
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		ctx = metadata.NewOutgoingContext(ctx, md)
+		err := conn(row.Trusted, row.Host).Invoke(ctx, row.Path, &emptypb.Empty{}, &emptypb.Empty{}, grpc.WaitForReady(true))
+		if err != nil {
+			oe, ok := triagegrpc.FromStatus(status.Convert(err))
+			if !ok {
+				t.Fatalf("gRPC %s: %v", row.Path, err)
+			}
+			return conformance.Seen{Outcome: oe.Kind}
+		}
+		s := rec.Take()
+		s.Deadline = conformance.WithoutCallDeadline(s.Deadline)
+		return s
 	}
 }

@@ -172,17 +172,8 @@ func TestNoProcessStateOutsideCmd(t *testing.T) {
 const maxFuncLines = 80
 
 func TestFunctionsFitOnAScreen(t *testing.T) {
-	root := filepath.Join("..", "..")
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() && path != root && (d.Name() == "testdata" || d.Name() == "bench" || rel == "sim" || strings.HasPrefix(d.Name(), ".")) {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+	goFiles(t, func(rel, name string) bool { return name == "bench" || rel == "sim" }, func(path, rel string) error {
+		if strings.HasSuffix(path, "_test.go") {
 			return nil
 		}
 		fset := token.NewFileSet()
@@ -201,6 +192,28 @@ func TestFunctionsFitOnAScreen(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// goFiles calls f with each Go file of the repository, its path and its
+// path from the root (slash-separated), leaving out testdata, hidden
+// directories and the directories skip names.
+func goFiles(t *testing.T, skip func(rel, name string) bool, f func(path, rel string) error) {
+	t.Helper()
+	root := filepath.Join("..", "..")
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() && path != root && (d.Name() == "testdata" || strings.HasPrefix(d.Name(), ".") || skip(rel, d.Name())) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		return f(path, rel)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,19 +225,7 @@ func TestFunctionsFitOnAScreen(t *testing.T) {
 const maxFileLines = 600
 
 func TestFilesFitAReader(t *testing.T) {
-	root := filepath.Join("..", "..")
-	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() && path != root && (d.Name() == "testdata" || rel == "sim" || strings.HasPrefix(d.Name(), ".")) {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") {
-			return nil
-		}
+	goFiles(t, func(rel, _ string) bool { return rel == "sim" }, func(path, rel string) error {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return err
@@ -237,9 +238,6 @@ func TestFilesFitAReader(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // mustParseComments parses a Go file's package clause and comments.
