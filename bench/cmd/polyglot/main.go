@@ -80,6 +80,9 @@ func main() {
 	over := flag.Duration("overhead", 0, "instead of the table: measure the sidecar's added latency at 0.5x C for this long per run (requests at random direct or through the sidecar)")
 	flag.Parse()
 	c.upstreams, c.proxies, c.loads = strings.Split(ups, ","), strings.Split(pxs, ","), strings.Split(loads, ",")
+	if (*soak > 0 || *over > 0) && slices.Contains(c.upstreams, "node-grpc") {
+		log.Fatal("-soak and -overhead send HTTP requests: they do not take the node-grpc upstream")
+	}
 	if *soak > 0 {
 		if err := c.prepare(); err != nil {
 			log.Fatal(err)

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
@@ -25,6 +27,8 @@ type edgeFlags struct {
 	config, networks, identities, forwarders string
 	trust                                    *trust.Policy
 	classifier                               *edge.Classifier
+	healthChecks                             []string // -health-check
+	groupHeader                              string   // -group-header
 }
 
 func (e *edgeFlags) register(fs *flag.FlagSet) {
@@ -32,6 +36,20 @@ func (e *edgeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&e.networks, "trust", "", "comma-separated networks (CIDR) whose criticality, attempt and customer headers are believed; default: nobody's (or -config's)")
 	fs.StringVar(&e.identities, "trust-identity", "", "comma-separated identities (URI SANs with their scheme, or DNS SANs) of client certificates whose headers are believed")
 	fs.StringVar(&e.forwarders, "trust-forwarder", "", "comma-separated networks (CIDR) of proxies whose x-forwarded-client-cert names the caller, then judged by -trust-identity (a mesh's sidecar: docs/trust.md)")
+	fs.Func("health-check", "`PATH` of health checks that pass through (repeatable; e.g. /grpc.health.v1.Health/Check): classified, and answered whatever the load, outside isolation, quotas and admission", func(v string) error {
+		if !strings.HasPrefix(v, "/") {
+			return fmt.Errorf("%q is not a path (it starts with /)", v)
+		}
+		e.healthChecks = append(e.healthChecks, v)
+		return nil
+	})
+	fs.Func("group-header", "the request header naming the caller's user group, for the edge's group rules (-config)", func(v string) error {
+		if !httpguts.ValidHeaderFieldName(v) {
+			return fmt.Errorf("%q is not a header name", v)
+		}
+		e.groupHeader = v
+		return nil
+	})
 }
 
 // build makes the trust policy and the classifier: -config's, or the

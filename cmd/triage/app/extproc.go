@@ -131,6 +131,10 @@ func (f *extprocFlags) server(m *observers, reg *prometheus.Registry) (*grpc.Ser
 	// caller's deadline would otherwise wait on and be let through
 	// unprocessed.
 	ep.DecisionTimeout = f.admission.maxWait
+	ep.HealthChecks = f.edge.healthChecks
+	if name := f.edge.groupHeader; name != "" {
+		ep.Group = func(header func(string) string) string { return header(name) }
+	}
 	sopts := m.grpc()
 	if f.tls.Set() {
 		cfg, err := f.tls.Server()

@@ -300,6 +300,12 @@ func (f *sidecarFlags) build(m *observers, reg *prometheus.Registry) ([]listener
 	if err != nil {
 		return nil, nil, err
 	}
+	if len(f.edge.healthChecks) > 0 {
+		mw = append(mw, triagehttp.WithHealthCheck(f.edge.healthChecks...))
+	}
+	if name := f.edge.groupHeader; name != "" {
+		mw = append(mw, triagehttp.WithGroup(func(r *http.Request) string { return r.Header.Get(name) }))
+	}
 	in, err := triagesidecar.Ingress(f.up, triagesidecar.WithTransport(rt), triagesidecar.WithTimeout(f.timeout), triagesidecar.WithMiddleware(mw...))
 	if err != nil {
 		return nil, nil, err

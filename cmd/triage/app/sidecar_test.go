@@ -136,6 +136,8 @@ func TestSidecarFlags(t *testing.T) {
 		{[]string{"extproc", "-max-wait", "0s"}, "-max-wait"},
 		{[]string{"extproc", "-trust", "300.0.0.1/8"}, "-trust"},
 		{[]string{"extproc", "extra"}, "unexpected argument"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-health-check", "healthz"}, "not a path"},
+		{[]string{"extproc", "-group-header", "x plan"}, "not a header name"},
 	} {
 		var o, e strings.Builder
 		if code := run(context.Background(), tc.args, &o, &e); code != 2 || !strings.Contains(e.String(), tc.want) {
@@ -293,6 +295,32 @@ func TestEgressKeysOnlyForInternalHosts(t *testing.T) {
 		h := <-seen
 		if got := h.Get("Triage-Criticality") != "" || h.Get("Triage-Customer") != ""; got != tc.want {
 			t.Errorf("%v: the upstream got triage headers %v, want %v: %v", tc.flags, got, tc.want, h)
+		}
+		cancel()
+		waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
+	}
+}
+
+// -group-header names the header the edge's group rules read; without it
+// no request is in a group.
+func TestSidecarGroupHeader(t *testing.T) {
+	up := echo("upstream")
+	defer up.Close()
+	cfg := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(cfg, []byte("trust:\n  networks: [127.0.0.1/32]\ncriticality:\n  rules:\n    - group: free\n      criticality: SHEDDABLE_PLUS\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"-group-header", "X-Plan", "-health-check", "/healthz"}, "upstream:SHEDDABLE_PLUS:/a"},
+		{nil, "upstream:CRITICAL:/a"},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		addr, done, errb := startCommand(t, ctx, append([]string{"sidecar", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-config", cfg, "-drain", "0s"}, tc.flags...)...)
+		if code, body := get(t, "http://"+addr+"/a", "X-Plan", "free"); code != 200 || body != tc.want {
+			t.Errorf("flags %v, a request of the free group: %d %q, want %q", tc.flags, code, body, tc.want)
 		}
 		cancel()
 		waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
