@@ -147,34 +147,3 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
-
-// AdmittedCounter returns the admitted counter of a criticality (by name),
-// for tests and dashboards built in code; nil for an unknown name.
-func (o *AdmissionObserver) AdmittedCounter(level string) prometheus.Counter {
-	l, err := criticality.Parse(level)
-	if err != nil {
-		return nil
-	}
-	return o.admitted[l]
-}
-
-// RejectedCounter returns one rejected counter by label values; nil for
-// unknown ones.
-func (o *AdmissionObserver) RejectedCounter(level, reason, answer string) prometheus.Counter {
-	l, err := criticality.Parse(level)
-	if err != nil {
-		return nil
-	}
-	for r := admission.Reason(0); r < admission.NumReasons; r++ {
-		if r.String() != reason {
-			continue
-		}
-		switch answer {
-		case "task-overloaded":
-			return o.rejected[l][r][0]
-		case "overloaded-dont-retry":
-			return o.rejected[l][r][1]
-		}
-	}
-	return nil
-}

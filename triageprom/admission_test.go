@@ -78,7 +78,7 @@ func TestAdmissionMetricsOverLoopbackHTTP(t *testing.T) {
 	if st := ctl.Stats(); st.Queued != 8 || st.Executing != 1 {
 		t.Fatalf("state %+v", st)
 	}
-	if n := testutil.ToFloat64(m.Admission().RejectedCounter("CRITICAL", "concurrency", "task-overloaded")); n != 12 {
+	if n := series(t, reg, "triage_admission_rejected_total", "criticality", "CRITICAL", "reason", "concurrency", "answer", "task-overloaded"); n != 12 {
 		t.Fatalf("rejected counter %v", n)
 	}
 	if n, err := testutil.GatherAndCount(reg, "triage_admission_queued", "triage_admission_pending_cap", "triage_admission_away", "triage_admission_stalled"); err != nil || n != 4 {
@@ -92,7 +92,7 @@ func TestAdmissionMetricsOverLoopbackHTTP(t *testing.T) {
 			t.Fatalf("status %d after release", c)
 		}
 	}
-	if n := testutil.ToFloat64(m.Admission().AdmittedCounter("CRITICAL")); n != 9 {
+	if n := series(t, reg, "triage_admission_admitted_total", "criticality", "CRITICAL"); n != 9 {
 		t.Fatalf("admitted %v, want 9", n)
 	}
 	// A drill in effect shows.

@@ -9,10 +9,10 @@ import (
 	"github.com/triagehq/triage/quota"
 )
 
-// QuotaMetrics exports one task's quota enforcement (package quota): per
+// Quota returns the metrics of one task's quota enforcement e, and of
+// its lease l from the quota service (nil when the task has none): per
 // customer and criticality the usage and the limit in force, refusals,
-// the fairness threshold, and the lease from the quota service. It is a
-// prometheus.Collector; register it once.
+// the fairness threshold, and the lease. Register the Collector once.
 //
 // Series: triage_quota_usage_cpu{criticality} (CPU-seconds per second),
 // triage_quota_demand_cpu, triage_quota_refused_total{criticality},
@@ -22,16 +22,15 @@ import (
 // triage_quota_limit_cpu{customer,criticality} (+Inf when none applies)
 // and triage_quota_customer_refused_total{customer} are added; customers
 // are those the Usage tracks: at most its MaxTracked plus one.
-type QuotaMetrics struct {
+func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) prometheus.Collector {
+	return &quotaMetrics{e: e, l: l, customers: m.customers}
+}
+
+// quotaMetrics is Quota's Collector.
+type quotaMetrics struct {
 	e         *quota.Enforcer
 	l         *quota.Leased
 	customers bool
-}
-
-// Quota returns the metrics of e, and of the lease l (nil when the task
-// has no quota service).
-func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) *QuotaMetrics {
-	return &QuotaMetrics{e: e, l: l, customers: m.customers}
 }
 
 var (
@@ -50,7 +49,7 @@ var (
 )
 
 // Describe implements prometheus.Collector.
-func (q *QuotaMetrics) Describe(ch chan<- *prometheus.Desc) {
+func (q *quotaMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ds := []*prometheus.Desc{descQuotaUsageAll, descQuotaDemandAll}
 	if q.customers {
 		ds = []*prometheus.Desc{descQuotaUsage, descQuotaLimit, descQuotaDemand, descQuotaCRefused}
@@ -61,7 +60,7 @@ func (q *QuotaMetrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (q *QuotaMetrics) Collect(ch chan<- prometheus.Metric) {
+func (q *quotaMetrics) Collect(ch chan<- prometheus.Metric) {
 	if q.customers {
 		q.collectCustomers(ch)
 	} else {
@@ -92,7 +91,7 @@ func (q *QuotaMetrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectCustomers sends the series labelled by customer.
-func (q *QuotaMetrics) collectCustomers(ch chan<- prometheus.Metric) {
+func (q *quotaMetrics) collectCustomers(ch chan<- prometheus.Metric) {
 	limits := q.e.Limits()
 	for _, c := range q.e.Usage().Snapshot() {
 		for _, l := range criticality.All() {
@@ -112,22 +111,22 @@ func b2f(b bool) float64 {
 	return 0
 }
 
-// QuotaServiceMetrics exports the quota service's view (quota.Allocator):
+// QuotaService returns the metrics of the quota service's view, a:
 // triage_quota_global_usage_cpu{criticality},
 // triage_quota_global_demand_cpu, triage_quota_tasks,
 // triage_quota_refreshes_total and triage_quota_task_refresh_age_max_seconds
 // (the longest time since a live task refreshed: a task falling behind).
 // With WithCustomers, usage and demand are labelled by customer too and
 // triage_quota_global_limit_cpu{customer} is added; customers are those
-// the live tasks report. It is a prometheus.Collector.
-type QuotaServiceMetrics struct {
-	a         *quota.Allocator
-	customers bool
+// the live tasks report.
+func (m *Metrics) QuotaService(a *quota.Allocator) prometheus.Collector {
+	return &quotaServiceMetrics{a: a, customers: m.customers}
 }
 
-// QuotaService returns the metrics of a.
-func (m *Metrics) QuotaService(a *quota.Allocator) *QuotaServiceMetrics {
-	return &QuotaServiceMetrics{a: a, customers: m.customers}
+// quotaServiceMetrics is QuotaService's Collector.
+type quotaServiceMetrics struct {
+	a         *quota.Allocator
+	customers bool
 }
 
 var (
@@ -143,7 +142,7 @@ var (
 )
 
 // Describe implements prometheus.Collector.
-func (q *QuotaServiceMetrics) Describe(ch chan<- *prometheus.Desc) {
+func (q *quotaServiceMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ds := []*prometheus.Desc{descGlobalUsageAll, descGlobalDemandAll}
 	if q.customers {
 		ds = []*prometheus.Desc{descGlobalUsage, descGlobalDemand, descGlobalLimit}
@@ -154,7 +153,7 @@ func (q *QuotaServiceMetrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector.
-func (q *QuotaServiceMetrics) Collect(ch chan<- prometheus.Metric) {
+func (q *quotaServiceMetrics) Collect(ch chan<- prometheus.Metric) {
 	var used [criticality.NumLevels]float64
 	var demand float64
 	for _, g := range q.a.Usage() {
@@ -194,21 +193,20 @@ type QuotaReplicaState interface {
 	Allocator() *quota.Allocator
 }
 
-// QuotaReplicaMetrics is a prometheus.Collector for one replica of the
-// quota service: triage_quota_leader (the leader this replica knows, by
+// QuotaReplica returns the metrics of replica r of the quota service: triage_quota_leader (the leader this replica knows, by
 // address), triage_quota_granting (1 while this replica grants),
 // triage_quota_elections_total (times it was elected),
 // triage_quota_policy_version (the etcd revision of the policy in force,
 // or the file's load count), and, while it leads, the leader's
-// QuotaServiceMetrics. It is safe for concurrent use.
-type QuotaReplicaMetrics struct {
-	r         QuotaReplicaState
-	customers bool
+// QuotaService metrics. The Collector is safe for concurrent use.
+func (m *Metrics) QuotaReplica(r QuotaReplicaState) prometheus.Collector {
+	return &quotaReplicaMetrics{r: r, customers: m.customers}
 }
 
-// QuotaReplica returns the metrics of replica r.
-func (m *Metrics) QuotaReplica(r QuotaReplicaState) *QuotaReplicaMetrics {
-	return &QuotaReplicaMetrics{r: r, customers: m.customers}
+// quotaReplicaMetrics is QuotaReplica's Collector.
+type quotaReplicaMetrics struct {
+	r         QuotaReplicaState
+	customers bool
 }
 
 var (
@@ -219,15 +217,15 @@ var (
 )
 
 // Describe implements prometheus.Collector.
-func (q *QuotaReplicaMetrics) Describe(ch chan<- *prometheus.Desc) {
+func (q *quotaReplicaMetrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQuotaLeader, descQuotaGranting, descQuotaElections, descPolicyVersion} {
 		ch <- d
 	}
-	(&QuotaServiceMetrics{customers: q.customers}).Describe(ch)
+	(&quotaServiceMetrics{customers: q.customers}).Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
-func (q *QuotaReplicaMetrics) Collect(ch chan<- prometheus.Metric) {
+func (q *quotaReplicaMetrics) Collect(ch chan<- prometheus.Metric) {
 	if addr, ok := q.r.Leader(); ok {
 		ch <- prometheus.MustNewConstMetric(descQuotaLeader, prometheus.GaugeValue, 1, addr)
 	}
@@ -239,6 +237,6 @@ func (q *QuotaReplicaMetrics) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descQuotaElections, prometheus.CounterValue, float64(q.r.Elections()))
 	ch <- prometheus.MustNewConstMetric(descPolicyVersion, prometheus.GaugeValue, float64(q.r.PolicyVersion()))
 	if a := q.r.Allocator(); a != nil {
-		(&QuotaServiceMetrics{a: a, customers: q.customers}).Collect(ch)
+		(&quotaServiceMetrics{a: a, customers: q.customers}).Collect(ch)
 	}
 }

@@ -176,9 +176,3 @@ func (m *Metrics) Stripped(key string) {
 }
 
 var _ edge.Observer = (*Metrics)(nil)
-
-// EdgeRequests returns the counter of triage_edge_requests_total for one
-// label set, for tests and dashboards built in code.
-func (m *Metrics) EdgeRequests(l criticality.Level, rule, trusted string) (prometheus.Counter, error) {
-	return m.edgeRequests.GetMetricWithLabelValues(l.String(), rule, trusted)
-}

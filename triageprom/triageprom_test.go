@@ -59,11 +59,7 @@ triage_edge_invalid_header_total 1
 		t.Fatal(err)
 	}
 	count := func(l criticality.Level, rule, trusted string) float64 {
-		c, err := m.EdgeRequests(l, rule, trusted)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return testutil.ToFloat64(c)
+		return series(t, reg, "triage_edge_requests_total", "criticality", l.String(), "rule", rule, "trusted", trusted)
 	}
 	if got := count(criticality.Sheddable, "path", "false"); got != 1 {
 		t.Errorf("SHEDDABLE by path rule = %v", got)
