@@ -39,7 +39,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/clock"
@@ -493,62 +492,26 @@ func (r *Runner) step(ctx context.Context, rate float64, d time.Duration, seed, 
 	n := int(rate * d.Seconds())
 	samples := make([]sample, n)
 	rng := rand.New(rand.NewPCG(seed, stream))
+	at := measure.Every(rate, d)
 	for i := range samples {
-		samples[i].at = time.Duration(math.Round(float64(i) / rate * float64(time.Second)))
+		samples[i].at, _ = at(i)
 		samples[i].level = pick(r.cfg.mix, rng.Float64())
 	}
 	clk := r.cfg.clk
-	var timer clock.Timer // made at the first wait: no timer pends but the schedule's
-	wait := func(d time.Duration) {
-		if timer == nil {
-			timer = clk.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-timer.C():
-		case <-ctx.Done():
-		}
-	}
-	var inFlight atomic.Int64
-	var wg sync.WaitGroup
-	start := clk.Now()
-	scheduled := 0
-	for i := range samples {
+	sched := measure.OpenLoop{Clock: clk, MaxInFlight: r.cfg.maxInFlight,
+		Skip: func(i int, lag time.Duration) { samples[i].lag, samples[i].outcome = lag, NotSent }}
+	paced := sched.Run(ctx, at, func(i int, lag time.Duration) func() {
 		s := &samples[i]
-		if d := s.at - clk.Now().Sub(start); d > 0 {
-			wait(d)
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		now := clk.Now()
-		s.lag = now.Sub(start) - s.at
-		scheduled++
-		if inFlight.Load() >= int64(r.cfg.maxInFlight) {
-			s.outcome = NotSent
-			continue
-		}
-		inFlight.Add(1)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer inFlight.Add(-1)
-			sched := start.Add(s.at)
+		s.lag = lag
+		return func() {
+			sent := clk.Now()
 			cctx, cancel := context.WithTimeout(criticality.NewContext(ctx, s.level), r.cfg.deadline-s.lag)
 			s.outcome = r.target.Call(cctx)
 			cancel()
-			s.latency = clk.Now().Sub(sched)
-		}()
-	}
-	// The step lasts its length: wait out the time after the last call.
-	if rest := d - clk.Now().Sub(start); rest > 0 && ctx.Err() == nil {
-		wait(rest)
-	}
-	if timer != nil {
-		timer.Stop()
-	}
-	wg.Wait()
+			s.latency = s.lag + clk.Now().Sub(sent) // from the scheduled time
+		}
+	})
+	scheduled := paced.Sent + paced.Skipped
 	length := d
 	if scheduled < n {
 		length = time.Duration(float64(scheduled) / rate * float64(time.Second))

@@ -6,7 +6,10 @@
 //     share q of the values at or below it (Quantile);
 //   - a median is the middle value, or the mean of the middle two
 //     (Median);
-//   - a process's memory is its resident set from /proc (RSS, PeakRSS).
+//   - a process's memory is its resident set from /proc (RSS, PeakRSS);
+//   - an open-loop load sends each request at its time in the schedule,
+//     whatever happened to the ones before, its latency counted from that
+//     time (OpenLoop, Every).
 //
 // The functions keep no state and are safe for concurrent use.
 package measure

@@ -56,63 +56,58 @@ func maxOutstanding(rate float64, deadline time.Duration) int64 {
 // latency measured from each request's scheduled time, every call bounded
 // by deadline; it waits for every call to finish.
 func openLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float64, d, deadline time.Duration, mix []share, seed uint64) *phase {
-	p, levels, interval := schedule(rate, d, mix, seed, 1)
-	n := len(levels)
-	var wg sync.WaitGroup
-	var outstanding atomic.Int64
-	limit := maxOutstanding(rate, deadline)
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		at := time.Duration(i) * interval
-		if wait := time.Until(start.Add(at)); wait > 200*time.Microsecond {
-			time.Sleep(wait)
-		}
-		if ctx.Err() != nil {
-			p.samples = p.samples[:i]
-			break
-		}
-		lag := time.Since(start.Add(at))
-		p.maxLag = max(p.maxLag, lag)
-		if lag > 10*time.Millisecond {
-			p.lagOver++
-		}
-		if outstanding.Load() >= limit {
-			p.lagOver++
-			p.samples[i] = sample{at: at, code: codes.Canceled, level: levels[i]}
-			continue
-		}
-		outstanding.Add(1)
-		atomic.AddInt64(&p.sent, 1)
-		wg.Add(1)
-		go func(i int, at time.Duration) {
-			defer wg.Done()
-			defer outstanding.Add(-1)
-			sched := start.Add(at)
+	p, levels, at := schedule(rate, d, mix, seed, 1)
+	pacer := measure.OpenLoop{Early: early, MaxInFlight: int(maxOutstanding(rate, deadline)), Skip: func(i int, _ time.Duration) {
+		p.samples[i] = sample{at: p.samples[i].at, code: codes.Canceled, level: levels[i]}
+	}}
+	paced := pacer.Run(ctx, at, func(i int, lag time.Duration) func() {
+		sched := time.Now().Add(-lag) // the call's time in the schedule
+		return func() {
 			cctx, cancel := context.WithDeadline(criticality.NewContext(ctx, levels[i]), sched.Add(deadline))
 			defer cancel()
 			out := new(wrapperspb.StringValue)
 			err := conns[i%len(conns)].Invoke(cctx, method, wrapperspb.String("x"), out)
 			end := time.Now()
-			s := sample{at: at, latency: end.Sub(sched), code: status.Code(err), level: levels[i], triaged: triaged(err)}
-			s.over = end.Sub(sched.Add(deadline))
-			p.samples[i] = s
+			p.samples[i] = sample{at: p.samples[i].at, latency: end.Sub(sched), code: status.Code(err), level: levels[i], triaged: triaged(err),
+				over: end.Sub(sched.Add(deadline))}
 			atomic.AddInt64(&p.done, 1)
-		}(i, at)
-	}
-	wg.Wait()
+		}
+	})
+	p.paced(paced)
 	return p
 }
 
-// schedule lays out a phase of rate calls per second for d: its samples,
-// each call's criticality drawn from mix, and the interval between calls.
-func schedule(rate float64, d time.Duration, mix []share, seed, stream uint64) (*phase, []criticality.Level, time.Duration) {
+// early is how far ahead of its time the generator sends rather than
+// sleep: a shorter sleep overshoots by more than the gap between sends
+// at 20x.
+const early = 200 * time.Microsecond
+
+// paced records what the pacer did: the sends made, the sends cut short
+// (an unsent call counts as late: the phase could not keep its
+// schedule), the samples of the schedule that ran.
+func (p *phase) paced(r measure.Paced) {
+	p.sent = int64(r.Sent)
+	p.maxLag = r.MaxLag
+	p.lagOver = int64(r.Late + r.Skipped)
+	if r.Stopped {
+		p.samples = p.samples[:r.Sent+r.Skipped]
+	}
+}
+
+// schedule lays out a phase of rate calls per second for d: its samples
+// with their times, each call's criticality drawn from mix, and the
+// schedule to pace.
+func schedule(rate float64, d time.Duration, mix []share, seed, stream uint64) (*phase, []criticality.Level, func(int) (time.Duration, bool)) {
+	at := measure.Every(rate, d)
 	n := int(rate * d.Seconds())
 	rng := rand.New(rand.NewPCG(seed, stream))
 	levels := make([]criticality.Level, n)
+	p := &phase{duration: d, samples: make([]sample, n)}
 	for i := range levels {
 		levels[i] = pick(mix, rng.Float64())
+		p.samples[i].at, _ = at(i)
 	}
-	return &phase{duration: d, samples: make([]sample, n)}, levels, time.Duration(float64(time.Second) / rate)
+	return p, levels, at
 }
 
 // triaged says whether err carries a triage overload outcome.
@@ -182,7 +177,7 @@ func summarize(p *phase, from, to time.Duration) summary {
 // then. At most rate x d calls, each bounded by deadline; it waits for
 // every worker to finish.
 func workersLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float64, d, deadline time.Duration, workers int, mix []share, seed uint64) *phase {
-	p, levels, interval := schedule(rate, d, mix, seed, 2)
+	p, levels, _ := schedule(rate, d, mix, seed, 2)
 	n := len(levels)
 	var next atomic.Int64 // the next slot of the schedule
 	start := time.Now()
@@ -196,7 +191,7 @@ func workersLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate flo
 				if i >= n {
 					return
 				}
-				if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+				if wait := time.Until(start.Add(p.samples[i].at)); wait > 0 {
 					time.Sleep(wait)
 				}
 				sent := time.Now()

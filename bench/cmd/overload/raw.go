@@ -15,6 +15,7 @@ import (
 
 	"github.com/triagehq/triage/bench/internal/rawgrpc"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/wire"
 )
@@ -27,15 +28,15 @@ import (
 // DeadlineExceeded; the connections are closed before it returns, so
 // that no answer writes a sample after.
 func openLoopRaw(ctx context.Context, addr string, conns int, rate float64, d, deadline time.Duration, mix []share, seed uint64) (*phase, error) {
-	p, levels, interval := schedule(rate, d, mix, seed, 1)
+	p, levels, at := schedule(rate, d, mix, seed, 1)
 	n := len(levels)
 	var done, sent atomic.Int64
 	var finished atomic.Bool // every call sent (or given up)
 	allDone, once := make(chan struct{}), new(sync.Once)
-	start := time.Now()
+	scheds := make([]time.Time, n) // each call's time in the schedule, set before its send
 	record := func(r rawgrpc.Result) {
-		sched := start.Add(time.Duration(r.ID) * interval)
-		p.samples[r.ID] = sample{at: time.Duration(r.ID) * interval, latency: r.At.Sub(sched), code: r.Code, level: levels[r.ID],
+		sched := scheds[r.ID]
+		p.samples[r.ID] = sample{at: p.samples[r.ID].at, latency: r.At.Sub(sched), code: r.Code, level: levels[r.ID],
 			triaged: rawTriaged(r.Err), over: r.At.Sub(sched.Add(deadline))}
 		if done.Add(1) == sent.Load() && finished.Load() {
 			once.Do(func() { close(allDone) })
@@ -60,38 +61,43 @@ func openLoopRaw(ctx context.Context, addr string, conns int, rate float64, d, d
 		headers[l] = []hpack.HeaderField{{Name: wire.CriticalityKey, Value: l.String()}}
 	}
 	limit := maxOutstanding(rate, deadline)
-	for i := 0; i < n; i++ {
-		at := time.Duration(i) * interval
-		if wait := time.Until(start.Add(at)); wait > 200*time.Microsecond {
-			time.Sleep(wait)
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		lag := time.Since(start.Add(at))
-		p.maxLag = max(p.maxLag, lag)
-		if lag > 10*time.Millisecond {
-			p.lagOver++
-		}
-		p.samples[i] = sample{at: at, latency: deadline, code: codes.DeadlineExceeded, level: levels[i], triaged: false}
+	var cut int64 // calls not sent: limit calls outstanding
+	var sendErr error
+	pctx, stop := context.WithCancel(ctx)
+	defer stop()
+	paced := measure.OpenLoop{Early: early}.Run(pctx, at, func(i int, lag time.Duration) func() {
+		scheds[i] = time.Now().Add(-lag)
+		p.samples[i] = sample{at: p.samples[i].at, latency: deadline, code: codes.DeadlineExceeded, level: levels[i], triaged: false}
 		if sent.Load()-done.Load() >= limit {
-			p.lagOver++
+			cut++
 			p.samples[i].code = codes.Canceled
-			continue
+			return nil
 		}
 		sent.Add(1)
 		c := cs[i%len(cs)]
-		if err := c.Send(i, headers[levels[i]], start.Add(at+deadline).Sub(time.Now())); err != nil {
-			return nil, fmt.Errorf("send %d: %w (read loop: %v)", i, err, c.Err())
+		if err := c.Send(i, headers[levels[i]], scheds[i].Add(deadline).Sub(time.Now())); err != nil {
+			sendErr = fmt.Errorf("send %d: %w (read loop: %v)", i, err, c.Err())
+			stop()
+			return nil
 		}
-		if i+1 == n || time.Until(start.Add(at+interval)) > 0 || (i+1)%len(cs) == 0 {
+		if next, more := at(i + 1); !more || time.Until(scheds[i].Add(next-p.samples[i].at)) > 0 || (i+1)%len(cs) == 0 {
 			for _, c := range cs {
 				if err := c.Flush(); err != nil {
-					return nil, fmt.Errorf("flush: %w (read loop: %v)", err, c.Err())
+					sendErr = fmt.Errorf("flush: %w (read loop: %v)", err, c.Err())
+					stop()
+					return nil
 				}
 			}
 		}
+		return nil
+	})
+	if sendErr != nil {
+		return nil, sendErr
 	}
+	if paced.Stopped {
+		return nil, ctx.Err()
+	}
+	p.maxLag, p.lagOver = paced.MaxLag, int64(paced.Late)+cut
 	p.sent = sent.Load()
 	finished.Store(true)
 	if done.Load() == p.sent {

@@ -101,7 +101,7 @@ func main() {
 		}
 		return
 	}
-	if err := measure(c); err != nil {
+	if err := runTable(c); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -128,7 +128,7 @@ func (c *config) prepare() error {
 	return nil
 }
 
-func measure(c config) error {
+func runTable(c config) error {
 	if err := c.prepare(); err != nil {
 		return err
 	}

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/triagehq/triage/internal/measure"
 )
 
 // overhead measures what the sidecar adds to a request's latency at
@@ -42,15 +44,17 @@ func (c config) overhead(up, cpu string, d time.Duration) (direct, sidecar [2]fl
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000}, Timeout: 5 * time.Second}
 	var mu sync.Mutex
 	var lat [2][]float64
-	var wg sync.WaitGroup
 	rate := capacity / 2
-	start := time.Now()
-	for next := start; time.Since(start) < d; next = next.Add(time.Duration(rand.ExpFloat64() / rate * float64(time.Second))) {
-		time.Sleep(time.Until(next))
-		path := int(next.Sub(start)/(3*time.Second)) % 2
-		wg.Add(1)
-		go func(sent time.Time) {
-			defer wg.Done()
+	var cur, next time.Duration // one Poisson stream at rate; cur is the send's time
+	poisson := func(int) (time.Duration, bool) {
+		cur = next
+		next += time.Duration(rand.ExpFloat64() / rate * float64(time.Second))
+		return cur, cur < d
+	}
+	measure.OpenLoop{}.Run(ctx, poisson, func(_ int, lag time.Duration) func() {
+		sent := time.Now().Add(-lag)
+		path := int(cur/(3*time.Second)) % 2 // the paths alternate every 3 s
+		return func() {
 			resp, err := client.Get(urls[path])
 			if err != nil {
 				return
@@ -63,15 +67,14 @@ func (c config) overhead(up, cpu string, d time.Duration) (direct, sidecar [2]fl
 			mu.Lock()
 			lat[path] = append(lat[path], float64(time.Since(sent).Microseconds())/1000)
 			mu.Unlock()
-		}(next)
-	}
-	wg.Wait()
-	pct := func(v []float64, p float64) float64 {
+		}
+	})
+	pct := func(v []float64, q float64) float64 {
 		slices.Sort(v)
 		if len(v) == 0 {
 			return 0
 		}
-		return v[min(len(v)-1, int(p*float64(len(v))))]
+		return measure.Quantile(v, q)
 	}
 	for i, v := range lat {
 		n[i] = len(v)

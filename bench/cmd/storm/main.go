@@ -193,28 +193,21 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	lat := make([]time.Duration, n)
 	fails := make([]bool, n)
 	start := time.Now()
-	var wg sync.WaitGroup
 	// The storm, from c.before on, in a process of its own at the lowest
 	// priority on the load generator's CPU, so that setting up a thousand
 	// clients does not delay this process's steady sends: the steady p99
 	// then speaks of the backend.
 	stormDone := make(chan stormReport, 1)
 	go func() { stormDone <- runStormProcess(c, addr, start.Add(c.before), total-c.before) }()
-	for i := range n {
-		at := time.Duration(float64(i) / float64(c.rate) * float64(time.Second))
-		if d := time.Until(start.Add(at)); d > 0 {
-			time.Sleep(d)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	measure.OpenLoop{}.Run(ctx, measure.Every(float64(c.rate), total), func(i int, lag time.Duration) func() {
+		sched := time.Now().Add(-lag)
+		return func() {
 			rctx, cancel := context.WithTimeout(criticality.NewContext(ctx, criticality.Critical), time.Second)
 			defer cancel()
 			err := steady[i%len(steady)].Invoke(rctx, method, wrapperspb.String("x"), new(wrapperspb.StringValue))
-			lat[i], fails[i] = time.Since(start.Add(at)), err != nil // from the scheduled send time
-		}()
-	}
-	wg.Wait()
+			lat[i], fails[i] = time.Since(sched), err != nil // from the scheduled send time
+		}
+	})
 	sr := <-stormDone
 	r.ServerCPUS = srv.CPU() - cpu0
 	split := int(float64(c.rate) * c.before.Seconds())

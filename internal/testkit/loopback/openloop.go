@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/triagehttp"
 )
@@ -41,20 +42,15 @@ func (s *Schedule) Add(key string, rate float64, from, to time.Duration) {
 // schedule).
 func (s Schedule) Run(fire func(el time.Duration, sh Shot) func()) {
 	sort.SliceStable(s, func(i, j int) bool { return s[i].At < s[j].At })
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, sh := range s {
-		if d := time.Until(start.Add(sh.At)); d > 0 {
-			time.Sleep(d) // pacing an open-loop load generator in real time
+	at := func(i int) (time.Duration, bool) {
+		if i == len(s) {
+			return 0, false
 		}
-		req := fire(time.Since(start), sh)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req()
-		}()
+		return s[i].At, true
 	}
-	wg.Wait()
+	measure.OpenLoop{}.Run(context.Background(), at, func(i int, lag time.Duration) func() {
+		return fire(s[i].At+lag, s[i])
+	})
 }
 
 // RelayFrontend serves an HTTP frontend on loopback behind mw: each

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -20,7 +21,6 @@ type load struct {
 	url    string
 	res    *RunResult
 	client *http.Client
-	wg     sync.WaitGroup
 }
 
 // requestTimeout is how long a user waits for an answer.
@@ -35,48 +35,49 @@ func newLoad(url string, r *RunResult) *load {
 
 // run sends the classes' traffic until end, at the load (a multiple of
 // the provisioned rate, at most peakLoad) that load gives for the time
-// since start; each request runs in its own goroutine (at most the peak
-// rate times the timeout). It returns when every request has an answer.
+// since start, on the open loop of measure.OpenLoop: every 10 ms, each
+// class's requests due in it. Each request runs in its own goroutine (at
+// most the peak rate times the timeout). It returns when every request
+// has an answer.
 func (lg *load) run(ctx context.Context, start time.Time, load func(time.Duration) float64, end time.Duration) {
 	const tick = 10 * time.Millisecond
 	acc := make([]float64, len(classes))
-	t := time.NewTicker(tick)
-	defer t.Stop()
-	last := start
-	for {
-		select {
-		case <-ctx.Done():
-			lg.wg.Wait()
-			return
-		case now := <-t.C:
-			el := now.Sub(start)
+	var due []int // the classes of the current tick's requests, in order
+	var t time.Duration
+	base := time.Until(start) // the schedule's time at start
+	next := func(int) (time.Duration, bool) {
+		for len(due) == 0 {
+			t += tick
+			el := t - base
 			if el >= end {
-				lg.wg.Wait()
-				return
+				return t, false
 			}
-			dt := now.Sub(last).Seconds()
-			last = now
 			x := min(max(load(el), 1), peakLoad)
 			for i, c := range classes {
-				acc[i] += c.rate(x) * dt
+				acc[i] += c.rate(x) * tick.Seconds()
 				for ; acc[i] >= 1; acc[i]-- {
-					lg.fire(ctx, c, start)
+					due = append(due, i)
 				}
 			}
 		}
+		return t, true
 	}
+	measure.OpenLoop{}.Run(ctx, next, func(int, time.Duration) func() {
+		c := classes[due[0]]
+		due = due[1:]
+		return lg.send(ctx, c, start)
+	})
 }
 
-func (lg *load) fire(ctx context.Context, c class, start time.Time) {
+// send returns the call of one request of class c.
+func (lg *load) send(ctx context.Context, c class, start time.Time) func() {
 	sent := time.Now()
 	el := sent.Sub(start)
 	record := el >= 0 // not during the warm-up
 	if record {
 		lg.res.sent(el, c.level)
 	}
-	lg.wg.Add(1)
-	go func() {
-		defer lg.wg.Done()
+	return func() {
 		if !record {
 			lg.unrecorded(ctx, c)
 			return
@@ -121,7 +122,7 @@ func (lg *load) fire(ctx context.Context, c class, start time.Time) {
 			reason = fmt.Sprintf("HTTP %d", resp.StatusCode)
 		}
 		answer(false, false, reason)
-	}()
+	}
 }
 
 // unrecorded sends one request of the warm-up.
