@@ -96,9 +96,10 @@ var _ admission.WaitObserver = (*AdmissionObserver)(nil)
 // triage_admission_forced_shed_ratio{criticality} (ForceShed drills) and
 // the attempt histogram,
 // triage_admission_attempts_total{criticality, attempt}.
-func AdmissionState(ctl *admission.Controller) prometheus.Collector { return stateCollector{ctl} }
-
-type stateCollector struct{ ctl *admission.Controller }
+func AdmissionState(ctl *admission.Controller) prometheus.Collector {
+	return collector{[]*prometheus.Desc{descPending, descPendingCap, descExecuting, descQueued, descAway, descStalled, descService, descRetryShare, descSignal, descForced, descAttempts},
+		func(ch chan<- prometheus.Metric) { collectAdmission(ctl, ch) }}
+}
 
 var (
 	descPending    = prometheus.NewDesc("triage_admission_pending", "Requests admitted and not done (not yet started, waiting, running).", nil, nil)
@@ -116,14 +117,8 @@ var (
 
 var attemptLabels = [admission.AttemptBuckets]string{"0", "1", "2"}
 
-func (s stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descPendingCap, descExecuting, descQueued, descAway, descStalled, descService, descRetryShare, descSignal, descForced, descAttempts} {
-		ch <- d
-	}
-}
-
-func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
-	st := s.ctl.Stats()
+func collectAdmission(ctl *admission.Controller, ch chan<- prometheus.Metric) {
+	st := ctl.Stats()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
@@ -141,7 +136,7 @@ func (s stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for l, f := range st.Forced {
 		gauge(descForced, f, criticality.Level(l).String())
 	}
-	for l, row := range s.ctl.Attempts() {
+	for l, row := range ctl.Attempts() {
 		for a, n := range row {
 			ch <- prometheus.MustNewConstMetric(descAttempts, prometheus.CounterValue, float64(n), criticality.Level(l).String(), attemptLabels[a])
 		}

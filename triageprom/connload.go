@@ -15,9 +15,16 @@ import (
 // counted for servers that report calls, such as gRPC servers with
 // triagegrpc.WithConnLoad), and triage_health_checks_total (health checks
 // answered). Rates are the counters' rate() in PromQL.
-func ConnLoadState(l *connload.Listener) prometheus.Collector { return connCollector{l} }
-
-type connCollector struct{ l *connload.Listener }
+func ConnLoadState(l *connload.Listener) prometheus.Collector {
+	return collector{[]*prometheus.Desc{descConnOpen, descConnAccepted, descConnDelayed, descConnBusy, descHealthChecks}, func(ch chan<- prometheus.Metric) {
+		s := l.Stats()
+		ch <- prometheus.MustNewConstMetric(descConnOpen, prometheus.GaugeValue, float64(s.Open))
+		ch <- prometheus.MustNewConstMetric(descConnAccepted, prometheus.CounterValue, float64(s.Accepted))
+		ch <- prometheus.MustNewConstMetric(descConnDelayed, prometheus.CounterValue, float64(s.Delayed))
+		ch <- prometheus.MustNewConstMetric(descConnBusy, prometheus.GaugeValue, float64(s.Busy))
+		ch <- prometheus.MustNewConstMetric(descHealthChecks, prometheus.CounterValue, float64(s.HealthChecks))
+	}}
+}
 
 var (
 	descConnOpen     = prometheus.NewDesc("triage_connections_open", "Connections open now.", nil, nil)
@@ -26,18 +33,3 @@ var (
 	descConnBusy     = prometheus.NewDesc("triage_connections_busy", "Open connections carrying a call now (the others are idle).", nil, nil)
 	descHealthChecks = prometheus.NewDesc("triage_health_checks_total", "Health checks answered (checks, and health watches opened).", nil, nil)
 )
-
-func (c connCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConnOpen, descConnAccepted, descConnDelayed, descConnBusy, descHealthChecks} {
-		ch <- d
-	}
-}
-
-func (c connCollector) Collect(ch chan<- prometheus.Metric) {
-	s := c.l.Stats()
-	ch <- prometheus.MustNewConstMetric(descConnOpen, prometheus.GaugeValue, float64(s.Open))
-	ch <- prometheus.MustNewConstMetric(descConnAccepted, prometheus.CounterValue, float64(s.Accepted))
-	ch <- prometheus.MustNewConstMetric(descConnDelayed, prometheus.CounterValue, float64(s.Delayed))
-	ch <- prometheus.MustNewConstMetric(descConnBusy, prometheus.GaugeValue, float64(s.Busy))
-	ch <- prometheus.MustNewConstMetric(descHealthChecks, prometheus.CounterValue, float64(s.HealthChecks))
-}

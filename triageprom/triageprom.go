@@ -176,3 +176,18 @@ func (m *Metrics) Stripped(key string) {
 }
 
 var _ edge.Observer = (*Metrics)(nil)
+
+// collector is a prometheus.Collector of fixed descriptions whose
+// metrics collect makes at scrape time.
+type collector struct {
+	descs   []*prometheus.Desc
+	collect func(ch chan<- prometheus.Metric)
+}
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

@@ -21,7 +21,6 @@ const maxExported = 50
 var overExported = map[string]int{
 	"quota":      86,
 	"admission":  64,
-	"triageprom": 53,
 	"intake":     58,
 	"triagegrpc": 58,
 }
