@@ -11,7 +11,8 @@
 // criticality drawn from a mix. Every call gets exactly one Outcome, and
 // each Step reports goodput (successful calls per second against C) by
 // criticality, latency percentiles of the successes, and calls by
-// outcome.
+// outcome. The schedule is OpenLoop, which the drill and the benchmarks
+// pace their loads with too.
 //
 // The transport is the Target's business: triagegrpc.NewLoadTarget calls
 // a gRPC method, triagehttp.NewLoadTarget an HTTP URL; both send the
@@ -492,13 +493,13 @@ func (r *Runner) step(ctx context.Context, rate float64, d time.Duration, seed, 
 	n := int(rate * d.Seconds())
 	samples := make([]sample, n)
 	rng := rand.New(rand.NewPCG(seed, stream))
-	at := measure.Every(rate, d)
+	at := Every(rate, d)
 	for i := range samples {
 		samples[i].at, _ = at(i)
 		samples[i].level = pick(r.cfg.mix, rng.Float64())
 	}
 	clk := r.cfg.clk
-	sched := measure.OpenLoop{Clock: clk, MaxInFlight: r.cfg.maxInFlight,
+	sched := OpenLoop{Clock: clk, MaxInFlight: r.cfg.maxInFlight,
 		Skip: func(i int, lag time.Duration) { samples[i].lag, samples[i].outcome = lag, NotSent }}
 	paced := sched.Run(ctx, at, func(i int, lag time.Duration) func() {
 		s := &samples[i]

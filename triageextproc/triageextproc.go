@@ -131,7 +131,7 @@ type clusters struct {
 }
 
 // DefaultDecisionTimeout is the decision bound without DecisionTimeout:
-// triagegrpc.DefaultProxyMaxWait, the wait the documented configuration
+// batchproxy.DefaultMaxWait, the wait the documented configuration
 // keeps 50 ms below message_timeout.
 const DefaultDecisionTimeout = 150 * time.Millisecond
 

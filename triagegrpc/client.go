@@ -16,6 +16,7 @@ import (
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
+	"github.com/triagehq/triage/triagegrpc/internal/forward"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -40,11 +41,11 @@ import (
 // Only one layer may retry a call. DialOptions installs the Client's
 // interceptors with grpc.WithDisableRetry when the Caller has a policy, so
 // a retryPolicy in the service config is ignored on that connection and
-// the Caller's policy alone retries (WithServiceConfigRetries keeps it) (use retry.WithRetryable to retry
-// other errors, such as a failed connection). The standalone
-// UnaryInterceptor cannot turn grpc-go's retries off; for a method whose
-// service config has a retryPolicy it sends each call once through the
-// throttle and leaves retrying to grpc-go. Streams are throttled and
+// the Caller's policy alone retries (use retry.WithRetryable to retry
+// other errors, such as a failed connection). With
+// WithServiceConfigRetries grpc-go's retries stay on: for a method whose
+// service config has a retryPolicy the Client sends each call once through
+// the throttle and leaves retrying to grpc-go. Streams are throttled and
 // counted but never retried by triage: a stream's messages cannot be
 // replayed.
 type Client struct {
@@ -128,28 +129,13 @@ func (c *Client) DialOptions() []grpc.DialOption {
 	return opts
 }
 
-// UnaryInterceptor returns a standalone unary client interceptor, for
-// connections set up without DialOptions (it does not turn off grpc-go's
-// retries; see the type's doc): it writes the context's
-// criticality (criticality.Of) and outgoing attempt counter
-// (attempt.Outgoing) into the call's headers, runs the call under the
-// Client's Policy, and decodes overload outcomes into *RemoteError. Triage
-// keys already in the outgoing metadata (e.g. a proxy forwarding its
-// incoming metadata) are removed, never sent twice.
-func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor { return c.unary(true) }
-
-// StreamInterceptor returns a standalone streaming client interceptor that
-// does for streams what UnaryInterceptor does for unary calls, without
-// retries.
-func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor { return c.stream() }
-
-func (c *Client) unary(standalone bool) grpc.UnaryClientInterceptor {
+func (c *Client) unary(keepSC bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		call := c.eg.Begin(dropForwarded(ctx, opts), targetHost(cc))
 		defer call.End()
 		// grpc-go retries a method whose service config has a retryPolicy
-		// when the standalone interceptor is used.
-		once := standalone && cc != nil && cc.GetMethodConfig(method).RetryPolicy != nil
+		// when its retries are kept.
+		once := keepSC && cc != nil && cc.GetMethodConfig(method).RetryPolicy != nil
 		return toWire(call.Do(once, func(ctx context.Context) error {
 			return fromWire(invoker(c.outgoing(ctx, &call), method, req, reply, cc, opts...))
 		}))
@@ -235,10 +221,10 @@ func toWire(err error) error {
 // outgoing metadata, if any is there; the header table supplies the real
 // ones. A call without outgoing metadata costs nothing; one with it pays
 // for a copy, the only way grpc-go lists outgoing keys, unless the caller
-// is triage's Proxy, which built it without triage keys (cleanOutgoing).
+// is the batch proxy, which built it without triage keys (forward.Clean).
 func dropForwarded(ctx context.Context, opts []grpc.CallOption) context.Context {
 	for _, o := range opts {
-		if _, ok := o.(cleanOutgoing); ok {
+		if _, ok := o.(forward.Clean); ok {
 			return ctx
 		}
 	}
@@ -258,10 +244,6 @@ func dropForwarded(ctx context.Context, opts []grpc.CallOption) context.Context 
 	}
 	return metadata.NewOutgoingContext(ctx, md)
 }
-
-// cleanOutgoing is the call option of the Proxy's calls, whose outgoing
-// metadata it filtered of triage keys itself.
-type cleanOutgoing struct{ grpc.EmptyCallOption }
 
 // headerTable holds, per criticality and attempt counter, the key/value
 // pairs of the triage headers, built once and never modified.

@@ -6,10 +6,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/loadtest"
+	"github.com/triagehq/triage/triagegrpc/internal/forward"
 )
 
 // NewLoadTarget returns a loadtest.Target that calls the unary method
@@ -31,7 +31,7 @@ func NewLoadTarget(cc grpc.ClientConnInterface, method string, req []byte) (load
 		return nil, errors.New(`triagegrpc: load target method must be "/package.Service/Method"`)
 	}
 	t := &loadTarget{cc: cc, method: method, req: req,
-		codec: grpc.ForceCodecV2(frameCodec{proto: encoding.GetCodecV2("proto")})}
+		codec: grpc.ForceCodecV2(forward.NewCodec())}
 	return t, nil
 }
 
@@ -43,8 +43,8 @@ type loadTarget struct {
 }
 
 func (t *loadTarget) Call(ctx context.Context) loadtest.Outcome {
-	var resp frame
-	err := t.cc.Invoke(ctx, t.method, &frame{b: t.req}, &resp, t.codec)
+	var resp forward.Frame
+	err := t.cc.Invoke(ctx, t.method, &forward.Frame{B: t.req}, &resp, t.codec)
 	return loadOutcome(ctx, err)
 }
 

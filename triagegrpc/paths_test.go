@@ -53,8 +53,7 @@ func TestInterceptorOnlyPaths(t *testing.T) {
 		}
 		go s.Serve(lis)
 		c := loopback.Client(t, egress.WithoutPolicy())
-		cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithChainUnaryInterceptor(c.UnaryInterceptor()), grpc.WithChainStreamInterceptor(c.StreamInterceptor()))
+		cc, err := grpc.NewClient(lis.Addr().String(), append(c.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,14 +13,13 @@ import (
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/triagegrpc/internal/backenderr"
+	"github.com/triagehq/triage/triagegrpc/internal/forward"
 	"github.com/triagehq/triage/wire"
 )
 
-// orcaTrailerKey is ORCA's per-call load report trailer: a serialized
-// xds.data.orca.v3.OrcaLoadReport. grpc-go's clients parse it into
-// balancer.DoneInfo.ServerLoad when google.golang.org/grpc/orca is linked,
-// so stock weighted_round_robin can use triage's reports.
-const orcaTrailerKey = "endpoint-load-metrics-bin"
+// The ORCA trailer (forward.ORCATrailerKey): grpc-go's clients parse it
+// into balancer.DoneInfo.ServerLoad when google.golang.org/grpc/orca is
+// linked, so stock weighted_round_robin can use triage's reports.
 
 // reportEvery is how often the cached trailer is rebuilt: the load report
 // is marshaled once per interval, not once per response.
@@ -61,7 +60,7 @@ func (t *trailers) get() metadata.MD {
 			CpuUtilization: l.Utilization, ApplicationUtilization: l.Utilization,
 		})
 		if err == nil {
-			md[orcaTrailerKey] = []string{string(b)}
+			md[forward.ORCATrailerKey] = []string{string(b)}
 		}
 	}
 	t.cached.Store(&cachedTrailer{at: now, lame: lame, md: md})

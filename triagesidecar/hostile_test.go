@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -24,7 +26,6 @@ import (
 	"github.com/triagehq/triage/internal/testkit/h2attack"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/retry"
-	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triagesidecar"
 	"github.com/triagehq/triage/trust"
@@ -184,8 +185,8 @@ func TestIngressDoesNotSmuggleABodyAsARequest(t *testing.T) {
 // after the attackers leave.
 func TestIngressHoldsAgainstZeroWindowClients(t *testing.T) {
 	up := grpcUpstream(t, &recorder{})
-	ctl, err := admission.New(admission.WithTolerance(triagegrpc.DefaultProxyTolerance), admission.WithLimits(2, 4, admission.DefaultMaxLimit),
-		admission.WithMaxWait(triagegrpc.DefaultProxyMaxWait))
+	ctl, err := admission.New(admission.WithTolerance(batchproxy.DefaultTolerance), admission.WithLimits(2, 4, admission.DefaultMaxLimit),
+		admission.WithMaxWait(batchproxy.DefaultMaxWait))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,8 @@
 //   - a process's memory is its resident set from /proc (RSS, PeakRSS);
 //   - an open-loop load sends each request at its time in the schedule,
 //     whatever happened to the ones before, its latency counted from that
-//     time (OpenLoop, Every).
+//     time (loadtest.OpenLoop, which needs a clock and so lives above
+//     internal/).
 //
 // The functions keep no state and are safe for concurrent use.
 package measure

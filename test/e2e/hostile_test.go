@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -289,7 +291,7 @@ func TestProxyFloodStaysBounded(t *testing.T) {
 		return ss.SendMsg(&emptypb.Empty{})
 	}))...)
 	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
-	px, err := triagegrpc.NewProxy(cc)
+	px, err := batchproxy.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,10 +19,9 @@ const maxExported = 50
 // count as a ceiling it may not pass (issue 58): lower a ceiling when a
 // package shrinks, and delete its line when it fits.
 var overExported = map[string]int{
-	"quota":      86,
-	"admission":  64,
-	"intake":     58,
-	"triagegrpc": 58,
+	"quota":     86,
+	"admission": 64,
+	"intake":    58,
 }
 
 // No package's API grows past maxExported, nor past its ceiling.

@@ -16,7 +16,7 @@
 // no client policy: a task that makes ten calls feeds the adaptive
 // throttle too few requests for it to be of use, and once refused early
 // it holds the task nearly shut for its two-minute window. The job is sent either through `triage
-// proxy`'s machinery (a triagegrpc.Proxy process with its own admission
+// proxy`'s machinery (a batchproxy.Proxy process with its own admission
 // control, GOMAXPROCS=1 on CPU 1, holding one connection to the backend)
 // or straight to the backend; the two variants alternate.
 //
@@ -41,6 +41,8 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -514,7 +516,7 @@ func (rejectCounter) LimitChanged(int)                                     {}
 func (rejectCounter) Degraded(criticality.Level)                           {}
 
 // proxyMain is the batch proxy, as `triage proxy` sets it up:
-// triagegrpc.Proxy with its own admission control (the batch proxy's
+// batchproxy.Proxy with its own admission control (the batch proxy's
 // queue and wait defaults), one connection to the backend.
 func proxyMain(args []string) error {
 	if len(args) != 1 {
@@ -526,11 +528,11 @@ func proxyMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	px, err := triagegrpc.NewProxy(cc)
+	px, err := batchproxy.New(cc)
 	if err != nil {
 		return err
 	}
-	ctl, err := admission.New(admission.WithMaxWait(triagegrpc.DefaultProxyMaxWait), admission.WithQueueFactor(triagegrpc.DefaultProxyQueueFactor), admission.WithTolerance(triagegrpc.DefaultProxyTolerance))
+	ctl, err := admission.New(admission.WithMaxWait(batchproxy.DefaultMaxWait), admission.WithQueueFactor(batchproxy.DefaultQueueFactor), admission.WithTolerance(batchproxy.DefaultTolerance))
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/measure"
+	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/outcome"
 )
 
@@ -57,7 +58,7 @@ func maxOutstanding(rate float64, deadline time.Duration) int64 {
 // by deadline; it waits for every call to finish.
 func openLoop(ctx context.Context, conns []grpc.ClientConnInterface, rate float64, d, deadline time.Duration, mix []share, seed uint64) *phase {
 	p, levels, at := schedule(rate, d, mix, seed, 1)
-	pacer := measure.OpenLoop{Early: early, MaxInFlight: int(maxOutstanding(rate, deadline)), Skip: func(i int, _ time.Duration) {
+	pacer := loadtest.OpenLoop{Early: early, MaxInFlight: int(maxOutstanding(rate, deadline)), Skip: func(i int, _ time.Duration) {
 		p.samples[i] = sample{at: p.samples[i].at, code: codes.Canceled, level: levels[i]}
 	}}
 	paced := pacer.Run(ctx, at, func(i int, lag time.Duration) func() {
@@ -85,7 +86,7 @@ const early = 200 * time.Microsecond
 // paced records what the pacer did: the sends made, the sends cut short
 // (an unsent call counts as late: the phase could not keep its
 // schedule), the samples of the schedule that ran.
-func (p *phase) paced(r measure.Paced) {
+func (p *phase) paced(r loadtest.Paced) {
 	p.sent = int64(r.Sent)
 	p.maxLag = r.MaxLag
 	p.lagOver = int64(r.Late + r.Skipped)
@@ -98,7 +99,7 @@ func (p *phase) paced(r measure.Paced) {
 // with their times, each call's criticality drawn from mix, and the
 // schedule to pace.
 func schedule(rate float64, d time.Duration, mix []share, seed, stream uint64) (*phase, []criticality.Level, func(int) (time.Duration, bool)) {
-	at := measure.Every(rate, d)
+	at := loadtest.Every(rate, d)
 	n := int(rate * d.Seconds())
 	rng := rand.New(rand.NewPCG(seed, stream))
 	levels := make([]criticality.Level, n)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/triagehq/triage/bench/internal/rawgrpc"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/internal/measure"
+	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/wire"
 )
@@ -65,7 +65,7 @@ func openLoopRaw(ctx context.Context, addr string, conns int, rate float64, d, d
 	var sendErr error
 	pctx, stop := context.WithCancel(ctx)
 	defer stop()
-	paced := measure.OpenLoop{Early: early}.Run(pctx, at, func(i int, lag time.Duration) func() {
+	paced := loadtest.OpenLoop{Early: early}.Run(pctx, at, func(i int, lag time.Duration) func() {
 		scheds[i] = time.Now().Add(-lag)
 		p.samples[i] = sample{at: p.samples[i].at, latency: deadline, code: codes.DeadlineExceeded, level: levels[i], triaged: false}
 		if sent.Load()-done.Load() >= limit {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/internal/measure"
+	"github.com/triagehq/triage/loadtest"
 )
 
 // overhead measures what the sidecar adds to a request's latency at
@@ -51,7 +52,7 @@ func (c config) overhead(up, cpu string, d time.Duration) (direct, sidecar [2]fl
 		next += time.Duration(rand.ExpFloat64() / rate * float64(time.Second))
 		return cur, cur < d
 	}
-	measure.OpenLoop{}.Run(ctx, poisson, func(_ int, lag time.Duration) func() {
+	loadtest.OpenLoop{}.Run(ctx, poisson, func(_ int, lag time.Duration) func() {
 		sent := time.Now().Add(-lag)
 		path := int(cur/(3*time.Second)) % 2 // the paths alternate every 3 s
 		return func() {

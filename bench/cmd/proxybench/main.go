@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -148,7 +150,7 @@ func proxyMain(backend string, withAdmission bool) error {
 	if err != nil {
 		return err
 	}
-	px, err := triagegrpc.NewProxy(cc)
+	px, err := batchproxy.New(cc)
 	if err != nil {
 		return err
 	}

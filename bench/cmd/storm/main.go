@@ -42,6 +42,7 @@ import (
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/measure"
+	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -199,7 +200,7 @@ func runOne(ctx context.Context, c config, variant string, rounds int) (result, 
 	// then speaks of the backend.
 	stormDone := make(chan stormReport, 1)
 	go func() { stormDone <- runStormProcess(c, addr, start.Add(c.before), total-c.before) }()
-	measure.OpenLoop{}.Run(ctx, measure.Every(float64(c.rate), total), func(i int, lag time.Duration) func() {
+	loadtest.OpenLoop{}.Run(ctx, loadtest.Every(float64(c.rate), total), func(i int, lag time.Duration) func() {
 		sched := time.Now().Add(-lag)
 		return func() {
 			rctx, cancel := context.WithTimeout(criticality.NewContext(ctx, criticality.Critical), time.Second)

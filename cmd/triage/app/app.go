@@ -6,7 +6,7 @@
 //	triage demo [flags]              the overload drill on real processes (internal/drill)
 //	triage loadtest [flags]          overload your own service (package loadtest)
 //	triage quota-server [flags]      the global quota service (triagegrpc/quotaservice)
-//	triage proxy [flags]             the batch proxy (triagegrpc.Proxy)
+//	triage proxy [flags]             the batch proxy (batchproxy.Proxy)
 //	triage sidecar [flags]           triage in front of a service in any language (package sidecar)
 //	triage extproc [flags]           triage's decision for Envoy (package triageextproc)
 //	triage sim SCENARIO [flags]      the book's experiments on virtual time (package sim)

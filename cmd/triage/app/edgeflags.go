@@ -9,13 +9,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/edge"
-	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triageyaml"
 	"github.com/triagehq/triage/trust"
 )
@@ -116,7 +117,7 @@ func (a *admissionFlags) register(fs *flag.FlagSet, maxWait time.Duration) {
 	fs.Float64Var(&a.waitSvc, "max-wait-services", DefaultMaxWaitServices, "also bound that wait by this many of the upstream's mean service times (0: -max-wait alone): a queue of about one service time keeps the upstream busy, a longer one only adds waiting")
 	fs.IntVar(&a.queueFactor, "queue-factor", DefaultSidecarQueueFactor, "the waiting queue, as a multiple of the number of requests let through at once (0-64)")
 	fs.IntVar(&a.minInflight, "min-inflight", 2, "fewest requests let through to the upstream at once, however high its latency (2 keeps a one-thread upstream busy while the next arrives)")
-	fs.Float64Var(&a.tolerance, "tolerance", triagegrpc.DefaultProxyTolerance, "how far the upstream's latency may rise above its recent best before fewer requests are let through at once (> 1)")
+	fs.Float64Var(&a.tolerance, "tolerance", batchproxy.DefaultTolerance, "how far the upstream's latency may rise above its recent best before fewer requests are let through at once (> 1)")
 	fs.IntVar(&a.peerShare, "peer-share", DefaultPeerShare, "requests of one untrusted caller address in flight before its next ones may take only half the waiting room, leaving the rest to other callers however many connections it opens (0: off)")
 }
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -66,9 +68,9 @@ func parseProxyFlags(args []string, stderr io.Writer, o *options) (*proxyFlags, 
 	fs.BoolVar(&f.insecureBackends, "insecure-backends", false, "dial backends beyond loopback without TLS (the calls forward their callers' metadata, authorization included, in the clear)")
 	fs.BoolVar(&f.unauthenticated, "unauthenticated", false, "serve callers without verified client certificates beyond loopback (without -tls-client-ca, the proxy listens only on loopback unless told this)")
 	fs.BoolVar(&f.noAdmission, "no-admission", false, "forward everything, without the proxy's own admission control (not recommended: the proxy is the fuse)")
-	fs.DurationVar(&f.maxWait, "max-wait", triagegrpc.DefaultProxyMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
-	fs.IntVar(&f.queueFactor, "queue-factor", triagegrpc.DefaultProxyQueueFactor, "the proxy's waiting queue, as a multiple of its execution limit (0-64)")
-	fs.Float64Var(&f.tolerance, "tolerance", triagegrpc.DefaultProxyTolerance, "how far the backends' latency may rise above its recent best before the proxy forwards fewer calls at once (> 1)")
+	fs.DurationVar(&f.maxWait, "max-wait", batchproxy.DefaultMaxWait, "how long a call may wait at the proxy for an execution slot before it is refused (the proxy's admission control)")
+	fs.IntVar(&f.queueFactor, "queue-factor", batchproxy.DefaultQueueFactor, "the proxy's waiting queue, as a multiple of its execution limit (0-64)")
+	fs.Float64Var(&f.tolerance, "tolerance", batchproxy.DefaultTolerance, "how far the backends' latency may rise above its recent best before the proxy forwards fewer calls at once (> 1)")
 	fs.DurationVar(&f.drain, "drain", 2*time.Second, "on SIGTERM, how long the proxy serves in lame duck (health NOT_SERVING) before it stops; calls still running 10 s later are cut")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9091); default none")
 	f.log.register(fs)
@@ -217,7 +219,7 @@ func (f *proxyFlags) build(m *observers, reg *prometheus.Registry) (*grpc.Client
 
 // server builds the proxy's gRPC server in front of cc.
 func (f *proxyFlags) server(cc *grpc.ClientConn, m *observers, reg *prometheus.Registry) (*grpc.Server, *lifecycle.Lifecycle, error) {
-	px, err := triagegrpc.NewProxy(cc)
+	px, err := batchproxy.New(cc)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
@@ -22,7 +24,6 @@ import (
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/shadow"
-	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triagesidecar"
 )
@@ -79,7 +80,7 @@ func parseSidecarFlags(args []string, stderr io.Writer, o *options) (*sidecarFla
 		return nil
 	})
 	fs.BoolVar(&f.insecureEgress, "insecure-egress", false, "let -egress call http:// upstreams beyond loopback (the calls and their triage headers in the clear)")
-	f.admission.register(fs, triagegrpc.DefaultProxyMaxWait)
+	f.admission.register(fs, batchproxy.DefaultMaxWait)
 	fs.DurationVar(&f.timeout, "timeout", 0, "deadline of a request that comes without one (gRPC's grpc-timeout is honoured); 0: none")
 	fs.DurationVar(&f.bodyTimeout, "body-timeout", triagehttp.DefaultBodyTimeout, "how long the sidecar reads a request's body ahead (its first 64 KiB, before it is let through), plus a second for every -body-min-rate bytes that came; a body that stops is answered 408")
 	fs.IntVar(&f.bodyMinRate, "body-min-rate", triagehttp.DefaultBodyMinRate, "bytes a second a body must keep coming at to be read past -body-timeout (0: -body-timeout in all)")

@@ -13,8 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/triagehq/triage/internal/measure"
 	"github.com/triagehq/triage/internal/testkit/relay"
+	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/triagehttp"
 )
 
@@ -48,7 +48,7 @@ func (s Schedule) Run(fire func(el time.Duration, sh Shot) func()) {
 		}
 		return s[i].At, true
 	}
-	measure.OpenLoop{}.Run(context.Background(), at, func(i int, lag time.Duration) func() {
+	loadtest.OpenLoop{}.Run(context.Background(), at, func(i int, lag time.Duration) func() {
 		return fire(s[i].At+lag, s[i])
 	})
 }

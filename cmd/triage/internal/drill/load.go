@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/triagehq/triage/internal/measure"
+	"github.com/triagehq/triage/loadtest"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -35,7 +35,7 @@ func newLoad(url string, r *RunResult) *load {
 
 // run sends the classes' traffic until end, at the load (a multiple of
 // the provisioned rate, at most peakLoad) that load gives for the time
-// since start, on the open loop of measure.OpenLoop: every 10 ms, each
+// since start, on the open loop of loadtest.OpenLoop: every 10 ms, each
 // class's requests due in it. Each request runs in its own goroutine (at
 // most the peak rate times the timeout). It returns when every request
 // has an answer.
@@ -62,7 +62,7 @@ func (lg *load) run(ctx context.Context, start time.Time, load func(time.Duratio
 		}
 		return t, true
 	}
-	measure.OpenLoop{}.Run(ctx, next, func(int, time.Duration) func() {
+	loadtest.OpenLoop{}.Run(ctx, next, func(int, time.Duration) func() {
 		c := classes[due[0]]
 		due = due[1:]
 		return lg.send(ctx, c, start)

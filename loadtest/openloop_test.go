@@ -1,4 +1,4 @@
-package measure
+package loadtest
 
 import (
 	"context"
@@ -9,9 +9,9 @@ import (
 	"github.com/triagehq/triage/clock"
 )
 
-// runOnFake runs o on a fake clock that moves step at a time while the
+// paceOnFake runs o on a fake clock that moves step at a time while the
 // pacer waits, and returns what Run returned.
-func runOnFake(t *testing.T, o OpenLoop, step time.Duration, ctx context.Context, at func(int) (time.Duration, bool), fire func(int, time.Duration) func()) (Paced, *clock.Fake) {
+func paceOnFake(t *testing.T, o OpenLoop, step time.Duration, ctx context.Context, at func(int) (time.Duration, bool), fire func(int, time.Duration) func()) (Paced, *clock.Fake) {
 	t.Helper()
 	f := clock.NewFake(time.Unix(0, 0))
 	o.Clock = f
@@ -74,7 +74,7 @@ func TestOpenLoopBoundsCallsInFlight(t *testing.T) {
 		}
 	}}
 	fire := func(i int, _ time.Duration) func() { return func() { <-release } }
-	p, _ := runOnFake(t, o, time.Millisecond, context.Background(), Every(1000, 10*time.Millisecond), fire)
+	p, _ := paceOnFake(t, o, time.Millisecond, context.Background(), Every(1000, 10*time.Millisecond), fire)
 	if p.Sent != 3 || p.Skipped != 7 {
 		t.Fatalf("Run = %+v, want 3 sent and 7 skipped", p)
 	}
@@ -121,7 +121,7 @@ func TestOpenLoopEarlyAndStop(t *testing.T) {
 		}
 		return nil
 	}
-	p, f := runOnFake(t, OpenLoop{Early: time.Second}, time.Millisecond, ctx, Every(10, 10*time.Second), fire)
+	p, f := paceOnFake(t, OpenLoop{Early: time.Second}, time.Millisecond, ctx, Every(10, 10*time.Second), fire)
 	if !p.Stopped || p.Sent != 4 {
 		t.Fatalf("Run = %+v, want 4 sent and stopped", p)
 	}

@@ -1,4 +1,4 @@
-package triagegrpc
+package batchproxy
 
 import (
 	"context"
@@ -10,11 +10,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/triagegrpc/internal/forward"
 	"github.com/triagehq/triage/wire"
 )
 
@@ -39,7 +39,7 @@ import (
 // admission control.
 type Proxy struct {
 	cc    grpc.ClientConnInterface
-	codec frameCodec
+	codec forward.Codec
 }
 
 // Defaults for a batch proxy's own admission control (admission.WithMaxWait,
@@ -61,22 +61,21 @@ type Proxy struct {
 // limit, which admission.WithLimits bounds) for up to a second each, and
 // sheds beyond that.
 const (
-	DefaultProxyMaxWait     = time.Second
-	DefaultProxyQueueFactor = 64
-	DefaultProxyTolerance   = 1.2
+	DefaultMaxWait     = time.Second
+	DefaultQueueFactor = 64
+	DefaultTolerance   = 1.2
 )
 
-// NewProxy returns a Proxy that forwards to cc, a connection set up with
+// New returns a Proxy that forwards to cc, a connection set up with
 // a Client's DialOptions (and, typically, triage's balancer).
-func NewProxy(cc grpc.ClientConnInterface) (*Proxy, error) {
+func New(cc grpc.ClientConnInterface) (*Proxy, error) {
 	if cc == nil {
-		return nil, errors.New("triagegrpc: NewProxy needs a backend connection")
+		return nil, errors.New("batchproxy: New needs a backend connection")
 	}
-	proto := encoding.GetCodecV2("proto")
-	if proto == nil {
-		return nil, errors.New("triagegrpc: no proto codec registered")
+	if encoding.GetCodecV2("proto") == nil {
+		return nil, errors.New("batchproxy: no proto codec registered")
 	}
-	return &Proxy{cc: cc, codec: frameCodec{proto: proto}}, nil
+	return &Proxy{cc: cc, codec: forward.NewCodec()}, nil
 }
 
 // ServerOptions make every method the server does not itself implement
@@ -85,30 +84,6 @@ func NewProxy(cc grpc.ClientConnInterface) (*Proxy, error) {
 func (p *Proxy) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.UnknownServiceHandler(p.handle), grpc.ForceServerCodecV2(p.codec)}
 }
-
-// frame is one message, as its wire bytes.
-type frame struct{ b []byte }
-
-// frameCodec passes frames through untouched and hands every other
-// message to the proto codec; its name is "proto", what clients send.
-type frameCodec struct{ proto encoding.CodecV2 }
-
-func (c frameCodec) Marshal(v any) (mem.BufferSlice, error) {
-	if f, ok := v.(*frame); ok {
-		return mem.BufferSlice{mem.SliceBuffer(f.b)}, nil
-	}
-	return c.proto.Marshal(v)
-}
-
-func (c frameCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	if f, ok := v.(*frame); ok {
-		f.b = data.Materialize()
-		return nil
-	}
-	return c.proto.Unmarshal(data, v)
-}
-
-func (frameCodec) Name() string { return "proto" }
 
 // forwardedHeader says whether an incoming header goes on to the backend:
 // not HTTP/2 pseudo-headers, not gRPC's own, not the transport's, and not
@@ -127,7 +102,7 @@ func forwardedHeader(k string) bool {
 // client: not the backend's load report nor its lame-duck notice, which
 // speak of the backend, not of the proxy the client balances over.
 func returnedTrailer(k string) bool {
-	return k != orcaTrailerKey && !wire.IsTriage(k)
+	return k != forward.ORCATrailerKey && !wire.IsTriage(k)
 }
 
 func filterMD(md metadata.MD, keep func(string) bool) metadata.MD {
@@ -147,7 +122,7 @@ var proxyDesc = &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
 // returns when the client's side ends, or the call does.
 func (p *Proxy) pump(ss grpc.ServerStream, cs grpc.ClientStream, up chan<- error) {
 	for {
-		var f frame
+		var f forward.Frame
 		if err := ss.RecvMsg(&f); err != nil {
 			if err == io.EOF {
 				up <- cs.CloseSend()
@@ -179,12 +154,12 @@ func (p *Proxy) handle(_ any, ss grpc.ServerStream) error {
 	ctx = attempt.NewOutgoingContext(ctx, attempt.Incoming(ctx))
 	// The first message is read here, so that the backend stream opens
 	// with it at hand: its headers and first message leave together.
-	var first frame
+	var first forward.Frame
 	firstErr := ss.RecvMsg(&first)
 	if firstErr != nil && firstErr != io.EOF {
 		return firstErr
 	}
-	cs, err := p.cc.NewStream(ctx, proxyDesc, method, grpc.ForceCodecV2(p.codec), cleanOutgoing{})
+	cs, err := p.cc.NewStream(ctx, proxyDesc, method, grpc.ForceCodecV2(p.codec), forward.Clean{})
 	if err != nil {
 		return err
 	}
@@ -198,7 +173,7 @@ func (p *Proxy) handle(_ any, ss grpc.ServerStream) error {
 	}
 	headerSent := false
 	for {
-		var f frame
+		var f forward.Frame
 		err := cs.RecvMsg(&f)
 		if !headerSent {
 			// SetHeader, not SendHeader: the headers leave with the first

@@ -1,9 +1,11 @@
-package triagegrpc_test
+package batchproxy_test
 
 import (
 	"context"
 	"fmt"
 	"net"
+
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -33,7 +35,7 @@ func (reports) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testg
 // knows nothing of) with the caller's criticality, behind its own admission
 // control, and takes its own connections in through a connload.Listener
 // so that a job starting thousands of clients at once cannot swamp it.
-func ExampleNewProxy() {
+func Example() {
 	pol, _ := trust.New(trust.Config{Networks: []string{"127.0.0.1/32"}})
 	bs, _ := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(pol)))
 	backend := grpc.NewServer(bs.ServerOptions()...)
@@ -48,7 +50,7 @@ func ExampleNewProxy() {
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, client.DialOptions()...)
 	toBackend, _ := grpc.NewClient(blis.Addr().String(), dial...)
 	defer toBackend.Close()
-	px, _ := triagegrpc.NewProxy(toBackend)
+	px, _ := batchproxy.New(toBackend)
 	ctl, _ := admission.New()
 	raw, _ := net.Listen("tcp", "127.0.0.1:0")
 	lis, _ := connload.NewListener(raw) // at most 200 new connections a second

@@ -1,4 +1,4 @@
-package triagegrpc_test
+package batchproxy_test
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/triagehq/triage/triagegrpc/batchproxy"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/egress"
@@ -66,7 +68,7 @@ func startProxied(t *testing.T, trustCallers bool, fail func(ctx context.Context
 	baddr := loopback.ServeGRPC(t, backend)
 
 	cc := loopback.DialGRPC(t, baddr, loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
-	px, err := triagegrpc.NewProxy(cc)
+	px, err := batchproxy.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +164,7 @@ func BenchmarkProxy(b *testing.B) {
 			addr := loopback.ServeGRPC(b, backend)
 			if via == "proxy" {
 				cc := loopback.DialGRPC(b, addr, loopback.Client(b, egress.WithoutPolicy()).DialOptions()...)
-				px, err := triagegrpc.NewProxy(cc)
+				px, err := batchproxy.New(cc)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -222,7 +224,7 @@ func TestProxyHealthPrefixDoesNotPassTheFuse(t *testing.T) {
 		return nil
 	}))...)
 	cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, backend), loopback.Client(t, egress.WithoutPolicy()).DialOptions()...)
-	px, err := triagegrpc.NewProxy(cc)
+	px, err := batchproxy.New(cc)
 	if err != nil {
 		t.Fatal(err)
 	}
