@@ -61,7 +61,7 @@ func TestLimitBoundsExecution(t *testing.T) {
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 2, 2))
 	var a, b admission.Ticket
 	for _, tk := range []*admission.Ticket{&a, &b} {
-		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Start(context.Background(), tk); err != nil {
@@ -109,7 +109,7 @@ func TestWaitersAreServedHighestCriticalityFirst(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour))
 	var running admission.Ticket
-	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 	if err := c.Start(context.Background(), &running); err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestWaitersAreServedHighestCriticalityFirst(t *testing.T) {
 	tickets := make([]admission.Ticket, len(levels))
 	done := make(chan result, len(levels))
 	for i, l := range levels {
-		if err := c.Arrive(&tickets[i], l, 0, time.Time{}); err != nil {
+		if err := c.Arrive(&tickets[i], l, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 		go func() { done <- result{i, c.Start(context.Background(), &tickets[i])} }()
@@ -166,13 +166,13 @@ func TestFullQueueDisplacesLowerCriticality(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(time.Hour))
 	var running admission.Ticket
-	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 	c.Start(context.Background(), &running)
 	// Queue capacity is 0 x 1 + 8.
 	tickets := make([]admission.Ticket, 9)
 	done := make(chan result, 9)
 	for i := 0; i < 8; i++ {
-		if err := c.Arrive(&tickets[i], criticality.Sheddable, 0, time.Time{}); err != nil {
+		if err := c.Arrive(&tickets[i], criticality.Sheddable, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 		go func() { done <- result{i, c.Start(context.Background(), &tickets[i])} }()
@@ -180,7 +180,7 @@ func TestFullQueueDisplacesLowerCriticality(t *testing.T) {
 	}
 	// Another SHEDDABLE: no room, nobody below it.
 	var extra admission.Ticket
-	if err := c.Arrive(&extra, criticality.Sheddable, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&extra, criticality.Sheddable, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Start(context.Background(), &extra); reason(t, err) != admission.Concurrency {
@@ -188,7 +188,7 @@ func TestFullQueueDisplacesLowerCriticality(t *testing.T) {
 	}
 	c.Done(&extra)
 	// A CRITICAL takes the place of the oldest SHEDDABLE.
-	if err := c.Arrive(&tickets[8], criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&tickets[8], criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	go func() { done <- result{8, c.Start(context.Background(), &tickets[8])} }()
@@ -208,9 +208,9 @@ func TestWaitIsBoundedInTime(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(50*time.Millisecond))
 	var running, waiting admission.Ticket
-	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 	c.Start(context.Background(), &running)
-	c.Arrive(&waiting, criticality.Critical, 0, time.Time{})
+	c.Arrive(&waiting, criticality.Critical, 0, time.Time{}, 0)
 	ch := make(chan error, 1)
 	go func() { ch <- c.Start(context.Background(), &waiting) }()
 	waitQueued(t, c, 1, f)
@@ -234,9 +234,9 @@ func TestCancelledWaiterLeavesTheQueue(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour))
 	var running, waiting admission.Ticket
-	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 	c.Start(context.Background(), &running)
-	c.Arrive(&waiting, criticality.Critical, 0, time.Time{})
+	c.Arrive(&waiting, criticality.Critical, 0, time.Time{}, 0)
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan error, 1)
 	go func() { ch <- c.Start(ctx, &waiting) }()
@@ -262,7 +262,7 @@ func TestArriveBoundsPendingByCriticality(t *testing.T) {
 	var held []*admission.Ticket
 	admit := func(l criticality.Level) error {
 		tk := &admission.Ticket{}
-		err := c.Arrive(tk, l, 0, time.Time{})
+		err := c.Arrive(tk, l, 0, time.Time{}, 0)
 		if err == nil {
 			held = append(held, tk)
 		}
@@ -320,7 +320,7 @@ func TestDegradeWhenFull(t *testing.T) {
 	var held []*admission.Ticket
 	for float64(c.Stats().Pending) < c.Stats().PendingCap {
 		tk := &admission.Ticket{}
-		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 		held = append(held, tk)
@@ -344,7 +344,7 @@ func TestOverloadedFollowsShedding(t *testing.T) {
 	tks := make([]admission.Ticket, 100)
 	rejected := 0
 	for i := range tks {
-		if c.Arrive(&tks[i], criticality.Sheddable, 0, time.Time{}) != nil {
+		if c.Arrive(&tks[i], criticality.Sheddable, 0, time.Time{}, 0) != nil {
 			rejected++
 		}
 	}
@@ -364,7 +364,7 @@ func TestDecayedWaitersRankBelowFreshSheddable(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(time.Hour))
 	var running admission.Ticket
-	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 	if err := c.Start(context.Background(), &running); err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +373,7 @@ func TestDecayedWaitersRankBelowFreshSheddable(t *testing.T) {
 	done := make(chan result, 10)
 	queue := func(i int, ctx context.Context, l criticality.Level) {
 		t.Helper()
-		if err := c.Arrive(&tickets[i], l, 0, time.Time{}); err != nil {
+		if err := c.Arrive(&tickets[i], l, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 		go func() { done <- result{i, c.Start(ctx, &tickets[i])} }()
@@ -453,11 +453,11 @@ func TestWaitObserverLearnsTheQueueWait(t *testing.T) {
 	w := &waits{}
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour), admission.WithObserver(w))
 	var first, second admission.Ticket
-	c.Arrive(&first, criticality.Critical, 0, time.Time{})
+	c.Arrive(&first, criticality.Critical, 0, time.Time{}, 0)
 	if err := c.Start(context.Background(), &first); err != nil {
 		t.Fatal(err)
 	}
-	c.Arrive(&second, criticality.Critical, 0, time.Time{})
+	c.Arrive(&second, criticality.Critical, 0, time.Time{}, 0)
 	done := make(chan error, 1)
 	go func() { done <- c.Start(context.Background(), &second) }()
 	waitQueued(t, c, 1, f)
@@ -491,7 +491,7 @@ func TestWaitIsBoundedInServiceTimes(t *testing.T) {
 			admission.WithMaxWaitServiceTimes(2), admission.WithInterval(100*time.Millisecond))
 		for range 20 { // 400 ms of 20 ms requests, one at a time: four intervals
 			var tk admission.Ticket
-			c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+			c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
 			if err := c.Start(context.Background(), &tk); err != nil {
 				t.Fatal(err)
 			}
@@ -502,20 +502,20 @@ func TestWaitIsBoundedInServiceTimes(t *testing.T) {
 			t.Fatalf("service time %v, want 20ms", s)
 		}
 		var running, first, second admission.Ticket
-		c.Arrive(&running, criticality.Critical, 0, time.Time{})
+		c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 		c.Start(context.Background(), &running)
 		// The queue has emptied in this interval: the first waiter may
 		// wait the max wait.
-		c.Arrive(&first, tc.level, 0, time.Time{})
+		c.Arrive(&first, tc.level, 0, time.Time{}, 0)
 		firstErr := make(chan error, 1)
 		go func() { firstErr <- c.Start(context.Background(), &first) }()
 		waitQueued(t, c, 1, f)
 		f.Advance(100 * time.Millisecond)
 		var next admission.Ticket
-		c.Arrive(&next, criticality.Critical, 0, time.Time{}) // the interval the queue emptied in ends
+		c.Arrive(&next, criticality.Critical, 0, time.Time{}, 0) // the interval the queue emptied in ends
 		c.Done(&next)
 		f.Advance(100 * time.Millisecond)
-		c.Arrive(&second, tc.level, 0, time.Time{}) // an interval with the queue standing ends
+		c.Arrive(&second, tc.level, 0, time.Time{}, 0) // an interval with the queue standing ends
 		// Intervals without a request served halve the service time (a
 		// pause's would refuse everything otherwise): the bound is
 		// today's estimate's.

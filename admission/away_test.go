@@ -18,13 +18,13 @@ func TestAwayGivesTheSlotToTheNextRequest(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour), admission.WithInterval(time.Second))
 	var a, b admission.Ticket
-	if err := c.Arrive(&a, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&a, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Start(context.Background(), &a); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Arrive(&b, criticality.Sheddable, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&b, criticality.Sheddable, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	got := start(c, context.Background(), &b)
@@ -52,7 +52,7 @@ func TestAwayGivesTheSlotToTheNextRequest(t *testing.T) {
 	}
 	// Done while away gives back nothing twice.
 	var d admission.Ticket
-	c.Arrive(&d, criticality.Critical, 0, time.Time{})
+	c.Arrive(&d, criticality.Critical, 0, time.Time{}, 0)
 	c.Start(context.Background(), &d)
 	c.Away(&d)
 	c.Done(&d)
@@ -62,7 +62,7 @@ func TestAwayGivesTheSlotToTheNextRequest(t *testing.T) {
 	}
 	f.Advance(time.Second)
 	var probe admission.Ticket
-	c.Arrive(&probe, criticality.Critical, 0, time.Time{}) // runs the adjustment
+	c.Arrive(&probe, criticality.Critical, 0, time.Time{}, 0) // runs the adjustment
 	c.Done(&probe)
 	// a: 10 ms + 10 ms of its own work around 500 ms away; b: from its
 	// slot at 10 ms to 520 ms; d: none (counted as 1 ns).
@@ -79,13 +79,13 @@ func TestStallGivesTheSlotAndTheRoomBack(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour), admission.WithInterval(time.Second))
 	var a, b admission.Ticket
-	if err := c.Arrive(&a, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&a, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Start(context.Background(), &a); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Arrive(&b, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&b, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	got := start(c, context.Background(), &b)
@@ -110,7 +110,7 @@ func TestStallGivesTheSlotAndTheRoomBack(t *testing.T) {
 	for i := range stalled {
 		c.Done(&b)
 		b = admission.Ticket{}
-		if err := c.Arrive(&stalled[i], criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.Arrive(&stalled[i], criticality.Critical, 0, time.Time{}, 0); err != nil {
 			t.Fatalf("request %d after %d stalled: %v", i, i, err)
 		}
 		if err := c.Start(context.Background(), &stalled[i]); err != nil {
@@ -138,7 +138,7 @@ func TestStallGivesTheSlotAndTheRoomBack(t *testing.T) {
 	}
 	f.Advance(time.Second)
 	var probe admission.Ticket
-	c.Arrive(&probe, criticality.Critical, 0, time.Time{}) // runs the adjustment
+	c.Arrive(&probe, criticality.Critical, 0, time.Time{}, 0) // runs the adjustment
 	c.Done(&probe)
 	// a: 10 ms + 10 ms of its own work around 500 ms stalled; b and the
 	// stalled ones: none (1 ns each).
@@ -156,7 +156,7 @@ func TestUnstallWaitsForASlotAheadOfNewRequests(t *testing.T) {
 		admission.WithInterval(time.Hour), admission.WithMaxStalled(1))
 	var a, b, q, x admission.Ticket
 	for _, tk := range []*admission.Ticket{&a, &b} {
-		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -172,7 +172,7 @@ func TestUnstallWaitsForASlotAheadOfNewRequests(t *testing.T) {
 	if c.Stall(&b) {
 		t.Fatal("b stalled past WithMaxStalled(1)")
 	}
-	if err := c.Arrive(&q, criticality.CriticalPlus, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&q, criticality.CriticalPlus, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	queued := start(c, context.Background(), &q)
@@ -200,7 +200,7 @@ func TestUnstallWaitsForASlotAheadOfNewRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A return whose context ends first stays stalled, holding no slot.
-	if err := c.Arrive(&x, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&x, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	go func() { back <- c.Start(context.Background(), &x) }()

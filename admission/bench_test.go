@@ -27,7 +27,7 @@ func BenchmarkAdmission(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		var tk admission.Ticket
 		for pb.Next() {
-			if c.Arrive(&tk, criticality.Critical, 0, time.Time{}) == nil {
+			if c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) == nil {
 				if c.Start(ctx, &tk) == nil {
 					c.Done(&tk)
 				} else {

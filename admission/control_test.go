@@ -30,7 +30,7 @@ func TestSignalShedsLowerCriticalityFirstAndProgressively(t *testing.T) {
 		rejected := 0
 		for i := 0; i < 2000; i++ {
 			var tk admission.Ticket
-			if err := c.Arrive(&tk, l, 0, time.Time{}); err != nil {
+			if err := c.Arrive(&tk, l, 0, time.Time{}, 0); err != nil {
 				if reason(t, err) != admission.Utilization {
 					t.Fatalf("reason %v", err)
 				}
@@ -71,7 +71,7 @@ func TestStaleServiceTimeDoesNotRefuseForever(t *testing.T) {
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(4, 4, 4))
 	var held [4]admission.Ticket
 	for i := range held {
-		c.Arrive(&held[i], criticality.Critical, 0, time.Time{})
+		c.Arrive(&held[i], criticality.Critical, 0, time.Time{}, 0)
 		c.Start(context.Background(), &held[i])
 	}
 	f.Advance(10 * time.Second) // the pause
@@ -81,7 +81,7 @@ func TestStaleServiceTimeDoesNotRefuseForever(t *testing.T) {
 	admittedAt := time.Duration(-1)
 	for step := time.Duration(0); step <= 3*time.Second; step += 10 * time.Millisecond {
 		var tk admission.Ticket
-		err := c.Arrive(&tk, criticality.Critical, 0, f.Now().Add(time.Second))
+		err := c.Arrive(&tk, criticality.Critical, 0, f.Now().Add(time.Second), 0)
 		if err == nil {
 			admittedAt = step
 			c.Done(&tk)
@@ -110,18 +110,18 @@ func TestPauseOfTheProcessIsNotServiceTime(t *testing.T) {
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(4, 4, 4))
 	for i := 0; i < 50; i++ { // a 20 ms service
 		var tk admission.Ticket
-		c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+		c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
 		c.Start(context.Background(), &tk)
 		f.Advance(20 * time.Millisecond)
 		c.Done(&tk)
 	}
 	var held [4]admission.Ticket
 	for i := range held {
-		c.Arrive(&held[i], criticality.Critical, 0, time.Time{})
+		c.Arrive(&held[i], criticality.Critical, 0, time.Time{}, 0)
 		c.Start(context.Background(), &held[i])
 	}
 	var waiting admission.Ticket // arrived, not started: its delay is measured
-	c.Arrive(&waiting, criticality.Critical, 0, time.Time{})
+	c.Arrive(&waiting, criticality.Critical, 0, time.Time{}, 0)
 	f.Advance(10 * time.Millisecond)
 	f.Advance(5 * time.Second) // the pause
 	f.Advance(10 * time.Millisecond)
@@ -132,7 +132,7 @@ func TestPauseOfTheProcessIsNotServiceTime(t *testing.T) {
 	c.Done(&waiting)
 	for _, l := range []criticality.Level{criticality.CriticalPlus, criticality.Critical, criticality.Sheddable} {
 		var tk admission.Ticket
-		if err := c.Arrive(&tk, l, 0, f.Now().Add(time.Second)); err != nil {
+		if err := c.Arrive(&tk, l, 0, f.Now().Add(time.Second), 0); err != nil {
 			t.Errorf("%v with a 1 s deadline just after the pause: %v (service time %v, queue delay %v)", l, err, c.Stats().ServiceTime, c.Stats().QueueDelay)
 			continue
 		}
@@ -149,26 +149,26 @@ func TestDeadlineTooCloseIsRejectedAtOnce(t *testing.T) {
 	// Teach it a 100 ms service time.
 	for i := 0; i < 10; i++ {
 		var tk admission.Ticket
-		c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+		c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
 		c.Start(context.Background(), &tk)
 		f.Advance(100 * time.Millisecond)
 		c.Done(&tk)
 	}
 	f.Advance(time.Second)
 	var probe admission.Ticket
-	c.Arrive(&probe, criticality.Critical, 0, time.Time{}) // runs the adjustment
+	c.Arrive(&probe, criticality.Critical, 0, time.Time{}, 0) // runs the adjustment
 	c.Done(&probe)
 	if got := c.Stats().ServiceTime; got != 100*time.Millisecond {
 		t.Fatalf("service time %v", got)
 	}
 	var tk admission.Ticket
-	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, f.Now().Add(50*time.Millisecond)); reason(t, err) != admission.Deadline {
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, f.Now().Add(50*time.Millisecond), 0); reason(t, err) != admission.Deadline {
 		t.Fatalf("a 50 ms deadline for a 100 ms request: %v", err)
 	}
-	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, f.Now().Add(-time.Millisecond)); reason(t, err) != admission.Deadline {
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, f.Now().Add(-time.Millisecond), 0); reason(t, err) != admission.Deadline {
 		t.Fatalf("an expired deadline: %v", err)
 	}
-	if err := c.Arrive(&tk, criticality.Sheddable, 0, f.Now().Add(time.Second)); err != nil {
+	if err := c.Arrive(&tk, criticality.Sheddable, 0, f.Now().Add(time.Second), 0); err != nil {
 		t.Fatalf("a 1 s deadline: %v", err)
 	}
 	c.Done(&tk)
@@ -183,7 +183,7 @@ func TestRetryHistogramTurnsRejectionsIntoDontRetry(t *testing.T) {
 	c := mustNew(t, admission.WithClock(f), admission.WithSignal(sig, admission.DefaultThresholds()), admission.WithObserver(obs))
 	kind := func(attemptN int) outcome.Kind {
 		var tk admission.Ticket
-		oe, _ := outcome.As(c.Arrive(&tk, criticality.Critical, attemptN, time.Time{}))
+		oe, _ := outcome.As(c.Arrive(&tk, criticality.Critical, attemptN, time.Time{}, 0))
 		return oe.Kind
 	}
 	for i := 0; i < 100; i++ {
@@ -237,7 +237,7 @@ func sim(t *testing.T, c *admission.Controller, f *clock.Fake, rate int, d time.
 		runs = kept
 		// arrive
 		tk := &admission.Ticket{}
-		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err == nil {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}, 0); err == nil {
 			queue = append(queue, tk)
 		}
 		// start what fits, in order, without blocking: the test stands in
@@ -276,7 +276,7 @@ func markWaited(c *admission.Controller) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	var tk admission.Ticket
-	if c.Arrive(&tk, criticality.Critical, 0, time.Time{}) == nil {
+	if c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) == nil {
 		if c.Start(ctx, &tk) == nil {
 			// a slot was free after all
 		}
@@ -324,7 +324,7 @@ func newRunQueue(c *admission.Controller) *runQueue {
 // arrive offers a CRITICAL request at now.
 func (q *runQueue) arrive(now time.Time) {
 	tk := &admission.Ticket{}
-	if q.c.Arrive(tk, criticality.Critical, 0, time.Time{}) == nil {
+	if q.c.Arrive(tk, criticality.Critical, 0, time.Time{}, 0) == nil {
 		q.queue = append(q.queue, tk)
 		q.arrivedAt[tk] = now
 	}
@@ -421,7 +421,7 @@ func TestNeverStartedRequestsStopCounting(t *testing.T) {
 	c := mustNew(t, admission.WithClock(f))
 	live := make([]admission.Ticket, 3)
 	for i := range live {
-		if err := c.Arrive(&live[i], criticality.CriticalPlus, 0, time.Time{}); err != nil {
+		if err := c.Arrive(&live[i], criticality.CriticalPlus, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Start(context.Background(), &live[i]); err != nil {
@@ -431,7 +431,7 @@ func TestNeverStartedRequestsStopCounting(t *testing.T) {
 	var lost []admission.Ticket
 	for {
 		var tk admission.Ticket
-		if c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}) != nil {
+		if c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, 0) != nil {
 			break
 		}
 		lost = append(lost, tk) // never started, never done
@@ -447,7 +447,7 @@ func TestNeverStartedRequestsStopCounting(t *testing.T) {
 		t.Fatalf("after 4 s: pending %d, want the %d live requests", got, len(live))
 	}
 	var tk admission.Ticket
-	if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, 0); err != nil {
 		t.Fatalf("after the lost requests expired: %v", err)
 	}
 	c.Done(&tk)
@@ -470,20 +470,20 @@ func TestProbeDelaysAndDoesNotShed(t *testing.T) {
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 4, 4), admission.WithInterval(100*time.Millisecond),
 		admission.WithMaxWait(50*time.Millisecond))
 	var a admission.Ticket
-	c.Arrive(&a, criticality.Critical, 0, time.Time{})
+	c.Arrive(&a, criticality.Critical, 0, time.Time{}, 0)
 	c.Start(context.Background(), &a)
 	f.Advance(10 * time.Millisecond)
 	c.Done(&a)
 	f.Advance(100 * time.Millisecond)
 	var b, d admission.Ticket
-	c.Arrive(&b, criticality.Critical, 0, time.Time{}) // the first adjustment probes
+	c.Arrive(&b, criticality.Critical, 0, time.Time{}, 0) // the first adjustment probes
 	if got := c.Stats().Limit; got != 1 {
 		t.Fatalf("limit %d during the probe, want the minimum, 1", got)
 	}
 	if err := c.Start(context.Background(), &b); err != nil {
 		t.Fatal(err)
 	}
-	c.Arrive(&d, criticality.Critical, 0, time.Time{})
+	c.Arrive(&d, criticality.Critical, 0, time.Time{}, 0)
 	done := start(c, context.Background(), &d)
 	waitQueued(t, c, 1, f)
 	f.Advance(60 * time.Millisecond) // past the 50 ms maximum wait
@@ -514,14 +514,14 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(2, 8, 100), admission.WithTolerance(1.2),
 		admission.WithInterval(100*time.Millisecond), admission.WithRandom(func() float64 { return 0 }))
 	var tk admission.Ticket
-	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the first interval's measurement
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) // the first interval's measurement
 	c.Start(context.Background(), &tk)
 	f.Advance(10 * time.Millisecond)
 	c.Done(&tk)
 	var old [8]admission.Ticket
 	startAll(t, c, old[:])
 	f.Advance(90 * time.Millisecond)
-	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the first interval ends: the probe begins
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) // the first interval ends: the probe begins
 	c.Done(&tk)
 	if s := c.Stats(); !s.Probing || s.Limit != 2 {
 		t.Fatalf("after the first interval: %+v, want a probe at the limit of 2", s)
@@ -533,7 +533,7 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 	f.Advance(20 * time.Millisecond)
 	doneAll(c, probe[:])
 	f.Advance(20 * time.Millisecond)
-	c.Arrive(&tk, criticality.Critical, 0, time.Time{}) // the probe ends
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) // the probe ends
 	c.Done(&tk)
 	s := c.Stats()
 	if s.Probing || s.Limit != 8 {
@@ -542,7 +542,7 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 	// An interval of 50 ms requests, the limit full and one more waiting.
 	var next [9]admission.Ticket
 	startAll(t, c, next[:8])
-	c.Arrive(&next[8], criticality.Critical, 0, time.Time{})
+	c.Arrive(&next[8], criticality.Critical, 0, time.Time{}, 0)
 	if err := c.StartNow(&next[8]); !errors.Is(err, admission.ErrWouldWait) {
 		t.Fatalf("the ninth request: %v, want ErrWouldWait", err)
 	}
@@ -550,7 +550,7 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 	f.Advance(50 * time.Millisecond)
 	doneAll(c, next[:8])
 	f.Advance(50 * time.Millisecond)
-	c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
 	c.Done(&tk)
 	if got := c.Stats().Limit; got >= 8 {
 		t.Fatalf("after an interval at 2.5 times the probe's own requests' service time, the limit is %d, want below 8", got)
@@ -561,7 +561,7 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 func startAll(t *testing.T, c *admission.Controller, tks []admission.Ticket) {
 	t.Helper()
 	for i := range tks {
-		c.Arrive(&tks[i], criticality.Critical, 0, time.Time{})
+		c.Arrive(&tks[i], criticality.Critical, 0, time.Time{}, 0)
 		if err := c.Start(context.Background(), &tks[i]); err != nil {
 			t.Fatal(err)
 		}

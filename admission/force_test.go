@@ -23,7 +23,7 @@ func TestForceShedDrill(t *testing.T) {
 		out := 0
 		for range n {
 			var tk admission.Ticket
-			err := c.Arrive(&tk, l, 0, time.Time{})
+			err := c.Arrive(&tk, l, 0, time.Time{}, 0)
 			if err != nil {
 				if reason(t, err) != admission.Forced {
 					t.Fatalf("rejected for %v", err)

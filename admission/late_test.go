@@ -28,7 +28,7 @@ func fill(t *testing.T, c *admission.Controller) int {
 	t.Helper()
 	for n := 0; n < 1000; n++ {
 		var tk admission.Ticket
-		if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0); err != nil {
 			if reason(t, err) != admission.Concurrency {
 				t.Fatalf("refused for %v", err)
 			}
@@ -54,7 +54,7 @@ func TestRequestsWaitingForTheirMessageStopHoldingRoom(t *testing.T) {
 		}
 		f.Advance(admission.DefaultTargetDelay * 5)
 		var tk admission.Ticket
-		err := c.Arrive(&tk, criticality.Critical, 0, time.Time{})
+		err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
 		if got := err == nil; got != tc.admitted {
 			t.Errorf("measure %v: a fresh request after five target delays: %v, want admitted %v", tc.m, err, tc.admitted)
 		}
@@ -65,7 +65,7 @@ func TestLateMessageIsRefusedAtStart(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := lateController(t, f, admission.SchedulerDelay)
 	var tk admission.Ticket
-	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	f.Advance(admission.DefaultMessageTimeout + time.Millisecond)
@@ -79,7 +79,7 @@ func TestLateMessageIsRefusedAtStart(t *testing.T) {
 	}
 	// Under ArrivalDelay the same wait is the server's own queue.
 	c = lateController(t, f, admission.ArrivalDelay)
-	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&tk, criticality.CriticalPlus, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	f.Advance(admission.DefaultMessageTimeout + time.Millisecond)
@@ -95,7 +95,7 @@ func TestLateRequestWaitsBehindFreshOnes(t *testing.T) {
 	ctx := context.Background()
 	var running, late, fresh admission.Ticket
 	for _, tk := range []*admission.Ticket{&running, &late} {
-		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}); err != nil {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -103,7 +103,7 @@ func TestLateRequestWaitsBehindFreshOnes(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Advance(5 * admission.DefaultTargetDelay) // late's message takes this long
-	if err := c.Arrive(&fresh, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&fresh, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	lateDone := start(c, ctx, &late)
@@ -139,7 +139,7 @@ func TestScheduledRequestsTakeNoRoomUntilStart(t *testing.T) {
 		f.Advance(admission.DefaultTargetDelay * 1000) // the filling requests age out under either measure
 		waiting := make([]admission.Ticket, 3*room+10)
 		for i := range waiting {
-			if err := c.Arrive(&waiting[i], criticality.Critical, 0, time.Time{}); err != nil {
+			if err := c.Arrive(&waiting[i], criticality.Critical, 0, time.Time{}, 0); err != nil {
 				t.Fatalf("%v: request %d beside %d scheduled ones: %v", m, i, i, err)
 			}
 			c.Scheduled(&waiting[i])
@@ -167,7 +167,7 @@ func TestScheduledRequestsTakeNoRoomUntilStart(t *testing.T) {
 	}
 }
 
-// A request whose client is over its share (ArriveAs with OverShare) gets only
+// A request whose client is over its share (Arrive with OverShare) gets only
 // the first half of the room; plain arrivals then still get the rest.
 func TestOverShareGetsHalfTheRoom(t *testing.T) {
 	room := fill(t, lateController(t, clock.NewFake(epoch), admission.SchedulerDelay))
@@ -175,7 +175,7 @@ func TestOverShareGetsHalfTheRoom(t *testing.T) {
 	over := 0
 	for ; over <= room; over++ {
 		var tk admission.Ticket
-		if err := c.ArriveAs(&tk, criticality.Critical, 0, time.Time{}, admission.OverShare); err != nil {
+		if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}, admission.OverShare); err != nil {
 			if reason(t, err) != admission.Concurrency {
 				t.Fatalf("refused for %v", err)
 			}
@@ -199,7 +199,7 @@ func TestReceivedMessageIsJudgedFromItsArrival(t *testing.T) {
 	f := clock.NewFake(epoch)
 	c := lateController(t, f, admission.SchedulerDelay)
 	var tk admission.Ticket
-	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	f.Advance(time.Millisecond)
@@ -212,7 +212,7 @@ func TestReceivedMessageIsJudgedFromItsArrival(t *testing.T) {
 	}
 	c.Done(&tk)
 
-	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	f.Advance(admission.DefaultMessageTimeout + time.Millisecond) // the task's own delay
@@ -234,7 +234,7 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 	c := lateController(t, f, admission.SchedulerDelay)
 	ctx := context.Background()
 	var running admission.Ticket
-	if err := c.Arrive(&running, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Start(ctx, &running); err != nil {
@@ -244,7 +244,7 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 	var overTickets []*admission.Ticket
 	for n := 0; n < 100; n++ {
 		tk := new(admission.Ticket)
-		if err := c.ArriveAs(tk, criticality.Critical, 0, time.Time{}, admission.OverShare); err != nil {
+		if err := c.Arrive(tk, criticality.Critical, 0, time.Time{}, admission.OverShare); err != nil {
 			break
 		}
 		c.Scheduled(tk) // it waits for its message, holding no room
@@ -268,7 +268,7 @@ func TestOverShareWaitersRankBelowFreshOnes(t *testing.T) {
 		t.Fatalf("%d over their share queued", len(over))
 	}
 	var plain admission.Ticket
-	if err := c.Arrive(&plain, criticality.Critical, 0, time.Time{}); err != nil {
+	if err := c.Arrive(&plain, criticality.Critical, 0, time.Time{}, 0); err != nil {
 		t.Fatalf("a plain request beside %d over their share: %v, want admitted", len(over), err)
 	}
 	got := start(c, ctx, &plain)

@@ -33,7 +33,7 @@ func TestDisplacedRequestsThatNeverStartLeaveNoDebt(t *testing.T) {
 		var low []admission.Ticket
 		for range 1000 {
 			var tk admission.Ticket
-			if c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}) != nil {
+			if c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, 0) != nil {
 				break
 			}
 			low = append(low, tk)
@@ -42,7 +42,7 @@ func TestDisplacedRequestsThatNeverStartLeaveNoDebt(t *testing.T) {
 		var high []admission.Ticket
 		for range 10 * len(low) {
 			var tk admission.Ticket
-			if c.Arrive(&tk, criticality.Critical, 0, time.Time{}) != nil {
+			if c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) != nil {
 				break
 			}
 			high = append(high, tk)
@@ -63,7 +63,7 @@ func TestDisplacedRequestsThatNeverStartLeaveNoDebt(t *testing.T) {
 		f.Advance(50 * time.Millisecond)
 		for i := range 2 * len(low) {
 			var tk admission.Ticket
-			if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}); err != nil {
+			if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, 0); err != nil {
 				t.Fatalf("%s: idle task, SHEDDABLE request %d refused at arrival: %v", leave, i, err)
 			}
 			if err := c.Start(context.Background(), &tk); err != nil {
@@ -80,7 +80,7 @@ func TestPhantomsLeaveNoDebt(t *testing.T) {
 	base := c.Stats().NotStarted
 	for range 20000 {
 		var tk admission.Ticket
-		c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}) // never started, never done
+		c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, 0) // never started, never done
 		f.Advance(time.Millisecond)
 	}
 	f.Advance(5 * time.Second)
@@ -91,7 +91,7 @@ func TestPhantomsLeaveNoDebt(t *testing.T) {
 	var burst []admission.Ticket
 	for range 1000 {
 		var tk admission.Ticket
-		if c.Arrive(&tk, criticality.Critical, 0, time.Time{}) == nil {
+		if c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) == nil {
 			burst = append(burst, tk)
 		}
 	}
@@ -102,7 +102,7 @@ func TestPhantomsLeaveNoDebt(t *testing.T) {
 	f.Advance(time.Second)
 	for i := range 32 {
 		var tk admission.Ticket
-		if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}); err != nil {
+		if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, 0); err != nil {
 			t.Fatalf("idle task, SHEDDABLE request %d refused at arrival: %v", i, err)
 		}
 		if err := c.Start(context.Background(), &tk); err != nil {

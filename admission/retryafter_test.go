@@ -15,7 +15,7 @@ import (
 func retryAfter(t *testing.T, c *admission.Controller, l criticality.Level) time.Duration {
 	t.Helper()
 	var tk admission.Ticket
-	err := c.Arrive(&tk, l, 0, time.Time{})
+	err := c.Arrive(&tk, l, 0, time.Time{}, 0)
 	if _, _, ok := admission.RejectionOf(err); !ok {
 		t.Fatalf("%v: not a rejection: %v", l, err)
 	}
@@ -97,7 +97,7 @@ func TestRetryAfterRejectionAllocatesNothing(t *testing.T) {
 		retryAfter(t, c, criticality.Sheddable)
 	}
 	var tk admission.Ticket
-	if n := testing.AllocsPerRun(100, func() { tk = admission.Ticket{}; _ = c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { tk = admission.Ticket{}; _ = c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, 0) }); n != 0 {
 		t.Fatalf("%v allocations per rejection", n)
 	}
 }
@@ -111,7 +111,7 @@ func TestAttemptHistogram(t *testing.T) {
 	for i, n := range []int{0, 0, 0, 1, 1, 2, 3} {
 		l := criticality.Level(i % criticality.NumLevels)
 		var tk admission.Ticket
-		if err := c.Arrive(&tk, l, n, time.Time{}); err != nil {
+		if err := c.Arrive(&tk, l, n, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 		c.Done(&tk)

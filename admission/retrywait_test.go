@@ -22,7 +22,7 @@ func TestCriticalWaitsWhenRefusalsSayDontRetry(t *testing.T) {
 		if retries {
 			for range 40 {
 				var tk admission.Ticket
-				if err := c.Arrive(&tk, criticality.Sheddable, 1, time.Time{}); err != nil {
+				if err := c.Arrive(&tk, criticality.Sheddable, 1, time.Time{}, 0); err != nil {
 					t.Fatal(err)
 				}
 				c.Start(context.Background(), &tk)
@@ -30,19 +30,19 @@ func TestCriticalWaitsWhenRefusalsSayDontRetry(t *testing.T) {
 			}
 		}
 		var running, crit, shed admission.Ticket
-		c.Arrive(&running, criticality.Critical, 0, time.Time{})
+		c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 		if err := c.Start(context.Background(), &running); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), f.Now().Add(time.Minute))
 		defer cancel()
 		dl, _ := ctx.Deadline()
-		if err := c.Arrive(&crit, criticality.Critical, 0, dl); err != nil {
+		if err := c.Arrive(&crit, criticality.Critical, 0, dl, 0); err != nil {
 			t.Fatal(err)
 		}
 		critDone := start(c, ctx, &crit)
 		waitQueued(t, c, 1, f)
-		if err := c.Arrive(&shed, criticality.Sheddable, 0, dl); err != nil {
+		if err := c.Arrive(&shed, criticality.Sheddable, 0, dl, 0); err != nil {
 			t.Fatal(err)
 		}
 		shedDone := start(c, ctx, &shed)
@@ -79,14 +79,14 @@ func TestCriticalWaitsOnWhenRetriesRiseDuringItsWait(t *testing.T) {
 	f := clock.NewFake(time.Now()) // context deadlines are real time
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(50*time.Millisecond))
 	var running, crit admission.Ticket
-	c.Arrive(&running, criticality.Critical, 0, time.Time{})
+	c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
 	if err := c.Start(context.Background(), &running); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), f.Now().Add(time.Minute))
 	defer cancel()
 	dl, _ := ctx.Deadline()
-	if err := c.Arrive(&crit, criticality.Critical, 0, dl); err != nil {
+	if err := c.Arrive(&crit, criticality.Critical, 0, dl, 0); err != nil {
 		t.Fatal(err)
 	}
 	critDone := start(c, ctx, &crit)
@@ -94,7 +94,7 @@ func TestCriticalWaitsOnWhenRetriesRiseDuringItsWait(t *testing.T) {
 	// Retries arrive (refused or not, each counts as an arrival).
 	for range 40 {
 		var tk admission.Ticket
-		if c.Arrive(&tk, criticality.Sheddable, 1, time.Time{}) == nil {
+		if c.Arrive(&tk, criticality.Sheddable, 1, time.Time{}, 0) == nil {
 			c.Done(&tk)
 		}
 	}

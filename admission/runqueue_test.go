@@ -35,7 +35,7 @@ func TestRunQueuedArrivalsShedByCriticality(t *testing.T) {
 		for range n {
 			for l := range criticality.NumLevels {
 				var tk Ticket
-				if err := c.ArriveAs(&tk, criticality.Level(l), 0, time.Time{}, a); err != nil {
+				if err := c.Arrive(&tk, criticality.Level(l), 0, time.Time{}, a); err != nil {
 					if r, _, _ := RejectionOf(err); r != Queue {
 						t.Fatalf("%v refused for %v, want %v", criticality.Level(l), r, Queue)
 					}
@@ -60,7 +60,7 @@ func TestRunQueuedArrivalsShedByCriticality(t *testing.T) {
 		delay.d = time.Millisecond
 		clk.Advance(DefaultInterval)
 		var tk Ticket
-		if err := c.ArriveAs(&tk, criticality.Sheddable, 0, time.Time{}, RunQueued); err != nil {
+		if err := c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, RunQueued); err != nil {
 			t.Fatalf("a lone SHEDDABLE request at low load: %v", err)
 		}
 		c.Start(t.Context(), &tk)
@@ -105,7 +105,7 @@ func TestSchedulerDelayOfAPauseIsLeftOut(t *testing.T) {
 	c.sched = delay
 	serve := func() {
 		var tk Ticket
-		if err := c.Arrive(&tk, criticality.Critical, 0, clk.Now().Add(time.Second)); err != nil {
+		if err := c.Arrive(&tk, criticality.Critical, 0, clk.Now().Add(time.Second), 0); err != nil {
 			t.Fatalf("at %v: %v (queue delay %v)", clk.Now(), err, c.Stats().QueueDelay)
 		}
 		if err := c.Start(t.Context(), &tk); err != nil {
@@ -230,7 +230,7 @@ func TestRunQueuedStepSettlesWithinASecond(t *testing.T) {
 				q.sum += now.Sub(r.at)
 				q.n++
 				tk := new(Ticket)
-				if err := c.ArriveAs(tk, r.level, 0, time.Time{}, RunQueued); err != nil {
+				if err := c.Arrive(tk, r.level, 0, time.Time{}, RunQueued); err != nil {
 					busyUntil = now.Add(refuse)
 				} else {
 					if err := c.Start(t.Context(), tk); err != nil {
@@ -296,7 +296,7 @@ func TestRunQueueOfOtherGoroutinesShedsNothing(t *testing.T) {
 		for range 5 {
 			for l := range criticality.NumLevels {
 				var tk Ticket
-				if err := c.ArriveAs(&tk, criticality.Level(l), 0, time.Time{}, RunQueued); err != nil {
+				if err := c.Arrive(&tk, criticality.Level(l), 0, time.Time{}, RunQueued); err != nil {
 					t.Fatalf("interval %d: %v refused (%v), gate %v", i, criticality.Level(l), err, c.Stats().QueueShed)
 				}
 				c.Start(t.Context(), &tk)

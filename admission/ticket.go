@@ -46,17 +46,6 @@ const (
 	ticketDone
 )
 
-// Arrive decides whether a request of level l, carrying attempt counter
-// attempt and the given deadline (zero: none), may enter the task. On
-// admission it fills t and returns nil; the caller must then call Start (or
-// Done, if the request ends before its handler runs) and Done. On rejection
-// it returns an *outcome.Error of kind TaskOverloaded or DontRetry whose
-// Reason is the Reason's name; the errors are shared and must not be
-// modified. Arrive does not allocate.
-func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time) error {
-	return c.arrive(t, l, attemptN, deadline, 0)
-}
-
 // Arrival says what a transport knows about how a request arrived.
 type Arrival uint8
 
@@ -85,12 +74,15 @@ const (
 	RunQueued
 )
 
-// ArriveAs is Arrive for a request that arrived as a says.
-func (c *Controller) ArriveAs(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, a Arrival) error {
-	return c.arrive(t, l, attemptN, deadline, a)
-}
-
-func (c *Controller) arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, a Arrival) error {
+// Arrive decides whether a request of level l, carrying attempt counter
+// attempt and the given deadline (zero: none), may enter the task. On
+// admission it fills t and returns nil; the caller must then call Start (or
+// Done, if the request ends before its handler runs) and Done. On rejection
+// it returns an *outcome.Error of kind TaskOverloaded or DontRetry whose
+// Reason is the Reason's name; the errors are shared and must not be
+// modified. a says how the request arrived (zero: as a plain request).
+// Arrive does not allocate.
+func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadline time.Time, a Arrival) error {
 	if !l.Valid() {
 		l = criticality.Default
 	}

@@ -452,7 +452,7 @@ func (in *Intake) admit(ctx context.Context, l criticality.Level, f facts, r *Re
 		if in.shadow.Has(shadow.Admission) {
 			a |= admission.Shadow
 		}
-		if err := ctl.ArriveAs(&t, l, f.attempt, deadline, a); err != nil {
+		if err := ctl.Arrive(&t, l, f.attempt, deadline, a); err != nil {
 			if enf != nil {
 				enf.Cancel(f.customer, res)
 			}

@@ -328,7 +328,7 @@ func runCascade(cfg CascadeConfig, protected bool) (*cascadeRun, error) {
 		a := &cascadeAttempt{req: r, task: ti, deadline: now + deadline}
 		if protected {
 			vc.now = now
-			err := t.ctl.Arrive(&a.ticket, criticality.Critical, r.attempts-1, vc.Now().Add(time.Duration(deadline)))
+			err := t.ctl.Arrive(&a.ticket, criticality.Critical, r.attempts-1, vc.Now().Add(time.Duration(deadline)), 0)
 			tk.Done(err == nil)
 			if err != nil {
 				fail(now, a, retryable(err))

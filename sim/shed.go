@@ -281,7 +281,7 @@ func runShed(cfg ShedConfig, shedder string, demand float64) (*shedRow, error) {
 				continue
 			}
 		case shedTriage:
-			if err := ctl.Arrive(&r.ticket, l, 0, vc.Now().Add(time.Duration(deadline))); err != nil {
+			if err := ctl.Arrive(&r.ticket, l, 0, vc.Now().Add(time.Duration(deadline)), 0); err != nil {
 				continue
 			}
 		}

@@ -54,7 +54,7 @@ func fullTap(tb testing.TB) (tap.ServerInHandle, context.Context, *tap.Info) {
 	var held int
 	for ; held < 100_000; held++ {
 		var tk admission.Ticket
-		if ctl.Arrive(&tk, criticality.Critical, 0, time.Time{}) != nil {
+		if ctl.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0) != nil {
 			break
 		}
 	}

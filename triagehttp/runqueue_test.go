@@ -76,7 +76,7 @@ func TestHTTPShedsWhatWaitedInTheRunQueue(t *testing.T) {
 	for range 3 {
 		tks := make([]admission.Ticket, 40)
 		for i := range tks {
-			if err := ctl.Arrive(&tks[i], criticality.CriticalPlus, 0, time.Time{}); err != nil {
+			if err := ctl.Arrive(&tks[i], criticality.CriticalPlus, 0, time.Time{}, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
