@@ -20,7 +20,7 @@ const maxExported = 50
 // package shrinks, and delete its line when it fits.
 var overExported = map[string]int{
 	"quota":     86,
-	"admission": 64,
+	"admission": 63,
 	"intake":    58,
 }
 
