@@ -21,12 +21,15 @@ type Call struct {
 	policy   *retry.Policy
 	internal bool
 	cancel   context.CancelFunc // isolation's; nil without
+	refused  error              // isolate.ErrBlackHoled for a black-holed client type
 }
 
 // Begin starts an outgoing call made with ctx (the calling request's
 // context, or any other) to host: for a client type the isolation table
-// names (isolate.ClientOf), its route's policy, and a context cancelled
-// when that route changes (WithIsolation). Call End when the call is
+// names (isolate.ClientOf), its route's policy, a context that carries the
+// route (isolate.RouteFrom, which the balancer follows) and is cancelled
+// when that route changes (WithIsolation), and, for a black-holed one,
+// isolate.ErrBlackHoled from Do and Start without an attempt. Call End when the call is
 // over. Begin allocates only for a client type under isolation. On a nil
 // Caller it begins a call without a policy to a host that is not
 // internal.
@@ -47,11 +50,15 @@ func (c *Caller) beginIsolated(ctx context.Context, host string) Call {
 	if ct == "" {
 		return call
 	}
-	if c.iso.RouteOf(ct) == isolate.Sacrificial {
+	route := c.iso.RouteOf(ct)
+	switch route {
+	case isolate.Sacrificial:
 		call.policy = c.sacPol
+	case isolate.BlackHole:
+		call.refused = isolate.ErrBlackHoled
 	}
 	g := c.generation(ct)
-	call.ctx, call.cancel = context.WithCancel(ctx)
+	call.ctx, call.cancel = context.WithCancel(isolate.NewRouteContext(ctx, route))
 	stop := context.AfterFunc(g.ctx, call.cancel)
 	// However the call's context ends (End, the caller's cancellation, a
 	// route change), the generation forgets it: a stream its caller
@@ -81,6 +88,9 @@ func (call Call) End() {
 // others. Do returns the last attempt's error, or the policy's
 // *outcome.Error when it gave up.
 func (call *Call) Do(once bool, attempt func(ctx context.Context) error) error {
+	if call.refused != nil {
+		return call.refused
+	}
 	t := cost.TrackerFrom(call.ctx)
 	t.Wait()
 	defer t.Resume()
@@ -98,6 +108,9 @@ func (call *Call) Do(once bool, attempt func(ctx context.Context) error) error {
 // the returned Single's Finish. Without a policy it does nothing. Streams
 // are never retried: their messages cannot be replayed.
 func (call *Call) Start() (retry.Single, error) {
+	if call.refused != nil {
+		return retry.Single{}, call.refused
+	}
 	if call.policy == nil {
 		return retry.Single{}, nil
 	}

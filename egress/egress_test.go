@@ -242,3 +242,29 @@ func TestEndedCallsAreForgotten(t *testing.T) {
 		t.Fatalf("the heap grew by %d bytes over 50,000 calls that are over", grew)
 	}
 }
+
+// A black-holed client type is refused at the caller, on every transport:
+// no attempt leaves, and the answer is the server's for it, "overloaded;
+// don't retry". The route a call began with travels in its context, for
+// the balancer to follow.
+func TestBlackHoledClientTypeIsRefusedAtTheCaller(t *testing.T) {
+	c := mustNew(t, egress.WithIsolation(isolation(t, "black-hole"), nil))
+	var attempts int
+	call := c.Begin(isolate.NewContext(context.Background(), "maps"), "")
+	defer call.End()
+	err := call.Do(false, func(context.Context) error { attempts++; return nil })
+	if attempts != 0 || err != isolate.ErrBlackHoled {
+		t.Fatalf("a black-holed call: %d attempts, %v; want none and isolate.ErrBlackHoled", attempts, err)
+	}
+	if _, err := call.Start(); err != isolate.ErrBlackHoled {
+		t.Fatalf("a black-holed stream: %v, want isolate.ErrBlackHoled", err)
+	}
+	if r, ok := isolate.RouteFrom(call.Context()); !ok || r != isolate.BlackHole {
+		t.Fatalf("the call's context carries route %v (%v), want BlackHole", r, ok)
+	}
+	sac := mustNew(t, egress.WithIsolation(isolation(t, "sacrificial"), nil)).Begin(isolate.NewContext(context.Background(), "maps"), "")
+	defer sac.End()
+	if r, _ := isolate.RouteFrom(sac.Context()); r != isolate.Sacrificial {
+		t.Fatalf("a sacrificial call's context carries route %v", r)
+	}
+}

@@ -35,17 +35,11 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/isolate"
-	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
-
-// ErrBlackHoled is the outcome of a request whose client type the
-// isolation table black-holes: overloaded; don't retry. It is shared; do
-// not modify it.
-var ErrBlackHoled = &outcome.Error{Kind: outcome.DontRetry, Reason: "client type black-holed"}
 
 // Intake runs requests through the policy pipeline. Create one with New.
 type Intake struct {
@@ -108,7 +102,7 @@ func WithQuota(e *quota.Enforcer, m *cost.Meter) Option {
 // WithIsolation names each request's client type from its host
 // (isolate.Table.ClientFor) and puts it in the request's context
 // (isolate.ClientOf); a black-holed client type is refused with
-// ErrBlackHoled. Default: none.
+// isolate.ErrBlackHoled. Default: none.
 func WithIsolation(t *isolate.Table) Option { return optionFunc(func(in *Intake) { in.iso = t }) }
 
 // WithCustomerFromIdentity makes the peer's verified mTLS identity (its
@@ -300,7 +294,7 @@ func dropFolded(h map[string][]string, obs edge.Observer) {
 // Accept runs r through the pipeline: trust, stripping, classification,
 // decay, customer, client type, quota reservation and admission. It
 // returns the accepted request's Handle, whose context is ctx plus what
-// was decided, or the outcome to answer with: ErrBlackHoled, the quota's
+// was decided, or the outcome to answer with: isolate.ErrBlackHoled, the quota's
 // out-of-quota error, or an admission rejection (admission.RejectionOf),
 // ErrSlowSender among them.
 // A refused request needs nothing more.
@@ -355,7 +349,7 @@ func (in *Intake) accept(ctx context.Context, r *Request, f *facts, lvl *critica
 		if ct := in.iso.ClientFor(r.Host); ct != "" {
 			f.clientType = ct
 			if in.iso.RouteOf(ct) == isolate.BlackHole && !in.shadows(shadow.Isolation, "black-hole", d.Level, &f.shadowed) {
-				return nil, ErrBlackHoled
+				return nil, isolate.ErrBlackHoled
 			}
 			ctx = isolate.NewContext(ctx, ct)
 		}

@@ -137,7 +137,7 @@ func replay(t *testing.T, load [][]arrival, inShadow bool) (map[shadow.Key]int64
 // keyOf names an enforcing intake's refusal as shadow would.
 func keyOf(t *testing.T, err error, l criticality.Level) shadow.Key {
 	t.Helper()
-	if errors.Is(err, intake.ErrBlackHoled) {
+	if errors.Is(err, isolate.ErrBlackHoled) {
 		return shadow.Key{Mechanism: shadow.Isolation, Reason: "black-hole", Level: l}
 	}
 	if r, _, ok := admission.RejectionOf(err); ok {

@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 
 	"github.com/triagehq/triage/internal/hostport"
+	"github.com/triagehq/triage/outcome"
 )
 
 // Route is where a client type's requests go.
@@ -282,4 +283,25 @@ func NewContext(ctx context.Context, client string) context.Context {
 func ClientOf(ctx context.Context) string {
 	c, _ := ctx.Value(clientKey{}).(string)
 	return c
+}
+
+// ErrBlackHoled is the outcome of a request whose client type the table
+// black-holes, wherever it is refused (the caller's egress, the balancer,
+// the server's intake): overloaded; don't retry. It is shared; do not
+// modify it.
+var ErrBlackHoled = &outcome.Error{Kind: outcome.DontRetry, Reason: "client type black-holed"}
+
+type routeKey struct{}
+
+// NewRouteContext returns a child of ctx for a call whose route was
+// decided as r: the caller decides it once (package egress), and the
+// balancer follows it.
+func NewRouteContext(ctx context.Context, r Route) context.Context {
+	return context.WithValue(ctx, routeKey{}, r)
+}
+
+// RouteFrom returns the route decided for ctx's call, if one was.
+func RouteFrom(ctx context.Context) (Route, bool) {
+	r, ok := ctx.Value(routeKey{}).(Route)
+	return r, ok
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/connload"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/outcome"
@@ -116,7 +117,7 @@ func NewServer(opts ...ServerOption) (*Server, error) {
 	}
 	clk := clock.OrReal(c.clock)
 	s := &Server{in: in, group: c.group, clock: clk, since: clock.SinceFunc(clk, clk.Now()),
-		blackHole: compactStatus(intake.ErrBlackHoled).Err()}
+		blackHole: compactStatus(isolate.ErrBlackHoled).Err()}
 	s.outOfQuota = compactStatus(&outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second}).Err()
 	s.stats = &streamStats{}
 	if c.connLoad != nil {
@@ -144,7 +145,7 @@ func (s *Server) rejection(err error) error {
 		}
 		return s.rejections[r][i]
 	}
-	if err == intake.ErrBlackHoled {
+	if err == isolate.ErrBlackHoled {
 		return s.blackHole
 	}
 	if oe, ok := outcome.As(err); ok && oe.Kind == outcome.OutOfQuota {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/triagehq/triage/balance"
 	"github.com/triagehq/triage/criticality"
-	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
@@ -20,7 +19,7 @@ import (
 )
 
 var (
-	errBlackHole    = triagegrpc.Status(intake.ErrBlackHoled).Err()
+	errBlackHole    = triagegrpc.Status(isolate.ErrBlackHoled).Err()
 	errNoSacrifical = status.Error(codes.Unavailable, "triage: no backend on this client type's route")
 )
 
@@ -39,7 +38,11 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	core := p.core
 	if iso := p.b.iso; iso != nil {
 		p.b.repartition()
-		switch iso.RouteOf(isolate.ClientOf(info.Ctx)) {
+		route, decided := isolate.RouteFrom(info.Ctx) // by the caller's egress, when it has the table
+		if !decided {
+			route = iso.RouteOf(isolate.ClientOf(info.Ctx))
+		}
+		switch route {
 		case isolate.BlackHole:
 			return balancer.PickResult{}, errBlackHole
 		case isolate.Sacrificial:
