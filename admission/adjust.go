@@ -1,6 +1,9 @@
 package admission
 
 import (
+	"time"
+
+	"github.com/triagehq/triage/admission/limit"
 	"github.com/triagehq/triage/criticality"
 )
 
@@ -44,14 +47,15 @@ func (c *Controller) maybeAdjust(now int64) {
 	} else {
 		c.sampleMask.Store(0)
 	}
-	limit := c.ls.limit
-	c.ls = c.limits.step(c.ls, mean, own, waited)
-	c.probeResume.Store(c.ls.resume)
-	c.probingNow.Store(c.ls.probing)
-	if next := c.ls.limit; next != limit {
+	last := c.ls.Limit
+	c.ls = c.limits.Step(c.ls, limit.Sample{Mean: time.Duration(mean), Probe: time.Duration(own), Waited: waited})
+	c.ls.Limit = min(max(c.ls.Limit, c.minLimit), c.maxLimit) // whatever the rule says
+	c.probeResume.Store(c.ls.Resume)
+	c.probingNow.Store(c.ls.Probing)
+	if next := c.ls.Limit; next != last {
 		c.limit.Store(next)
 		c.obs.LimitChanged(int(next))
-		if next > limit {
+		if next > last {
 			c.mu.Lock()
 			c.dispatch()
 			c.mu.Unlock()

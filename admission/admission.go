@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/triagehq/triage/admission/limit"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/internal/window"
@@ -165,10 +166,10 @@ type Controller struct {
 	dontRetryRatio float64
 	attempts       *window.Counter // A: requests, B: retries
 	adjust         sync.Mutex      // held while revisiting the limit and the pending cap
-	limits         limitRule
-	ls             limitState // guarded by adjust
-	pausedSeen     int64      // paused at the last adjustment; guarded by adjust
-	pauseMu        sync.Mutex // serializes noting a pause
+	limits         limit.Rule
+	ls             limit.State // guarded by adjust
+	pausedSeen     int64       // paused at the last adjustment; guarded by adjust
+	pauseMu        sync.Mutex  // serializes noting a pause
 	pending        pendingRule
 	probingNow     atomic.Bool         // ls.probing, for wait (read without c.adjust)
 	drained        atomic.Bool         // the slot queue was empty as a request started, this interval
@@ -306,8 +307,11 @@ func New(opts ...Option) (*Controller, error) {
 	ctl.pendingCap.Store(milli * (2*int64(c.initialLimit) + ctl.queueCap(int64(c.initialLimit))))
 	ctl.nextAdjust.Store(int64(c.interval))
 	ctl.lastShed.Store(math.MinInt64 / 2)
-	ctl.limits = limitRule{min: ctl.minLimit, max: ctl.maxLimit, tolerance: c.tolerance, probeEvery: probeEvery}
-	ctl.ls = limitState{limit: int64(c.initialLimit), best: math.MaxInt64}
+	ctl.limits = c.rule
+	if ctl.limits == nil {
+		ctl.limits = limit.Latency{Min: ctl.minLimit, Max: ctl.maxLimit, Tolerance: c.tolerance, ProbeEvery: probeEvery}
+	}
+	ctl.ls = limit.State{Limit: int64(c.initialLimit)}
 	ctl.pending = pendingRule{target: ctl.targetDelay, floor: minPendingCap, ceiling: ctl.maxLimit * pendingPerLimit * milli, maxDelay: int64(c.maxWait)}
 	ctl.buildErrs(c.retryAfterMin, c.retryAfterMax)
 	return ctl, nil

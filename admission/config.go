@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/triagehq/triage/admission/limit"
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/signals"
 )
@@ -91,6 +92,7 @@ type config struct {
 	obs            Observer
 	interval       time.Duration
 	tolerance      float64
+	rule           limit.Rule
 	minLimit       int
 	maxLimit       int
 	initialLimit   int
@@ -141,6 +143,12 @@ func WithInterval(d time.Duration) Option { return optionFunc(func(c *config) { 
 // WithTolerance sets how far the mean service time may exceed its recent
 // best before the limit shrinks (> 1). Default DefaultTolerance.
 func WithTolerance(f float64) Option { return optionFunc(func(c *config) { c.tolerance = f }) }
+
+// WithLimitRule sets the rule that finds the execution limit each
+// interval (package limit). The Controller keeps the limit within
+// WithLimits' bounds whatever the rule says. Default: limit.Latency, with
+// WithLimits' bounds, WithTolerance and a probe every 50 intervals.
+func WithLimitRule(r limit.Rule) Option { return optionFunc(func(c *config) { c.rule = r }) }
 
 // WithLimits bounds the execution limit: min, initial and max. Defaults:
 // GOMAXPROCS, 2 x GOMAXPROCS, DefaultMaxLimit.

@@ -542,8 +542,8 @@ func TestProbeBaselineIsItsOwnRequests(t *testing.T) {
 	// An interval of 50 ms requests, the limit full and one more waiting.
 	var next [9]admission.Ticket
 	startAll(t, c, next[:8])
-	c.Arrive(&next[8], criticality.Critical, 0, time.Time{}, 0)
-	if err := c.StartNow(&next[8]); !errors.Is(err, admission.ErrWouldWait) {
+	c.Arrive(&next[8], criticality.Critical, 0, time.Time{}, admission.Shadow)
+	if err := c.Start(context.Background(), &next[8]); !errors.Is(err, admission.ErrWouldWait) {
 		t.Fatalf("the ninth request: %v, want ErrWouldWait", err)
 	}
 	c.Done(&next[8])

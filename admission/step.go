@@ -2,76 +2,17 @@ package admission
 
 import "math"
 
-// The controller's two feedback rules are pure steps: each interval, from
-// the rule's state and the interval's measurements, the next state. The
+// The controller's feedback rules are pure steps: each interval, from the
+// rule's state and the interval's measurements, the next state. The
 // Controller measures, calls the step under its adjust lock, and applies
 // the result (stores the limit, tells the Observer, wakes waiters); the
 // steps themselves touch nothing, so they are tested with step tables.
+// The execution limit's rule is package limit's (limit.Rule); the pending
+// cap's is here.
 
 // stepDivisor is how far a limit or cap moves in one interval: by a
 // tenth of itself, and at least one unit.
 const stepDivisor = 10
-
-// limitRule finds the execution limit from service time: it grows while
-// the service time stays within tolerance of its baseline and requests
-// had to wait, shrinks when the service time inflates, and every
-// probeEvery intervals measures the baseline at the minimum limit (as
-// BBR's ProbeRTT does, since a baseline taken at the current limit would
-// let the limit ratchet up). The baseline is the service time of the
-// requests the probe started: those admitted before it finish in it with
-// the old limit's latency. The probe lasts until one of its own requests
-// is measured, at most maxProbe intervals.
-type limitRule struct {
-	min, max   int64
-	tolerance  float64
-	probeEvery int64
-}
-
-// maxProbe bounds the intervals a probe lasts waiting for a measurement
-// of a request it started; then the probe interval's mean serves.
-const maxProbe = 5
-
-// limitState is what limitRule remembers between intervals.
-type limitState struct {
-	limit int64
-	// best is the mean service time measured by the last probe;
-	// math.MaxInt64 before the first.
-	best      int64
-	probing   bool  // this interval runs at the minimum limit
-	probed    int64 // intervals the probe has lasted
-	resume    int64 // the limit to return to after the probe
-	intervals int64
-}
-
-// step is one interval: mean is its sampled requests' mean service time
-// (ns), own the mean of those the probe started (0: none measured), and
-// waited says whether a request had to wait for a slot.
-func (r limitRule) step(s limitState, mean, own int64, waited bool) limitState {
-	s.intervals++
-	switch {
-	case s.probing && own == 0 && s.probed+1 < maxProbe:
-		// Only requests admitted before the probe finished in it.
-		s.probed++
-	case s.probing:
-		// The probe's own requests' service time is the baseline until
-		// the next probe.
-		if own == 0 {
-			own = mean
-		}
-		s.best, s.probing, s.probed, s.limit = own, false, 0, s.resume
-	case s.best == math.MaxInt64 || s.intervals%r.probeEvery == 0:
-		if s.limit > r.min {
-			s.probing, s.resume, s.limit = true, s.limit, r.min
-		} else {
-			s.best = mean
-		}
-	case float64(mean) > r.tolerance*float64(s.best):
-		s.limit = max(r.min, min(s.limit-1, s.limit*(stepDivisor-1)/stepDivisor))
-	case waited:
-		s.limit = min(r.max, s.limit+max(1, s.limit/stepDivisor))
-	}
-	return s
-}
 
 // pendingRule bounds the requests admitted at arrival and not done (the
 // pending cap, in thousandths of a request) from the mean time admitted

@@ -1,66 +1,8 @@
 package admission
 
 import (
-	"math"
 	"testing"
 )
-
-func TestLimitRuleSteps(t *testing.T) {
-	r := limitRule{min: 2, max: 100, tolerance: 2, probeEvery: 50}
-	const fresh = math.MaxInt64
-	for _, tc := range []struct {
-		name   string
-		s      limitState
-		mean   int64
-		own    int64
-		waited bool
-		want   limitState
-	}{
-		{"the first interval probes the baseline at the minimum",
-			limitState{limit: 8, best: fresh}, 1000, 0, false,
-			limitState{limit: 2, best: fresh, probing: true, resume: 8, intervals: 1}},
-		{"at the minimum already, the first interval is the baseline",
-			limitState{limit: 2, best: fresh}, 1000, 0, true,
-			limitState{limit: 2, best: 1000, intervals: 1}},
-		{"the probe's own requests' mean becomes the baseline, the limit comes back",
-			limitState{limit: 2, best: fresh, probing: true, resume: 8, intervals: 1}, 5000, 900, true,
-			limitState{limit: 8, best: 900, resume: 8, intervals: 2}},
-		{"a probe none of whose own requests was measured lasts another interval",
-			limitState{limit: 2, best: fresh, probing: true, resume: 8, intervals: 1}, 5000, 0, true,
-			limitState{limit: 2, best: fresh, probing: true, probed: 1, resume: 8, intervals: 2}},
-		{"at most maxProbe intervals: then the interval's mean serves",
-			limitState{limit: 2, best: fresh, probing: true, probed: maxProbe - 1, resume: 8, intervals: 5}, 5000, 0, true,
-			limitState{limit: 8, best: 5000, resume: 8, intervals: 6}},
-		{"within tolerance with waiting: grow by a tenth, at least one",
-			limitState{limit: 8, best: 1000, intervals: 2}, 1999, 0, true,
-			limitState{limit: 9, best: 1000, intervals: 3}},
-		{"grow by a tenth",
-			limitState{limit: 50, best: 1000, intervals: 2}, 1500, 0, true,
-			limitState{limit: 55, best: 1000, intervals: 3}},
-		{"grow no further than the maximum",
-			limitState{limit: 99, best: 1000, intervals: 2}, 1500, 0, true,
-			limitState{limit: 100, best: 1000, intervals: 3}},
-		{"within tolerance without waiting: hold",
-			limitState{limit: 8, best: 1000, intervals: 2}, 1500, 0, false,
-			limitState{limit: 8, best: 1000, intervals: 3}},
-		{"service time inflated past tolerance: shrink by a tenth, at least one",
-			limitState{limit: 8, best: 1000, intervals: 2}, 2001, 0, true,
-			limitState{limit: 7, best: 1000, intervals: 3}},
-		{"shrink by a tenth",
-			limitState{limit: 50, best: 1000, intervals: 2}, 5000, 0, false,
-			limitState{limit: 45, best: 1000, intervals: 3}},
-		{"shrink no further than the minimum",
-			limitState{limit: 2, best: 1000, intervals: 2}, 5000, 0, false,
-			limitState{limit: 2, best: 1000, intervals: 3}},
-		{"every probeEvery intervals, probe again",
-			limitState{limit: 30, best: 1000, intervals: 49}, 1200, 0, true,
-			limitState{limit: 2, best: 1000, probing: true, resume: 30, intervals: 50}},
-	} {
-		if got := r.step(tc.s, tc.mean, tc.own, tc.waited); got != tc.want {
-			t.Errorf("%s:\n got  %+v\n want %+v", tc.name, got, tc.want)
-		}
-	}
-}
 
 func TestPendingRuleSteps(t *testing.T) {
 	r := pendingRule{target: 5000, floor: milli / 10, ceiling: 80 * milli, maxDelay: 50000}

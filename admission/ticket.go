@@ -25,7 +25,7 @@ type Ticket struct {
 	sampled         bool // measured: delay before Start, service time
 	owes            bool // displaced while not started: refused at Start (Scheduled)
 	queued          bool // Start gave it its slot after a wait in the queue
-	overShare       bool // arrived over its client's share: queues as late
+	arrival         Arrival // how it arrived: OverShare queues as late, Shadow never waits
 	probe           bool // sampled: started while the baseline probe ran
 }
 
@@ -63,8 +63,8 @@ const (
 	OverShare Arrival = 1 << iota
 	// Shadow: the transport lets a rejected request through (package
 	// shadow): its rejection is not told to the Observer, since nothing
-	// was refused; the transport's shadow observer counts it. StartNow's
-	// rejections are not told either.
+	// was refused; the transport's shadow observer counts it. Its Start
+	// never waits, and its rejections there are not told either.
 	Shadow
 	// RunQueued: the request waited in Go's run queue before Arrive, where
 	// the controller could not count it (net/http reads a request and runs
@@ -146,7 +146,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		c.capHit.Store(true)
 		return c.rejectAs(l, Concurrency, now, a)
 	}
-	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled, overShare: a&OverShare != 0}
+	*t = Ticket{arrive: now, epoch: e, level: l, state: ticketPending, sampled: sampled, arrival: a}
 	if sampled {
 		t.mark = c.paused.Load()
 	}
@@ -271,7 +271,16 @@ func (c *Controller) retriesHigh(now int64) bool {
 // returns nil when the handler may run, or a rejection error (Concurrency,
 // or Deadline when the deadline would pass while waiting) or ctx's error.
 // Either way the caller calls Done afterwards.
+//
+// A request that arrived in shadow (Shadow) never waits: Start returns
+// nil with a slot when one is free, the rejection it would have returned
+// at once (displaced, Late, or Concurrency when the queue is full), or
+// ErrWouldWait when the request would have queued for a slot; it then
+// runs without one, still counted among the requests the task holds.
 func (c *Controller) Start(ctx context.Context, t *Ticket) error {
+	if t.arrival&Shadow != 0 {
+		return c.startNow(t)
+	}
 	late, err := c.enter(t, 0)
 	if err != nil {
 		return err
@@ -283,17 +292,12 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 	return c.wait(ctx, t, late)
 }
 
-// ErrWouldWait is StartNow's answer for a request that would have waited
-// for an execution slot.
+// ErrWouldWait is Start's answer for a request in shadow (Shadow) that
+// would have waited for an execution slot.
 var ErrWouldWait = errors.New("admission: would wait for an execution slot")
 
-// StartNow is Start in shadow mode (package shadow): it never waits. It
-// returns nil with an execution slot when one is free, the rejection
-// Start would have returned at once (displaced, Late, or Concurrency when
-// the queue is full), or ErrWouldWait when the request would have queued
-// for a slot; it then runs without one, still counted among the requests
-// the task holds. Either way the caller calls Done afterwards.
-func (c *Controller) StartNow(t *Ticket) error {
+// startNow is Start for a request in shadow.
+func (c *Controller) startNow(t *Ticket) error {
 	if _, err := c.enter(t, Shadow); err != nil {
 		return err
 	}
@@ -307,7 +311,7 @@ func (c *Controller) StartNow(t *Ticket) error {
 	return ErrWouldWait
 }
 
-// enter moves an arrived request inside, for Start or StartNow: it
+// enter moves an arrived request inside, for Start or startNow: it
 // refuses one displaced by a more critical request or late past the
 // message timeout, and says whether it is late.
 func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
@@ -342,7 +346,7 @@ func (c *Controller) enter(t *Ticket, a Arrival) (late bool, err error) {
 		}
 		late = now-t.arrive > c.lateAfter
 	}
-	return late || t.overShare, nil
+	return late || t.arrival&OverShare != 0, nil
 }
 
 // started gives t its slot; waited is how long it queued for it (0: it

@@ -297,7 +297,7 @@ func (x *admitted) since(t time.Time) time.Duration {
 // shadow observer, its quota reservation cancelled and not charged; a late sender's connection is penalised all the same,
 // for the connection penalty to decide on, in shadow or not).
 func (x *admitted) startShadow(h *Handle) {
-	err := x.ctl.StartNow(&x.ticket)
+	err := x.ctl.Start(h, &x.ticket) // in shadow: never waits
 	if err == nil || errors.Is(err, admission.ErrWouldWait) {
 		if h.SenderLate() { // a message the transport waited for past the timeout, in shadow
 			done := false
