@@ -22,11 +22,11 @@ type Ticket struct {
 	ready           int64 // Scheduled, under SchedulerDelay: when (Received)
 	level           criticality.Level
 	state           uint8
-	sampled         bool // measured: delay before Start, service time
-	owes            bool // displaced while not started: refused at Start (Scheduled)
-	queued          bool // Start gave it its slot after a wait in the queue
+	sampled         bool    // measured: delay before Start, service time
+	owes            bool    // displaced while not started: refused at Start (Scheduled)
+	queued          bool    // Start gave it its slot after a wait in the queue
 	arrival         Arrival // how it arrived: OverShare queues as late, Shadow never waits
-	probe           bool // sampled: started while the baseline probe ran
+	probe           bool    // sampled: started while the baseline probe ran
 }
 
 // Level returns the request's criticality.
