@@ -36,3 +36,17 @@ func TestLimitRuleIsPluggedAndBounded(t *testing.T) {
 		}
 	}
 }
+
+// The Gradient rule, plugged in, finds the limit I/O-bound requests need.
+// (On CPU-bound requests it lets the limit creep, as its long-term mean
+// trails the service time it inflates: docs/admission.md, "Two limit
+// rules"; Latency's probe is what prevents that, TestLimitAdaptsToTheWork.)
+func TestGradientRuleFindsAnIOBoundLimit(t *testing.T) {
+	ioBound := func(int) time.Duration { return 20 * time.Millisecond }
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 2, 1000), admission.WithTargetDelay(time.Hour),
+		admission.WithLimitRule(limit.NewGradient(1, 1000, 1.5)))
+	if l := sim(t, c, f, 5000, 20*time.Second, ioBound); l < 90 {
+		t.Errorf("I/O-bound at 5000/s x 20 ms (100 in flight needed): limit %d", l)
+	}
+}

@@ -61,3 +61,41 @@ func TestLatencySteps(t *testing.T) {
 		}
 	}
 }
+
+func TestGradientSteps(t *testing.T) {
+	r := Gradient{Min: 2, Max: 100, Tolerance: 1.5, Smoothing: 0.2, QueueSize: 4, LongIntervals: 10}
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		s      State
+		mean   time.Duration
+		waited bool
+		want   State
+	}{
+		{"the first interval is the long-term mean; requests waited: grow by queue x smoothing",
+			State{Limit: 10}, 10 * ms, true,
+			State{Limit: 11, Baseline: 10 * ms, Intervals: 1}},
+		{"nobody waited: hold",
+			State{Limit: 10, Baseline: 10 * ms}, 10 * ms, false,
+			State{Limit: 10, Baseline: 10 * ms, Intervals: 1}},
+		{"service time twice the long-term mean: the mean moves to 11 ms, gradient 1.5 x 11/20 = 0.825, 40 x 0.8 + (40 x 0.825 + 4) x 0.2 = 39.4",
+			State{Limit: 40, Baseline: 10 * ms}, 20 * ms, false,
+			State{Limit: 39, Baseline: 11 * ms, Intervals: 1}},
+		{"service time far past it: the gradient stops at 0.5",
+			State{Limit: 40, Baseline: 10 * ms}, 100 * ms, true,
+			State{Limit: 37, Baseline: 19 * ms, Intervals: 1}},
+		{"a long-term mean more than twice the interval's decays faster",
+			State{Limit: 40, Baseline: 100 * ms}, 10 * ms, true,
+			State{Limit: 41, Baseline: 86500 * time.Microsecond, Intervals: 1}},
+		{"within the bounds",
+			State{Limit: 100, Baseline: 10 * ms}, 10 * ms, true,
+			State{Limit: 100, Baseline: 10 * ms, Intervals: 1}},
+		{"nothing measured: nothing learned",
+			State{Limit: 10, Baseline: 10 * ms}, 0, true,
+			State{Limit: 10, Baseline: 10 * ms, Intervals: 1}},
+	} {
+		if got := r.Step(tc.s, Sample{Mean: tc.mean, Waited: tc.waited}); got != tc.want {
+			t.Errorf("%s:\n got  %+v\n want %+v", tc.name, got, tc.want)
+		}
+	}
+}

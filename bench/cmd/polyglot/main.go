@@ -62,7 +62,7 @@ func main() {
 	var ups, pxs, loads string
 	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, node-grpc (a gRPC service in Node, @grpc/grpc-js: npm ci in bench/polyglot), gunicorn (sync workers, CPU then I/O wait), python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
 	flag.StringVar(&pxs, "proxies", "direct,nginx,haproxy,sidecar",
-		"configurations: direct (unprotected), nginx, haproxy, sidecar; NAME-own-cpu: the proxy on -load-cpu instead of the upstream's")
+		"configurations: direct (unprotected), nginx, haproxy, sidecar, sidecar-gradient (-limit-rule gradient); NAME-own-cpu: the proxy on -load-cpu instead of the upstream's")
 	flag.StringVar(&loads, "loads", "0.5,1,2,5,10", "load steps, multiples of the upstream's probed capacity")
 	flag.IntVar(&c.repeats, "repeats", 3, "runs of each configuration (interleaved); the table gives medians")
 	flag.DurationVar(&c.step, "step", 5*time.Second, "length of each load step")
@@ -496,13 +496,17 @@ func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error
 	addr := fmt.Sprintf("127.0.0.1:%d", upstreamPort)
 	listen := fmt.Sprintf("127.0.0.1:%d", proxyPort)
 	switch px {
-	case "sidecar":
+	case "sidecar", "sidecar-gradient":
 		scheme := "http://"
 		if up == "node-grpc" {
 			scheme = "h2c://"
 		}
-		return append([]string{c.triage, "sidecar", "-upstream", scheme + addr, "-listen", listen, "-trust", "127.0.0.1/32",
-			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, c.sidecarArgs...), nil
+		argv := append([]string{c.triage, "sidecar", "-upstream", scheme + addr, "-listen", listen, "-trust", "127.0.0.1/32",
+			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, c.sidecarArgs...)
+		if px == "sidecar-gradient" { // the other limit rule, to compare on the same runs
+			argv = append(argv, "-limit-rule", "gradient")
+		}
+		return argv, nil
 	case "nginx", "haproxy":
 		// nginx: limit_req at the measured capacity with a burst of a
 		// tenth of a second, limit_conn at the concurrency that keeps a

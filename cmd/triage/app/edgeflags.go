@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triagehq/triage/admission/limit"
 	"github.com/triagehq/triage/triagegrpc/batchproxy"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,7 +108,8 @@ type admissionFlags struct {
 	queueFactor int
 	minInflight int
 	tolerance   float64
-	peerShare   int // -peer-share
+	rule        string // -limit-rule
+	peerShare   int    // -peer-share
 }
 
 func (a *admissionFlags) register(fs *flag.FlagSet, maxWait time.Duration) {
@@ -118,6 +120,7 @@ func (a *admissionFlags) register(fs *flag.FlagSet, maxWait time.Duration) {
 	fs.IntVar(&a.queueFactor, "queue-factor", DefaultSidecarQueueFactor, "the waiting queue, as a multiple of the number of requests let through at once (0-64)")
 	fs.IntVar(&a.minInflight, "min-inflight", 2, "fewest requests let through to the upstream at once, however high its latency (2 keeps a one-thread upstream busy while the next arrives)")
 	fs.Float64Var(&a.tolerance, "tolerance", batchproxy.DefaultTolerance, "how far the upstream's latency may rise above its recent best before fewer requests are let through at once (> 1)")
+	fs.StringVar(&a.rule, "limit-rule", "latency", "how the number of requests let through at once is found: latency (against a baseline probed at -min-inflight, admission's default) or gradient (against a long-term mean, Netflix's Gradient2; -tolerance is its allowed rise)")
 	fs.IntVar(&a.peerShare, "peer-share", DefaultPeerShare, "requests of one untrusted caller address in flight before its next ones may take only half the waiting room, leaving the rest to other callers however many connections it opens (0: off)")
 }
 
@@ -142,6 +145,8 @@ func (a *admissionFlags) check() string {
 		return fmt.Sprintf("-min-inflight must be between 1 and %d", admission.DefaultMaxLimit)
 	case a.peerShare < 0:
 		return "-peer-share must be at least 0"
+	case a.rule != "latency" && a.rule != "gradient":
+		return fmt.Sprintf("-limit-rule must be latency or gradient, not %q", a.rule)
 	}
 	return ""
 }
@@ -158,9 +163,13 @@ func (a *admissionFlags) controller(m *observers, reg *prometheus.Registry) (*ad
 // newController makes a controller from the flags, its state exported to reg
 // (which wraps labels, if any) and m's sink.
 func (a *admissionFlags) newController(m *observers, reg prometheus.Registerer, labels map[string]string) (*admission.Controller, error) {
-	ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
+	opts := []admission.Option{admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
 		admission.WithMaxWaitServiceTimes(a.waitSvc), admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
-		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit))
+		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit)}
+	if a.rule == "gradient" {
+		opts = append(opts, admission.WithLimitRule(limit.NewGradient(int64(a.minInflight), admission.DefaultMaxLimit, a.tolerance)))
+	}
+	ctl, err := admission.New(opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -125,6 +125,7 @@ func TestSidecarFlags(t *testing.T) {
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-tolerance", "1"}, "-tolerance"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-max-wait-services", "-1"}, "-max-wait-services"},
 		{[]string{"extproc", "-max-wait-services", "NaN"}, "-max-wait-services"},
+		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-limit-rule", "vegas"}, "-limit-rule"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-timeout", "0s"}, "-body-timeout"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-peer-share", "-1"}, "-peer-share"},
 		{[]string{"sidecar", "-upstream", "http://127.0.0.1:1", "-body-min-rate", "-1"}, "-body-min-rate"},
