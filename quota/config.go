@@ -13,7 +13,7 @@
 // is refused with an error naming the problem and the last good policy
 // stays (Google Cloud's June 2025 outage began with a bad policy push).
 // Enforcement (Enforcer, Usage), leases (Leased) and the quota service's
-// core (Allocator) build on it.
+// core (package quota/allocate) build on it.
 package quota
 
 import (
@@ -238,6 +238,22 @@ func (p *Policy) FallbackLimit(customer string, l criticality.Level) float64 {
 	cpu, _ := p.Limit(customer, l)
 	return cpu / float64(p.tasks)
 }
+
+// Grant returns customer's limits as a lease grants them, with share
+// (the default's for a customer the policy does not name, whose grant
+// then keeps customer's name; "" is the default's own).
+func (p *Policy) Grant(customer string, share float64) Grant {
+	l, ok := p.customers[customer]
+	if !ok {
+		l = p.def
+	}
+	return Grant{Customer: customer, CPU: l.cpu, ByCriticality: l.by, Hard: l.hard, Share: share}
+}
+
+// Tasks returns the number of tasks the policy's static shares divide
+// each limit by (Config.Tasks, at least 1), and how many customers it
+// names.
+func (p *Policy) Tasks() (tasks, named int) { return p.tasks, len(p.customers) }
 
 // Customers returns the named customers, sorted.
 func (p *Policy) Customers() []string {

@@ -155,7 +155,7 @@ func (l *Leased) Limit(customer string, lv criticality.Level) (float64, bool) {
 	if !ok {
 		g = st.lease.Default
 		if st.lease.Partial && l.boot != nil && l.boot.Known(customer) {
-			g = grantOf(customer, l.boot.customers[customer], g.Share)
+			g = l.boot.Grant(customer, g.Share)
 		}
 	}
 	lim := g.limit(lv)

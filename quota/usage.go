@@ -98,17 +98,16 @@ func withUsageWindow(d time.Duration) UsageOption {
 	return usageOptionFunc(func(c *usageConfig) { c.window = d })
 }
 
-// ClockOption sets the clock of a Usage, an Enforcer or an Allocator:
-// pass the same one to each (WithClock).
+// ClockOption sets the clock of a Usage or an Enforcer: pass the same one
+// to each (WithClock).
 type ClockOption struct{ c clock.Clock }
 
-// WithClock sets the clock of a Usage, an Enforcer or an Allocator.
+// WithClock sets the clock of a Usage or an Enforcer.
 // Default clock.Real(); an Enforcer's default is its Usage's clock.
 func WithClock(c clock.Clock) ClockOption { return ClockOption{c} }
 
-func (o ClockOption) applyUsage(cfg *usageConfig)         { cfg.clock = o.c }
-func (o ClockOption) applyEnforcer(cfg *enforcerConfig)   { cfg.clock = o.c }
-func (o ClockOption) applyAllocator(cfg *allocatorConfig) { cfg.clock = o.c }
+func (o ClockOption) applyUsage(cfg *usageConfig)       { cfg.clock = o.c }
+func (o ClockOption) applyEnforcer(cfg *enforcerConfig) { cfg.clock = o.c }
 
 // WithMaxTracked bounds the customers tracked by name. Default 10,000.
 func WithMaxTracked(n int) UsageOption { return usageOptionFunc(func(c *usageConfig) { c.max = n }) }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
@@ -84,7 +86,7 @@ type quotaTreeRun struct {
 const quotaTreeMargin = 0.05
 
 // QuotaTree is the plan past one quota service leader (Doorman's tree) on
-// virtual time, with triage's quota.Allocator and quota.Leased at every
+// virtual time, with triage's allocate.Allocator and quota.Leased at every
 // level: Regions regional servers each lease, from a root, a share of
 // every customer's global limit and split it among their Tasks tasks, as
 // one Allocator splits it among tasks; the root sees only the regions'
@@ -152,7 +154,7 @@ type treeTask struct {
 // policy is its lease from the root.
 type treeRegion struct {
 	name   string
-	alloc  *quota.Allocator
+	alloc  *allocate.Allocator
 	leased *quota.Leased
 	next   time.Duration
 }
@@ -170,14 +172,14 @@ func runQuotaTree(cfg QuotaTreeConfig, scale int, tree bool) (quotaTreeRun, erro
 		demand[c] = limits[c] * map[bool]float64{true: 1.5, false: 0.5}[c%2 == 0]
 		global[name(c)] = quota.Limit{CPU: limits[c], Hard: true}
 	}
-	allocOpts := []quota.AllocatorOption{quota.WithClock(clk), quota.WithLease(lease), quota.WithRefresh(cfg.Refresh),
-		quota.WithMaxTasks(max(nTasks, 16)), quota.WithAllocatorMode(cfg.Mode)}
-	newAlloc := func(lim map[string]quota.Limit, tasks int) (*quota.Allocator, error) {
+	allocOpts := []allocate.Option{allocate.WithClock(clk), allocate.WithLease(lease), allocate.WithRefresh(cfg.Refresh),
+		allocate.WithMaxTasks(max(nTasks, 16)), allocate.WithMode(cfg.Mode)}
+	newAlloc := func(lim map[string]quota.Limit, tasks int) (*allocate.Allocator, error) {
 		p, err := quota.New(quota.Config{Tasks: tasks, Fallback: quota.Safe, Customers: lim})
 		if err != nil {
 			return nil, err
 		}
-		return quota.NewAllocator(p, allocOpts...)
+		return allocate.New(p, allocOpts...)
 	}
 	// The top: one leader for every task (flat), or the root for the
 	// regions (tree).

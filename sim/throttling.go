@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
@@ -76,7 +78,7 @@ type throttlingRun struct {
 
 // Throttling is the CRE post's "Optimistic and pessimistic throttling" on
 // virtual time, with triage's quota.Enforcer, quota.Leased and
-// quota.Allocator: one customer with a global hard limit, served by Tasks
+// allocate.Allocator: one customer with a global hard limit, served by Tasks
 // tasks that renew their leases every Refresh. The customer's demand is
 // half the limit, spread evenly, for the first sixth of the run; then
 // Surge times the limit, all on the first half of the tasks; at half-time
@@ -170,8 +172,8 @@ func runThrottling(cfg ThrottlingConfig, mode quota.Mode) (*throttlingRun, error
 	if err != nil {
 		return nil, err
 	}
-	alloc, err := quota.NewAllocator(pol, quota.WithClock(clk), quota.WithAllocatorMode(mode),
-		quota.WithRefresh(cfg.Refresh), quota.WithLease(10*cfg.Refresh))
+	alloc, err := allocate.New(pol, allocate.WithClock(clk), allocate.WithMode(mode),
+		allocate.WithRefresh(cfg.Refresh), allocate.WithLease(10*cfg.Refresh))
 	if err != nil {
 		return nil, err
 	}

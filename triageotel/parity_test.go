@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/attribute"
@@ -105,13 +107,13 @@ func (os observers) WeightsUpdated(b *balance.Balancer) {
 }
 
 // replica is a quota service replica's state as the metrics read it.
-type replica struct{ a *quota.Allocator }
+type replica struct{ a *allocate.Allocator }
 
-func (r replica) Leader() (string, bool)      { return "127.0.0.1:7080", true }
-func (r replica) IsLeader() bool              { return true }
-func (r replica) Elections() uint64           { return 3 }
-func (r replica) PolicyVersion() int64        { return 42 }
-func (r replica) Allocator() *quota.Allocator { return r.a }
+func (r replica) Leader() (string, bool)         { return "127.0.0.1:7080", true }
+func (r replica) IsLeader() bool                 { return true }
+func (r replica) Elections() uint64              { return 3 }
+func (r replica) PolicyVersion() int64           { return 42 }
+func (r replica) Allocator() *allocate.Allocator { return r.a }
 
 // fixedSignal is a utilization signal that reads a constant.
 type fixedSignal float64
@@ -157,7 +159,7 @@ func TestParity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	alloc, _ := quota.NewAllocator(pol)
+	alloc, _ := allocate.New(pol)
 	leased := quota.NewLeased(clk, pol)
 	b.reg.MustRegister(b.prom.Quota(enf, leased), b.prom.QuotaReplica(replica{alloc}), triageprom.SlowSenders(slow(7)))
 	for _, reg := range []func() error{
@@ -555,7 +557,7 @@ func TestParityWithoutCustomers(t *testing.T) {
 	usage.Add("ads", criticality.Sheddable, time.Second)
 	usage.Add("search", criticality.Critical, time.Second)
 	enf, _ := quota.NewEnforcer(pol, usage)
-	alloc, _ := quota.NewAllocator(pol)
+	alloc, _ := allocate.New(pol)
 	if _, err := alloc.Refresh(quota.Report{Task: "t1", Customers: usage.Snapshot()}); err != nil {
 		t.Fatal(err)
 	}

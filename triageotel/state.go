@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -124,16 +126,16 @@ func (m *Metrics) Quota(e *quota.Enforcer, l *quota.Leased) (metric.Registration
 // triage.quota.refreshes and triage.quota.task.refresh_age_max (the
 // oldest live task's time since its refresh). Without WithCustomers,
 // usage and demand are summed over the customers and limit not reported.
-func (m *Metrics) QuotaService(a *quota.Allocator) (metric.Registration, error) {
+func (m *Metrics) QuotaService(a *allocate.Allocator) (metric.Registration, error) {
 	in := &instruments{m: m.meter}
-	f := m.quotaServiceCallback(in, func() *quota.Allocator { return a })
+	f := m.quotaServiceCallback(in, func() *allocate.Allocator { return a })
 	return in.register(f)
 }
 
 // quotaServiceCallback creates the quota service's instruments in in and
 // returns the callback that observes the allocator get returns (none when
 // nil).
-func (m *Metrics) quotaServiceCallback(in *instruments, get func() *quota.Allocator) metric.Callback {
+func (m *Metrics) quotaServiceCallback(in *instruments, get func() *allocate.Allocator) metric.Callback {
 	usage := in.gauge("triage.quota.global.usage_cpu", "{cpu}", "A customer's usage over every live task, CPU-seconds per second, by criticality.")
 	demand := in.gauge("triage.quota.global.demand_cpu", "{cpu}", "A customer's estimated demand over every live task, CPU-seconds per second.")
 	limit := in.gauge("triage.quota.global.limit_cpu", "{cpu}", "A customer's global limit, CPU-seconds per second.")
@@ -184,7 +186,7 @@ type QuotaReplicaState interface {
 	IsLeader() bool
 	Elections() uint64
 	PolicyVersion() int64
-	Allocator() *quota.Allocator
+	Allocator() *allocate.Allocator
 }
 
 // SlowSenderCounter is what SlowSenders reads: a *triagegrpc.Server.

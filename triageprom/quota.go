@@ -3,6 +3,8 @@ package triageprom
 import (
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/triagehq/triage/criticality"
@@ -119,13 +121,13 @@ func b2f(b bool) float64 {
 // With WithCustomers, usage and demand are labelled by customer too and
 // triage_quota_global_limit_cpu{customer} is added; customers are those
 // the live tasks report.
-func (m *Metrics) QuotaService(a *quota.Allocator) prometheus.Collector {
+func (m *Metrics) QuotaService(a *allocate.Allocator) prometheus.Collector {
 	return &quotaServiceMetrics{a: a, customers: m.customers}
 }
 
 // quotaServiceMetrics is QuotaService's Collector.
 type quotaServiceMetrics struct {
-	a         *quota.Allocator
+	a         *allocate.Allocator
 	customers bool
 }
 
@@ -190,7 +192,7 @@ type QuotaReplicaState interface {
 	IsLeader() bool
 	Elections() uint64
 	PolicyVersion() int64
-	Allocator() *quota.Allocator
+	Allocator() *allocate.Allocator
 }
 
 // QuotaReplica returns the metrics of replica r of the quota service: triage_quota_leader (the leader this replica knows, by

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -21,7 +23,7 @@ func TestQuotaMetrics(t *testing.T) {
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 0.001, Hard: true}}})
 	u, _ := quota.NewUsage(quota.WithClock(clk))
 	l := quota.NewLeased(clk, p)
-	a, _ := quota.NewAllocator(p, quota.WithClock(clk))
+	a, _ := allocate.New(p, allocate.WithClock(clk))
 	e, _ := quota.NewEnforcer(p, u, quota.WithClock(clk))
 	for range 10 {
 		if e.Admit("ads", criticality.Sheddable) == nil {
@@ -66,7 +68,7 @@ triage_quota_tasks 1
 func TestQuotaServiceRefreshAges(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := quota.New(quota.Config{Tasks: 3})
-	a, _ := quota.NewAllocator(p, quota.WithClock(clk), quota.WithLease(30*time.Second))
+	a, _ := allocate.New(p, allocate.WithClock(clk), allocate.WithLease(30*time.Second))
 	for _, task := range []string{"t1", "t2", "t3"} {
 		if _, err := a.Refresh(quota.Report{Task: task}); err != nil {
 			t.Fatal(err)
@@ -106,7 +108,7 @@ func TestQuotaMetricsWithoutCustomers(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}, "search": {CPU: 1}}})
 	u, _ := quota.NewUsage(quota.WithClock(clk))
-	a, _ := quota.NewAllocator(p, quota.WithClock(clk))
+	a, _ := allocate.New(p, allocate.WithClock(clk))
 	e, _ := quota.NewEnforcer(p, u, quota.WithClock(clk))
 	for range 10 {
 		u.Add("ads", criticality.Sheddable, 10*time.Millisecond)
@@ -156,10 +158,10 @@ func TestQuotaMetricsWithoutCustomers(t *testing.T) {
 	}
 }
 
-type fakeReplica struct{ a *quota.Allocator }
+type fakeReplica struct{ a *allocate.Allocator }
 
-func (fakeReplica) Leader() (string, bool)        { return "10.0.0.5:7070", true }
-func (fakeReplica) IsLeader() bool                { return true }
-func (fakeReplica) Elections() uint64             { return 2 }
-func (fakeReplica) PolicyVersion() int64          { return 42 }
-func (f fakeReplica) Allocator() *quota.Allocator { return f.a }
+func (fakeReplica) Leader() (string, bool)           { return "10.0.0.5:7070", true }
+func (fakeReplica) IsLeader() bool                   { return true }
+func (fakeReplica) Elections() uint64                { return 2 }
+func (fakeReplica) PolicyVersion() int64             { return 42 }
+func (f fakeReplica) Allocator() *allocate.Allocator { return f.a }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/triagehq/triage/triagegrpc/batchproxy"
 
 	"google.golang.org/grpc"
@@ -214,7 +216,7 @@ var _ encoding.Codec = rawCodec{}
 func TestQuotaServiceUnderHostileCallers(t *testing.T) {
 	p, _ := quota.New(quota.Config{Tasks: 3, Customers: map[string]quota.Limit{"ads": {CPU: 4}}})
 	const maxTasks = 2000
-	a, err := quota.NewAllocator(p, quota.WithMaxTasks(maxTasks))
+	a, err := allocate.New(p, allocate.WithMaxTasks(maxTasks))
 	if err != nil {
 		t.Fatal(err)
 	}

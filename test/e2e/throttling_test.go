@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -45,7 +47,7 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	alloc, err := quota.NewAllocator(pol, quota.WithAllocatorMode(mode), quota.WithRefresh(500*time.Millisecond), quota.WithLease(5*time.Second))
+	alloc, err := allocate.New(pol, allocate.WithMode(mode), allocate.WithRefresh(500*time.Millisecond), allocate.WithLease(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 )
@@ -25,7 +27,7 @@ func BenchmarkServiceRefresh(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	a, err := quota.NewAllocator(p, quota.WithLease(time.Hour), quota.WithRefresh(time.Second))
+	a, err := allocate.New(p, allocate.WithLease(time.Hour), allocate.WithRefresh(time.Second))
 	if err != nil {
 		b.Fatal(err)
 	}

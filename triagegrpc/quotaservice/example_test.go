@@ -6,6 +6,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -21,7 +23,7 @@ import (
 // quota.NewEnforcer.
 func ExampleClient() {
 	policy, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 2})
-	alloc, _ := quota.NewAllocator(policy)
+	alloc, _ := allocate.New(policy)
 	gs := grpc.NewServer()
 	quotapb.RegisterQuotaServer(gs, quotaservice.NewService(alloc))
 	lis, _ := net.Listen("tcp", "127.0.0.1:0")

@@ -1,5 +1,5 @@
 // Package quotaservice is triage's quota service over gRPC (SRE book ch.
-// 21, "Per-Customer Limits"; Doorman): Service serves a quota.Allocator,
+// 21, "Per-Customer Limits"; Doorman): Service serves a allocate.Allocator,
 // to which each task reports its customers' usage and from which it
 // leases its limits; Client is the task's side, which keeps a
 // quota.Leased fresh. The wire messages are in quotapb.
@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/triagehq/triage/quota/allocate"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -33,7 +35,7 @@ import (
 )
 
 // Service serves the quota service's protocol (quotapb.Quota) over a
-// quota.Allocator: `triage quota-server` is this plus a listener and a
+// allocate.Allocator: `triage quota-server` is this plus a listener and a
 // policy file. A malformed report is refused with INVALID_ARGUMENT naming
 // the problem; a task beyond the Allocator's bound with
 // RESOURCE_EXHAUSTED.
@@ -49,7 +51,7 @@ import (
 // bounded by its tasks and their reports, plus the identity map.
 type Service struct {
 	quotapb.UnimplementedQuotaServer
-	alloc     *quota.Allocator
+	alloc     *allocate.Allocator
 	bind      bool
 	boundOnly bool // an identity not in tasks is refused
 	tasks     map[string]string
@@ -100,7 +102,7 @@ func WithBoundIdentitiesOnly() ServiceOption {
 
 // NewService returns the service; register it with
 // quotapb.RegisterQuotaServer on any grpc.Server.
-func NewService(a *quota.Allocator, opts ...ServiceOption) *Service {
+func NewService(a *allocate.Allocator, opts ...ServiceOption) *Service {
 	s := &Service{alloc: a}
 	for _, o := range opts {
 		o.apply(s)
@@ -121,7 +123,7 @@ func (s *Service) Refresh(ctx context.Context, req *quotapb.RefreshRequest) (*qu
 	}
 	ls, err := s.alloc.Refresh(r)
 	switch {
-	case errors.Is(err, quota.ErrTooManyTasks):
+	case errors.Is(err, allocate.ErrTooManyTasks):
 		return nil, status.Error(codes.ResourceExhausted, err.Error())
 	case err != nil:
 		return nil, status.Error(codes.InvalidArgument, err.Error())

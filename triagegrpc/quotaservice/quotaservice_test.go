@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/triagehq/triage/internal/testkit/testcert"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -27,13 +29,13 @@ import (
 	"github.com/triagehq/triage/wire"
 )
 
-func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (addr string, a *quota.Allocator) {
+func quotaServer(t testing.TB, c quota.Config, opts ...allocate.Option) (addr string, a *allocate.Allocator) {
 	t.Helper()
 	p, err := quota.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a, err = quota.NewAllocator(p, opts...); err != nil {
+	if a, err = allocate.New(p, opts...); err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer(quotapb.ServerOption())
@@ -47,7 +49,7 @@ func quotaServer(t testing.TB, c quota.Config, opts ...quota.AllocatorOption) (a
 func TestQuotaServiceOverLoopback(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}}, Tasks: 2},
-		quota.WithLease(10*time.Second), quota.WithRefresh(time.Second), quota.WithClock(clk))
+		allocate.WithLease(10*time.Second), allocate.WithRefresh(time.Second), allocate.WithClock(clk))
 	clk.Advance(10 * time.Second) // past learning mode
 	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
 	type task struct {
@@ -110,7 +112,7 @@ func FuzzRefresh(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("\x0a\x02t1\x12\x0b\x0a\x01a\x11\x00\x00\x00\x00\x00\x00\xf8\x7f"))
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4, ByCriticality: map[string]float64{"SHEDDABLE": 1}}}})
-	a, _ := quota.NewAllocator(p, quota.WithMaxTasks(1000))
+	a, _ := allocate.New(p, allocate.WithMaxTasks(1000))
 	svc := quotaservice.NewService(a)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var req quotapb.RefreshRequest
@@ -174,7 +176,7 @@ func TestServiceOnAnyServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, opts := range [][]grpc.ServerOption{nil, {quotapb.ServerOption()}} {
-		a, err := quota.NewAllocator(p)
+		a, err := allocate.New(p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,7 +210,7 @@ func mtlsQuotaServer(t *testing.T, ca *testcert.CA, binds map[string]string) str
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := quota.NewAllocator(p)
+	a, err := allocate.New(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +284,7 @@ func TestQuotaServiceAuthenticatesTasks(t *testing.T) {
 }
 
 // Leases keep renewing with 100,000 customers in the policy (issue 21,
-// item 4): past quota.LeaseNamedCustomers a lease carries only the
+// item 4): past allocate.LeaseNamedCustomers a lease carries only the
 // customers its task reported, so it stays small; a customer the lease
 // does not name but the task's own copy of the policy does is held to its
 // policy limit with the default share, not to the default limit.

@@ -1,5 +1,5 @@
 // Command quotascale measures one quota service leader at fleet scale
-// (issue 24): the service (quotaservice.Service over a quota.Allocator,
+// (issue 24): the service (quotaservice.Service over a allocate.Allocator,
 // what the leader of `triage quota-server -etcd` serves) runs as its own
 // process, GOMAXPROCS=1, pinned to one CPU; this process, on the other
 // CPU, plays the tasks: each refreshes every -refresh (jittered ±25%, as
@@ -27,6 +27,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/triagehq/triage/quota/allocate"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -71,8 +73,8 @@ func main() {
 	case *perTask < 1 || *perTask > *customers || *perTask > quotapb.MaxEntries-1:
 		fmt.Fprintf(os.Stderr, "quotascale: -per-task must be 1 to min(-customers, %d)\n", quotapb.MaxEntries-1)
 		os.Exit(2)
-	case int64(*tasks)*int64(*perTask) > quota.DefaultMaxEntries:
-		fmt.Fprintf(os.Stderr, "quotascale: tasks x per-task must be at most %d (the Allocator's bound)\n", quota.DefaultMaxEntries)
+	case int64(*tasks)*int64(*perTask) > allocate.DefaultMaxEntries:
+		fmt.Fprintf(os.Stderr, "quotascale: tasks x per-task must be at most %d (the Allocator's bound)\n", allocate.DefaultMaxEntries)
 		os.Exit(2)
 	case *refresh < 100*time.Millisecond || *lease < *refresh || *lease > 10*time.Minute || *measure < time.Second || *measure > 30*time.Minute || *repeats < 1 || *repeats > 10:
 		fmt.Fprintln(os.Stderr, "quotascale: need 100ms <= refresh <= lease <= 10m, 1s <= duration <= 30m, 1 <= repeats <= 10")
@@ -285,7 +287,7 @@ func serverMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	a, err := quota.NewAllocator(p, quota.WithLease(lease), quota.WithRefresh(refresh), quota.WithAllocatorMode(mode), quota.WithMaxTasks(int(nums[1])))
+	a, err := allocate.New(p, allocate.WithLease(lease), allocate.WithRefresh(refresh), allocate.WithMode(mode), allocate.WithMaxTasks(int(nums[1])))
 	if err != nil {
 		return err
 	}

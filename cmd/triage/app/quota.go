@@ -16,11 +16,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/netutil"
+	"github.com/triagehq/triage/quota/allocate"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -36,7 +34,6 @@ import (
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotapb"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
-	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/triageprom"
 	"github.com/triagehq/triage/triageyaml"
 )
@@ -46,62 +43,6 @@ import (
 type probes struct {
 	ready, live string
 	readyH      http.Handler
-}
-
-// newRegistry is a serving command's registry: the Go runtime's and the
-// process's own metrics (go_goroutines, process_resident_memory_bytes,
-// ...), for the dashboards and soak tests that watch them.
-func newRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg
-}
-
-// serveMetrics serves reg's metrics on addr (at every path but the
-// probes'), and with a lifecycle its probes: triagehttp.ReadyPath (200,
-// or 503 in lame duck) and triagehttp.LivePath (200), or those of p. An
-// orchestrator's prober (a kubelet) reaches them there without the client
-// certificate the serving address asks for; the metrics listener is
-// meant for the pod's network only.
-func serveMetrics(addr string, reg *prometheus.Registry, lc *lifecycle.Lifecycle, p ...probes) (func(), error) {
-	ml, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	if lc != nil {
-		pr := probes{ready: triagehttp.ReadyPath, live: triagehttp.LivePath}
-		if len(p) > 0 {
-			pr = p[0]
-		}
-		if pr.readyH == nil {
-			pr.readyH = triagehttp.HealthHandler(lc)
-		}
-		mux.Handle(pr.ready, pr.readyH)
-		mux.Handle(pr.live, triagehttp.LivenessHandler())
-	}
-	hs := metricsServer(mux, metricsLimits)
-	go hs.Serve(netutil.LimitListener(ml, metricsLimits.conns))
-	return func() { hs.Close() }, nil
-}
-
-// limits bound what one peer of the metrics and probe listener can hold:
-// its connections at once, the time to send a request, to take the
-// answer, and to stay idle between requests.
-type limits struct {
-	conns                     int
-	header, read, write, idle time.Duration
-}
-
-// metricsLimits are the metrics listener's: scrapers and probes are few,
-// fast and on the node, so a peer that holds more is not one of them.
-var metricsLimits = limits{conns: 64, header: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: time.Minute}
-
-// metricsServer serves h within l.
-func metricsServer(h http.Handler, l limits) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: l.header, ReadTimeout: l.read, WriteTimeout: l.write,
-		IdleTimeout: l.idle, MaxHeaderBytes: 16 << 10}
 }
 
 // runQuotaServer serves the quota service (quotapb.Quota) until ctx is
@@ -267,7 +208,7 @@ type quotaServer struct {
 	setPolicy func(*quota.Policy, int64)
 	runMore   func(context.Context) error // a replica's election, nil for one process
 	closers   []func()
-	alloc     *quota.Allocator      // one process's
+	alloc     *allocate.Allocator   // one process's
 	replica   *quotareplica.Replica // or a replica
 }
 
@@ -318,8 +259,8 @@ func (f *quotaServerFlags) build(ctx context.Context, log *slog.Logger) (q *quot
 		q.svcOpts = append(q.svcOpts, quotaservice.WithGrantLog(gl.Lease))
 		q.metrics = grantLogMetrics(gl)
 	}
-	newAlloc := func(p *quota.Policy, extra ...quota.AllocatorOption) (*quota.Allocator, error) {
-		return quota.NewAllocator(p, append(extra, quota.WithLease(f.lease), quota.WithRefresh(f.refresh), quota.WithAllocatorMode(mode))...)
+	newAlloc := func(p *quota.Policy, extra ...allocate.Option) (*allocate.Allocator, error) {
+		return allocate.New(p, append(extra, allocate.WithLease(f.lease), allocate.WithRefresh(f.refresh), allocate.WithMode(mode))...)
 	}
 	if q.cli == nil {
 		alloc, err := newAlloc(q.src.policy)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/triagehq/triage/criticality"
@@ -16,7 +18,7 @@ import (
 // -metrics-customers.
 func TestQuotaServerMetricsCustomers(t *testing.T) {
 	pol, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}}})
-	alloc, _ := quota.NewAllocator(pol)
+	alloc, _ := allocate.New(pol)
 	usage, _ := quota.NewUsage()
 	usage.Add("ads", criticality.Critical, time.Second)
 	if _, err := alloc.Refresh(quota.Report{Task: "t1", Customers: usage.Snapshot()}); err != nil {

@@ -10,13 +10,14 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cmd/triage/internal/tlsfiles"
 	"github.com/triagehq/triage/intake"
-	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
@@ -62,7 +63,7 @@ type Sink interface {
 	AdmissionState(ctl *admission.Controller, labels map[string]string) error
 	Shadow() shadow.Observer
 	Client(target string) retry.Observer
-	QuotaService(a *quota.Allocator) error
+	QuotaService(a *allocate.Allocator) error
 	QuotaReplica(r *quotareplica.Replica) error
 	// Tracer is told of each request's decisions (nil: none).
 	Tracer() intake.Tracer

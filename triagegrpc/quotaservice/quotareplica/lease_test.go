@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
@@ -31,7 +33,7 @@ func TestLeaderStopsGrantingWhenTheWallClockStepsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	alloc, err := quota.NewAllocator(p)
+	alloc, err := allocate.New(p)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"github.com/triagehq/triage/internal/testkit/etcdtest"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
@@ -48,8 +50,8 @@ func TestPolicyInEtcdRefusesBadPushes(t *testing.T) {
 		if err != nil || rev != rev1 {
 			t.Fatalf("Load: %v at revision %d, want %d", err, rev, rev1)
 		}
-		r, err := quotareplica.New(e.Client(t), "127.0.0.1:1", p, func(p *quota.Policy, opts ...quota.AllocatorOption) (*quota.Allocator, error) {
-			return quota.NewAllocator(p, opts...)
+		r, err := quotareplica.New(e.Client(t), "127.0.0.1:1", p, func(p *quota.Policy, opts ...allocate.Option) (*allocate.Allocator, error) {
+			return allocate.New(p, opts...)
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -33,7 +35,7 @@ import (
 // leader, grants leases: the replicas campaign in an etcd election
 // (go.etcd.io/etcd/client/v3/concurrency), each under an etcd session
 // whose lease lasts the session TTL, and the winner serves Refresh from a
-// quota.Allocator it creates when elected, with the policy in force, so
+// allocate.Allocator it creates when elected, with the policy in force, so
 // that it starts in learning mode (tasks report the shares they hold). A follower, or a leader whose
 // session is in doubt, refuses Refresh with UNAVAILABLE and, when it knows
 // the leader, names it in the trailer wire.QuotaLeaderKey; the Client
@@ -51,12 +53,12 @@ import (
 // concurrent use. Its goroutines are Run's and the two Run starts (one
 // follows the election's leader, one renews the leader's session), besides
 // the etcd client's; all have ended when Run returns, with its context.
-// Bounded: one Allocator at a time, bounded as quota.Allocator says.
+// Bounded: one Allocator at a time, bounded as allocate.Allocator says.
 type Replica struct {
 	quotapb.UnimplementedQuotaServer
 	cli       *clientv3.Client
 	advertise string
-	newAlloc  func(*quota.Policy, ...quota.AllocatorOption) (*quota.Allocator, error)
+	newAlloc  func(*quota.Policy, ...allocate.Option) (*allocate.Allocator, error)
 	svcOpts   []quotaservice.ServiceOption
 	prefix    string
 	ttl       int // seconds
@@ -70,11 +72,11 @@ type Replica struct {
 	policy     *quota.Policy
 	version    int64                 // of policy, as SetPolicy was told
 	leading    *quotaservice.Service // non-nil while this replica is the leader
-	alloc      *quota.Allocator      // leading's
+	alloc      *allocate.Allocator   // leading's
 	// last is the Allocator of this replica's latest term, and lastTerm
 	// the value it wrote to the term key: re-elected with no other leader
 	// between, the replica takes it up again (see term).
-	last     *quota.Allocator
+	last     *allocate.Allocator
 	lastTerm string
 }
 
@@ -118,10 +120,10 @@ func WithClock(clk clock.Clock) Option {
 // New returns a replica that campaigns through cli as advertise (the
 // address tasks reach it at, at most 64 bytes) and, when elected, serves
 // the Allocator newAlloc makes of the policy in force (p, until SetPolicy);
-// newAlloc must pass the options it is given on to quota.NewAllocator
-// (quota.WithFreshStart for the first leader the service ever had).
+// newAlloc must pass the options it is given on to allocate.New
+// (allocate.WithFreshStart for the first leader the service ever had).
 // Register it with quotapb.RegisterQuotaServer and call Run.
-func New(cli *clientv3.Client, advertise string, p *quota.Policy, newAlloc func(*quota.Policy, ...quota.AllocatorOption) (*quota.Allocator, error), opts ...Option) (*Replica, error) {
+func New(cli *clientv3.Client, advertise string, p *quota.Policy, newAlloc func(*quota.Policy, ...allocate.Option) (*allocate.Allocator, error), opts ...Option) (*Replica, error) {
 	if cli == nil || p == nil || newAlloc == nil {
 		return nil, errors.New("quotareplica: a Replica needs an etcd client, a policy and an Allocator constructor")
 	}
@@ -186,7 +188,7 @@ func (r *Replica) PolicyVersion() int64 {
 
 // Allocator returns the leader's Allocator while this replica leads, else
 // nil (for metrics).
-func (r *Replica) Allocator() *quota.Allocator {
+func (r *Replica) Allocator() *allocate.Allocator {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.alloc
@@ -276,12 +278,12 @@ func (r *Replica) term(ctx context.Context) error {
 		return err
 	}
 	r.mu.Lock()
-	var alloc *quota.Allocator
+	var alloc *allocate.Allocator
 	switch {
 	case prev == nil:
 		// No leader ever wrote the term key: no grant of another
 		// Allocator can be in force.
-		alloc, err = r.newAlloc(r.policy, quota.WithFreshStart())
+		alloc, err = r.newAlloc(r.policy, allocate.WithFreshStart())
 	case r.last != nil && *prev == r.lastTerm:
 		// This replica led last, and no one since: its Allocator holds
 		// every grant that can still be in force.

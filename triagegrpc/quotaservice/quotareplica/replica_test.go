@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -71,8 +73,8 @@ func startReplicaWith(t *testing.T, e *etcdtest.Server, ttl int, lease time.Dura
 	if log != nil {
 		svcOpts = append(svcOpts, quotaservice.WithGrantLog(func(task string, ls quota.Lease) { log(addr, task, ls) }))
 	}
-	r, err := quotareplica.New(proxy.Client(t), addr, policy, func(p *quota.Policy, extra ...quota.AllocatorOption) (*quota.Allocator, error) {
-		return quota.NewAllocator(p, append(extra, quota.WithLease(lease), quota.WithRefresh(lease/4), quota.WithAllocatorMode(mode))...)
+	r, err := quotareplica.New(proxy.Client(t), addr, policy, func(p *quota.Policy, extra ...allocate.Option) (*allocate.Allocator, error) {
+		return allocate.New(p, append(extra, allocate.WithLease(lease), allocate.WithRefresh(lease/4), allocate.WithMode(mode))...)
 	}, quotareplica.WithSessionTTL(ttl), quotareplica.WithServiceOptions(svcOpts...))
 	if err != nil {
 		t.Fatal(err)
@@ -218,7 +220,7 @@ func TestReplicasElectOneLeaderAndFailOver(t *testing.T) {
 }
 
 func TestNewReplicaRefusesBadInput(t *testing.T) {
-	newAlloc := func(*quota.Policy, ...quota.AllocatorOption) (*quota.Allocator, error) { return nil, nil }
+	newAlloc := func(*quota.Policy, ...allocate.Option) (*allocate.Allocator, error) { return nil, nil }
 	policy, err := quota.New(quota.Config{Tasks: 2})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/triagehq/triage/quota/allocate"
+
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/attribute"
@@ -22,7 +24,6 @@ import (
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/cmd/triage/app"
 	"github.com/triagehq/triage/intake"
-	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triagegrpc/quotaservice/quotareplica"
@@ -120,7 +121,7 @@ func (s *sink) AdmissionState(ctl *admission.Controller, labels map[string]strin
 	return err
 }
 
-func (s *sink) QuotaService(a *quota.Allocator) error {
+func (s *sink) QuotaService(a *allocate.Allocator) error {
 	_, err := s.m.QuotaService(a)
 	return err
 }

@@ -1,4 +1,10 @@
-package quota
+// Package allocate is the quota service's core, the Allocator: the
+// global side of per-customer quotas (SRE book ch. 21, "Per-Customer
+// Limits"; Doorman), which splits each customer's limit among the tasks
+// that serve it from what they report. Package quota holds the policy it
+// splits and the task's side (Enforcer, Leased); triagegrpc/quotaservice
+// serves an Allocator over gRPC.
+package allocate
 
 import (
 	"errors"
@@ -10,13 +16,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/triagehq/triage/quota"
+
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 )
 
 // Allocator is the quota service's core (SRE book ch. 21 footnote:
 // Doorman): tasks report each customer's usage and demand, and get back a
-// Lease with their share of every customer's global limit. A customer
+// quota.Lease with their share of every customer's global limit. A customer
 // under its limit gives each task its demand and an even part of the
 // room left. A customer at or over its limit is split in proportion to
 // where its demand lands, and each task also gets a
@@ -33,24 +41,24 @@ import (
 // Allocator has not heard from every task, and splitting by the demand of
 // the few it has heard from would hand them nearly whole limits. So it
 // hands each task back the share it reports holding (or, without one, the
-// safe share, 1/Tasks; in ModePessimistic nothing, since the tasks not yet
+// safe share, 1/Tasks; in quota.ModePessimistic nothing, since the tasks not yet
 // heard from may hold the whole limit) until the lease is over; a
 // restarted quota service changes no limit. A claimed share is believed only up to what the
 // task's reported demand justifies (a quarter more than demand/limit) and
-// what the other tasks' claims leave (of 1, or 1.05 in ModeOptimistic for
+// what the other tasks' claims leave (of 1, or 1.05 in quota.ModeOptimistic for
 // the floors), never cut below the safe share; past learning, a task's
-// claim counts (ModePessimistic) only up to what this Allocator granted it.
+// claim counts (quota.ModePessimistic) only up to what this Allocator granted it.
 // So a task that lies about its share takes no other task's room; one
 // that lies about its demand gets what that demand would get.
 //
 // A task restarted under its name (its report says NoLease) gets, for its
 // first lease, the demand its predecessor last reported where its own is
-// smaller (ModeOptimistic): its traffic is coming back to it, and a floor
+// smaller (quota.ModeOptimistic): its traffic is coming back to it, and a floor
 // share would refuse its customers until its next report.
 //
 // Bounded: at most MaxTasks tasks (default 10,000; a task unheard of for a
 // lease is forgotten at the next sweep, once a second, and a new task
-// beyond the bound is refused with ErrTooManyTasks), each with at most MaxReportCustomers customers, and
+// beyond the bound is refused with ErrTooManyTasks), each with at most quota.MaxReportCustomers customers, and
 // at most MaxEntries customer entries over all of them (default
 // DefaultMaxEntries).
 // Refresh takes one lock; it is safe for concurrent use.
@@ -59,7 +67,7 @@ type Allocator struct {
 	lease    time.Duration
 	refresh  time.Duration
 	maxTasks int
-	policy   atomic.Pointer[Policy]
+	policy   atomic.Pointer[quota.Policy]
 	// entries counts the customer entries of the live tasks' reports,
 	// bounded by maxEntries.
 	entries, maxEntries int
@@ -75,14 +83,14 @@ type Allocator struct {
 	// out (the work of a refresh; see TestRefreshWorkFollowsItsReport).
 	accounted uint64
 	served    atomic.Uint64
-	mode      Mode
+	mode      quota.Mode
 	fresh     bool // WithFreshStart, or learning again after a lease without refreshes
 	// learnFrom is when learning mode began (ns on since's scale): at the
 	// start, or at the first refresh after a lease without any.
 	learnFrom int64
 	lastSeen  int64 // the latest refresh
 	// holding sums, per customer, the shares the live tasks may hold
-	// (ModePessimistic only; see taskState.hold).
+	// (quota.ModePessimistic only; see taskState.hold).
 	holding map[string]float64
 	// learned sums, per customer, the shares handed back in learning mode
 	// (see taskState.learned); nil once learning is over.
@@ -91,10 +99,10 @@ type Allocator struct {
 
 type taskState struct {
 	last     int64
-	customer []CustomerUsage
+	customer []quota.CustomerUsage
 	// hold is, per customer, the share the task may be enforcing now: the
 	// larger of the share last granted and the share it last reported,
-	// believed only up to the share last granted (ModePessimistic only).
+	// believed only up to the share last granted (quota.ModePessimistic only).
 	hold    map[string]float64
 	granted map[string]float64
 	// learned is, per customer, the share handed back to the task in
@@ -107,93 +115,92 @@ type taskState struct {
 // customer entries of all live tasks past the bound (WithMaxEntries).
 var ErrTooManyTasks = errors.New("quota: too many tasks")
 
-// AllocatorOption configures an Allocator.
-type AllocatorOption interface{ applyAllocator(*allocatorConfig) }
+// Option configures an Allocator.
+type Option func(*allocatorConfig)
 
-type allocatorOptionFunc func(*allocatorConfig)
-
-func (f allocatorOptionFunc) applyAllocator(c *allocatorConfig) { f(c) }
+// WithClock sets the Allocator's clock. Default clock.Real().
+func WithClock(c clock.Clock) Option { return func(cfg *allocatorConfig) { cfg.clock = c } }
 
 type allocatorConfig struct {
 	lease, refresh time.Duration
 	maxTasks       int
 	maxEntries     int
 	clock          clock.Clock
-	mode           Mode
+	mode           quota.Mode
 	fresh          bool
 }
 
 // WithLease sets how long a lease is valid. Default 30 s: long against
 // the refresh, so a quota service restart or a few lost refreshes change
 // nothing.
-func WithLease(d time.Duration) AllocatorOption {
-	return allocatorOptionFunc(func(c *allocatorConfig) { c.lease = d })
+func WithLease(d time.Duration) Option {
+	return Option(func(c *allocatorConfig) { c.lease = d })
 }
 
 // WithRefresh sets how often tasks renew their lease (each with ±25%
 // jitter). Default 5 s.
-func WithRefresh(d time.Duration) AllocatorOption {
-	return allocatorOptionFunc(func(c *allocatorConfig) { c.refresh = d })
+func WithRefresh(d time.Duration) Option {
+	return Option(func(c *allocatorConfig) { c.refresh = d })
 }
 
 // WithMaxTasks bounds the tasks known. Default 10,000.
-func WithMaxTasks(n int) AllocatorOption {
-	return allocatorOptionFunc(func(c *allocatorConfig) { c.maxTasks = n })
+func WithMaxTasks(n int) Option {
+	return Option(func(c *allocatorConfig) { c.maxTasks = n })
 }
 
 // DefaultMaxEntries bounds the customer entries of all live tasks'
 // reports together (about 100 bytes each: 1 GB at the bound), so that the
 // Allocator's memory is bounded by this, not by MaxTasks times
-// MaxReportCustomers.
+// quota.MaxReportCustomers.
 const DefaultMaxEntries = 10_000_000
 
 // WithMaxEntries bounds the customer entries of all live tasks' reports
 // together: a report that would exceed it is refused with ErrTooManyTasks.
 // Default DefaultMaxEntries.
-func WithMaxEntries(n int) AllocatorOption {
-	return allocatorOptionFunc(func(c *allocatorConfig) { c.maxEntries = n })
+func WithMaxEntries(n int) Option {
+	return Option(func(c *allocatorConfig) { c.maxEntries = n })
 }
 
-// WithAllocatorMode sets the throttling mode. In ModePessimistic the
+// WithMode sets the throttling mode. In quota.ModePessimistic the
 // shares of each customer's limit held by the live tasks never sum to more
 // than 1: demand is split without the extra floor, and a task's share is
 // raised only into room the other tasks have confirmed (a task holds the
 // larger of the share last granted to it and the share it last reported
 // holding, until it reports the smaller one). Pair it with Enforcers in
-// ModePessimistic. Default ModeOptimistic.
-func WithAllocatorMode(m Mode) AllocatorOption {
-	return allocatorOptionFunc(func(c *allocatorConfig) { c.mode = m })
+// quota.ModePessimistic. Default quota.ModeOptimistic.
+func WithMode(m quota.Mode) Option {
+	return Option(func(c *allocatorConfig) { c.mode = m })
 }
 
 // WithFreshStart tells the Allocator that no grant of an earlier
 // Allocator can still be in force (the first leader a replicated service
 // ever had): while it learns, a task that reports holding nothing gets the
-// safe share in ModePessimistic too, as in ModeOptimistic, where
+// safe share in quota.ModePessimistic too, as in quota.ModeOptimistic, where
 // otherwise it would get nothing until learning is over.
-func WithFreshStart() AllocatorOption {
-	return allocatorOptionFunc(func(c *allocatorConfig) { c.fresh = true })
+func WithFreshStart() Option {
+	return Option(func(c *allocatorConfig) { c.fresh = true })
 }
 
-// NewAllocator returns an Allocator for policy p.
-func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
+// New returns an Allocator for policy p.
+func New(p *quota.Policy, opts ...Option) (*Allocator, error) {
 	c := allocatorConfig{lease: 30 * time.Second, refresh: 5 * time.Second, maxTasks: 10000, maxEntries: DefaultMaxEntries}
 	for _, o := range opts {
-		o.applyAllocator(&c)
+		o(&c)
 	}
 	if p == nil {
-		return nil, errors.New("quota: an Allocator needs a Policy")
+		return nil, errors.New("allocate: an Allocator needs a quota.Policy")
 	}
 	if c.refresh <= 0 || c.lease < c.refresh || c.lease > 24*time.Hour {
-		return nil, errors.New("quota: need 0 < refresh <= lease <= 24h")
+		return nil, errors.New("allocate: need 0 < refresh <= lease <= 24h")
 	}
-	if c.maxTasks < 1 || c.maxTasks > MaxCustomers {
-		return nil, errors.New("quota: max tasks out of range")
+	if c.maxTasks < 1 || c.maxTasks > quota.MaxCustomers {
+		return nil, errors.New("allocate: max tasks out of range")
 	}
-	if c.maxEntries < MaxReportCustomers {
-		return nil, fmt.Errorf("quota: max entries below one report's %d", MaxReportCustomers)
+	if c.maxEntries < quota.MaxReportCustomers {
+		return nil, fmt.Errorf("allocate: max entries below one report's %d", quota.MaxReportCustomers)
 	}
-	if c.mode > ModePessimistic {
-		return nil, fmt.Errorf("quota: unknown throttling mode %d", c.mode)
+	if c.mode > quota.ModePessimistic {
+		return nil, fmt.Errorf("allocate: unknown throttling mode %d", c.mode)
 	}
 	clk := clock.OrReal(c.clock)
 	a := &Allocator{
@@ -206,22 +213,22 @@ func NewAllocator(p *Policy, opts ...AllocatorOption) (*Allocator, error) {
 }
 
 // SetPolicy replaces the policy (a validated one). nil is ignored.
-func (a *Allocator) SetPolicy(p *Policy) {
+func (a *Allocator) SetPolicy(p *quota.Policy) {
 	if p != nil {
 		a.policy.Store(p)
 	}
 }
 
-// Policy returns the policy in force.
-func (a *Allocator) Policy() *Policy { return a.policy.Load() }
+// quota.Policy returns the policy in force.
+func (a *Allocator) Policy() *quota.Policy { return a.policy.Load() }
 
 // Refreshes returns how many leases were handed out.
 func (a *Allocator) Refreshes() uint64 { return a.served.Load() }
 
 // Refresh records r and returns the task's lease.
-func (a *Allocator) Refresh(r Report) (Lease, error) {
+func (a *Allocator) Refresh(r quota.Report) (quota.Lease, error) {
 	if err := r.Validate(); err != nil {
-		return Lease{}, err
+		return quota.Lease{}, err
 	}
 	p := a.policy.Load()
 	now := int64(a.since())
@@ -238,7 +245,7 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 	r = a.inherit(r, now)
 	t, err := a.record(r, now)
 	if err != nil {
-		return Lease{}, err
+		return quota.Lease{}, err
 	}
 	ls := a.leaseFor(p, r, a.shareFunc(p, t, r, now))
 	a.served.Add(1)
@@ -250,12 +257,12 @@ func (a *Allocator) Refresh(r Report) (Lease, error) {
 // is less than a lease old: a task restarted under its name, whose traffic
 // is coming back to it. Without it the new process would get a floor
 // share of every customer until its next report, and refuse its
-// customers' requests meanwhile. ModeOptimistic only: in ModePessimistic
+// customers' requests meanwhile. quota.ModeOptimistic only: in quota.ModePessimistic
 // the predecessor may still enforce its lease while it drains, and the
 // two together would hold more than the limit. a.mu is held.
-func (a *Allocator) inherit(r Report, now int64) Report {
+func (a *Allocator) inherit(r quota.Report, now int64) quota.Report {
 	t := a.tasks[r.Task]
-	if !r.NoLease || a.mode == ModePessimistic || t == nil || now-t.last >= int64(a.lease) || len(t.customer) == 0 {
+	if !r.NoLease || a.mode == quota.ModePessimistic || t == nil || now-t.last >= int64(a.lease) || len(t.customer) == 0 {
 		return r
 	}
 	cs := slices.Clone(r.Customers)
@@ -266,8 +273,8 @@ func (a *Allocator) inherit(r Report, now int64) Report {
 	for _, old := range t.customer {
 		if i, ok := at[old.Customer]; ok {
 			cs[i].Demand = max(cs[i].Demand, old.Demand)
-		} else if len(cs) < MaxReportCustomers {
-			cs = append(cs, CustomerUsage{Customer: old.Customer, Demand: old.Demand})
+		} else if len(cs) < quota.MaxReportCustomers {
+			cs = append(cs, quota.CustomerUsage{Customer: old.Customer, Demand: old.Demand})
 		}
 	}
 	r.Customers = cs
@@ -275,7 +282,7 @@ func (a *Allocator) inherit(r Report, now int64) Report {
 }
 
 // record takes r as its task's current report. a.mu is held.
-func (a *Allocator) record(r Report, now int64) (*taskState, error) {
+func (a *Allocator) record(r quota.Report, now int64) (*taskState, error) {
 	if now-a.swept >= int64(time.Second) {
 		a.sweep(now)
 	}
@@ -295,7 +302,7 @@ func (a *Allocator) record(r Report, now int64) (*taskState, error) {
 		a.tasks[r.Task] = t
 	}
 	a.entries += len(r.Customers) - old
-	if a.mode == ModePessimistic {
+	if a.mode == quota.ModePessimistic {
 		a.release(t)
 	}
 	a.account(t.customer, -1)
@@ -310,7 +317,7 @@ func (a *Allocator) record(r Report, now int64) (*taskState, error) {
 // learning mode (the first lease after a start) what the task holds, else
 // the safe share; in pessimistic mode never more than the room the other
 // tasks leave (recorded as held). a.mu is held.
-func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func(customer string) float64 {
+func (a *Allocator) shareFunc(p *quota.Policy, t *taskState, r quota.Report, now int64) func(customer string) float64 {
 	n := float64(len(a.tasks))
 	mine := make(map[string]float64, len(r.Customers))
 	held := make(map[string]float64, len(r.Customers))
@@ -336,20 +343,16 @@ func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func
 		// task gets its demand and 1/n of the room, so that a task whose
 		// demand is not yet known (just restarted, or where traffic just
 		// moved) can serve the customer until its next report.
-		lim, ok := p.customers[customer]
-		if !ok {
-			lim = p.def
-		}
-		if l := lim.cpu; l > 0 && !math.IsInf(l, 1) && d < l {
+		if l := p.Grant(customer, 0).CPU; l > 0 && !math.IsInf(l, 1) && d < l {
 			return min(1, (mine[customer]+(l-d)/n)/l)
 		}
 		f := 0.05 * d / n
-		if a.mode == ModePessimistic { // every task's floor inside the limit
+		if a.mode == quota.ModePessimistic { // every task's floor inside the limit
 			return min(1, (mine[customer]+f)/(d+n*f))
 		}
 		return min(1, (mine[customer]+f)/(d+float64(a.demanding[customer])*f))
 	}
-	if a.mode != ModePessimistic {
+	if a.mode != quota.ModePessimistic {
 		return share
 	}
 	prev := t.granted
@@ -373,10 +376,10 @@ func (a *Allocator) shareFunc(p *Policy, t *taskState, r Report, now int64) func
 }
 
 // learnCap bounds the sum of the shares of one customer handed back in
-// learning mode: 1 in ModePessimistic; in ModeOptimistic 1 plus the 5% of
+// learning mode: 1 in quota.ModePessimistic; in quota.ModeOptimistic 1 plus the 5% of
 // floors the tasks without demand may hold.
 func (a *Allocator) learnCap() float64 {
-	if a.mode == ModePessimistic {
+	if a.mode == quota.ModePessimistic {
 		return 1
 	}
 	return 1.05
@@ -384,13 +387,14 @@ func (a *Allocator) learnCap() float64 {
 
 // learn is a task's share of a customer in learning mode: the share it
 // reports holding (or, without one, the safe share, 1/Tasks; 0 in
-// ModePessimistic), believed up to what its demand justifies (a quarter
+// quota.ModePessimistic), believed up to what its demand justifies (a quarter
 // more than demand/limit) and what the other tasks have left of learnCap,
 // and never cut below the safe share: a task that claims a whole limit takes at most what its
 // demand could use and the others have not claimed. a.mu is held.
-func (a *Allocator) learn(p *Policy, t *taskState, customer string, held, demand float64) float64 {
-	safe := 1 / float64(p.tasks)
-	if a.mode == ModePessimistic && !a.fresh {
+func (a *Allocator) learn(p *quota.Policy, t *taskState, customer string, held, demand float64) float64 {
+	tasks, _ := p.Tasks()
+	safe := 1 / float64(tasks)
+	if a.mode == quota.ModePessimistic && !a.fresh {
 		// Tasks that have not reported yet may still enforce a previous
 		// Allocator's grants, up to the whole limit: only what a task holds
 		// is handed back.
@@ -404,11 +408,7 @@ func (a *Allocator) learn(p *Policy, t *taskState, customer string, held, demand
 	}
 	others := a.learned[customer] - t.learned[customer]
 	justified := a.learnCap() - others
-	lim, ok := p.customers[customer]
-	if !ok {
-		lim = p.def
-	}
-	if cpu := lim.cpu; cpu > 0 && !math.IsInf(cpu, 1) {
+	if cpu := p.Grant(customer, 0).CPU; cpu > 0 && !math.IsInf(cpu, 1) {
 		justified = min(justified, 1.25*demand/cpu)
 	}
 	h := min(held, max(safe, justified))
@@ -419,19 +419,20 @@ func (a *Allocator) learn(p *Policy, t *taskState, customer string, held, demand
 
 // LeaseNamedCustomers is how many customers a policy may name for every
 // lease to carry all of them; past it, a lease carries only the customers
-// its task reported (Lease.Partial), so that its size follows the task's
-// customers, not the policy's (at most MaxReportCustomers grants, about
+// its task reported (quota.Lease.Partial), so that its size follows the task's
+// customers, not the policy's (at most quota.MaxReportCustomers grants, about
 // 2 MB on the wire).
 const LeaseNamedCustomers = 1000
 
 // leaseFor builds the lease of a task that reported r: a grant for every
 // customer it reported and, unless the policy names more than
 // LeaseNamedCustomers, every customer of the policy.
-func (a *Allocator) leaseFor(p *Policy, r Report, share func(string) float64) Lease {
-	ls := Lease{Duration: a.lease, Refresh: a.refresh, Fallback: p.fallback, Tasks: p.tasks,
-		Default: grantOf("", p.def, 1/float64(len(a.tasks)))}
+func (a *Allocator) leaseFor(p *quota.Policy, r quota.Report, share func(string) float64) quota.Lease {
+	tasks, named := p.Tasks()
+	ls := quota.Lease{Duration: a.lease, Refresh: a.refresh, Fallback: p.Fallback(), Tasks: tasks,
+		Default: p.Grant("", 1/float64(len(a.tasks)))}
 	var names []string
-	if len(p.customers) <= LeaseNamedCustomers {
+	if named <= LeaseNamedCustomers {
 		names = p.Customers()
 	} else {
 		ls.Partial = true
@@ -442,18 +443,14 @@ func (a *Allocator) leaseFor(p *Policy, r Report, share func(string) float64) Le
 		}
 	}
 	sort.Strings(names)
-	ls.Grants = make([]Grant, 0, len(names))
+	ls.Grants = make([]quota.Grant, 0, len(names))
 	for _, name := range names {
-		lim, ok := p.customers[name]
-		if !ok {
-			lim = p.def
-		}
-		ls.Grants = append(ls.Grants, grantOf(name, lim, share(name)))
+		ls.Grants = append(ls.Grants, p.Grant(name, share(name)))
 	}
 	return ls
 }
 
-// release takes a task's holds out of the running sums (ModePessimistic).
+// release takes a task's holds out of the running sums (quota.ModePessimistic).
 func (a *Allocator) release(t *taskState) {
 	for c, h := range t.hold {
 		if a.holding[c] -= h; a.holding[c] <= 1e-12 {
@@ -466,13 +463,9 @@ func (a *Allocator) release(t *taskState) {
 	clear(t.hold)
 }
 
-func grantOf(name string, l limit, share float64) Grant {
-	return Grant{Customer: name, CPU: l.cpu, ByCriticality: l.by, Hard: l.hard, Share: share}
-}
-
 // account adds (sign +1) or removes (-1) a task's customers from the
 // totals.
-func (a *Allocator) account(cs []CustomerUsage, sign float64) {
+func (a *Allocator) account(cs []quota.CustomerUsage, sign float64) {
 	a.accounted += uint64(len(cs))
 	for _, c := range cs {
 		if c.Demand > 0 {
@@ -540,10 +533,7 @@ func (a *Allocator) Usage() []GlobalUsage {
 	a.sweep(int64(a.since()))
 	out := make([]GlobalUsage, 0, len(a.used))
 	for name, u := range a.used {
-		lim := p.def.cpu
-		if l, ok := p.customers[name]; ok {
-			lim = l.cpu
-		}
+		lim := p.Grant(name, 0).CPU
 		out = append(out, GlobalUsage{Customer: name, Used: *u, Demand: a.total[name], Limit: lim})
 	}
 	a.mu.Unlock()
