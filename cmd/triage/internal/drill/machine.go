@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/triagehq/triage/cost"
 )
 
 // machine emulates a task's machine: Slots workers, each request holding
@@ -18,6 +20,7 @@ type machine struct {
 	mu       sync.Mutex
 	busy     int
 	busyArea float64 // slot-seconds since lastRead
+	total    float64 // slot-seconds since the start
 	lastAt   time.Time
 	lastRead time.Time
 	ewma     float64 // busy slots, averaged with time constant reportTau
@@ -37,6 +40,7 @@ func (m *machine) account(delta int) {
 	m.mu.Lock()
 	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.total += float64(m.busy) * now.Sub(m.lastAt).Seconds()
 	m.decay(now)
 	m.busy += delta
 	m.lastAt = now
@@ -67,9 +71,13 @@ func (m *machine) reported() float64 {
 // (SIGSTOP) or a host too busy to fire the timer on time holds the slot
 // longer, and does no more work for it.
 func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, error) {
+	waiting := cost.TrackerFrom(ctx) // the wait for a slot is no work of the request's
+	waiting.Wait()
 	select {
 	case m.slots <- struct{}{}:
+		waiting.Resume()
 	case <-ctx.Done():
+		waiting.Resume()
 		return 0, ctx.Err()
 	}
 	m.account(+1)
@@ -85,12 +93,23 @@ func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, erro
 	}
 }
 
+// slotTime is the slot time the machine's requests have held since it
+// started: its "CPU" (cost.WithCPU), which quotas charge.
+func (m *machine) slotTime() (time.Duration, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	busy := m.total + float64(m.busy)*now.Sub(m.lastAt).Seconds()
+	return time.Duration(busy * float64(time.Second)), nil
+}
+
 // utilization returns the mean busy share of the slots since the last call.
 func (m *machine) utilization() float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
+	m.total += float64(m.busy) * now.Sub(m.lastAt).Seconds()
 	m.decay(now)
 	m.lastAt = now
 	span := now.Sub(m.lastRead).Seconds()

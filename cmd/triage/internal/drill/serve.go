@@ -26,6 +26,7 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
@@ -35,7 +36,6 @@ import (
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
-	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/trust"
@@ -432,9 +432,18 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		connectNext(next)
 		lc.Ready()
 	}()
-	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(intake.WithTrust(taskTrust()),
-		intake.WithAdmission(t.ctl)), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc), triagegrpc.WithIntake(intake.WithShadow(t.shadowing()),
-		intake.WithTracer(intakeSpent{&t.spent})))
+	in := []intake.Option{intake.WithTrust(taskTrust()), intake.WithAdmission(t.ctl), intake.WithShadow(t.shadowing()),
+		intake.WithTracer(quotaTrace{t})}
+	if t.enf != nil {
+		// The quota is the customer's share of the machine's slots: its
+		// "CPU" is the slot time the requests held.
+		cpu, err := cost.New(cost.WithCPU(t.mach.slotTime))
+		if err != nil {
+			return nil, err
+		}
+		in = append(in, intake.WithQuota(t.enf, cpu))
+	}
+	srv, err := triagegrpc.NewServer(triagegrpc.WithIntake(in...), triagegrpc.WithLoadReports(meter), triagegrpc.WithLifecycle(lc))
 	if err != nil {
 		return nil, err
 	}
@@ -498,29 +507,13 @@ func (t *task) handler(next *grpc.ClientConn) relay.Func {
 			work, out = work/2, "partial"
 			t.degraded.Add(1)
 		}
-		var res quota.Reservation
-		customer := quota.CustomerOf(ctx)
-		enf := t.enf
-		if enf != nil {
-			var err error
-			if res, err = enf.Reserve(customer, criticality.Of(ctx)); err != nil {
-				if !t.cfg.Shadow {
-					t.reject("out-of-quota " + criticality.Of(ctx).String() + " " + customer + " on " + t.cfg.ID)
-					return "", err
-				}
-				shadowObserver{t}.WouldRefuse(shadow.Quota, "out-of-quota", criticality.Of(ctx))
-				enf = nil // not charged, as it would not have run
-			}
-		}
 		// A customer is charged the slot-seconds its request held, not its
-		// wait for a slot: quotas are in CPU.
+		// wait for a slot (quotas are in CPU): intake's quota meter reads
+		// the machine's busy slot time, and run marks the wait for a slot.
 		began := time.Now()
 		held, err := t.mach.run(ctx, work)
 		t.spent.add(level, partSlot, time.Since(began)-held)
 		t.spent.add(level, partService, held)
-		if enf != nil {
-			enf.Done(customer, criticality.Of(ctx), res, held)
-		}
 		if err != nil {
 			t.reject("deadline")
 			return "", err

@@ -7,6 +7,7 @@ import (
 
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
 )
 
@@ -96,6 +97,18 @@ type intakeSpent struct{ s *spending }
 func (t intakeSpent) Trace(_ context.Context, e *intake.Event) {
 	if e.Kind == intake.Admitted {
 		t.s.add(e.Level, partQueue, e.Wait)
+	}
+}
+
+// quotaTrace is a gRPC task's intake tracer: its spending, as
+// intakeSpent's, and the customers its quota refused, among the task's
+// refusals (the admission Observer tells the others).
+type quotaTrace struct{ t *task }
+
+func (q quotaTrace) Trace(ctx context.Context, e *intake.Event) {
+	intakeSpent{&q.t.spent}.Trace(ctx, e)
+	if oe, ok := outcome.As(e.Err); ok && e.Kind == intake.Refused && oe.Kind == outcome.OutOfQuota {
+		q.t.reject("out-of-quota " + e.Level.String() + " " + e.Customer + " on " + q.t.cfg.ID)
 	}
 }
 
