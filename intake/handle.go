@@ -199,7 +199,7 @@ func (h *Handle) Abandon() {
 // request is over.
 func (h *Handle) Holds() bool {
 	x := h.x
-	return x != nil && (x.cancel != nil || x.quota != nil && x.reserved.Held() || x.conn.probation.Load())
+	return x != nil && (x.cancel != nil || x.quota != nil && x.reserved != (quota.Reservation{}) || x.conn.probation.Load())
 }
 
 // Start takes an execution slot (admission.Controller.Start, which may

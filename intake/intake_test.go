@@ -14,6 +14,7 @@ import (
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/trust"
 )
 
@@ -68,8 +69,8 @@ func TestStartFailureGivesBackTheQuotaReservation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, _ := quota.NewUsage(quota.WithClock(clk))
-	e, err := quota.NewEnforcer(p, u, quota.WithClock(clk), quota.WithMode(quota.ModePessimistic), quota.WithHeadroom(0))
+	u, _ := usage.New(usage.WithClock(clk))
+	e, err := quota.NewEnforcer(p, u, quota.WithMode(quota.ModePessimistic), quota.WithHeadroom(0))
 	if err != nil {
 		t.Fatal(err)
 	}

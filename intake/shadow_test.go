@@ -16,6 +16,7 @@ import (
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/shadow"
 	"github.com/triagehq/triage/trust"
 )
@@ -81,8 +82,8 @@ func replay(t *testing.T, load [][]arrival, inShadow bool) (map[shadow.Key]int64
 	if err != nil {
 		t.Fatal(err)
 	}
-	usage, _ := quota.NewUsage(quota.WithClock(clk))
-	enf, _ := quota.NewEnforcer(policy, usage, quota.WithClock(clk), quota.WithOverload(func() bool { return true }))
+	table, _ := usage.New(usage.WithClock(clk))
+	enf, _ := quota.NewEnforcer(policy, table, quota.WithOverload(func() bool { return true }))
 	meter, _ := cost.New(cost.WithClock(clk), cost.WithCPU(func() (time.Duration, error) { return 0, nil })) // no CPU measured: only the recorded usage counts
 	iso, _ := isolate.New(isolate.Config{Clients: []isolate.Client{{Name: "rogue", Hosts: []string{"rogue.example.com"}, Route: "black-hole"}}})
 	opts := []intake.Option{intake.WithClock(clk), intake.WithAdmission(ctl), intake.WithQuota(enf, meter), intake.WithIsolation(iso),
@@ -98,7 +99,7 @@ func replay(t *testing.T, load [][]arrival, inShadow bool) (map[shadow.Key]int64
 	refused := map[shadow.Key]int64{}
 	served := 0
 	for _, burst := range load {
-		usage.Add("abuser", criticality.Sheddable, 10*time.Millisecond) // ten times its quota, all along
+		table.Add("abuser", criticality.Sheddable, 10*time.Millisecond) // ten times its quota, all along
 		var admitted []*intake.Handle
 		for _, a := range burst {
 			ctx := context.Background()

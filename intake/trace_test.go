@@ -14,6 +14,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 // recorder keeps what a Tracer is told, and the context's tag.
@@ -58,8 +59,8 @@ func TestTracerIsToldEachDecision(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"a": {CPU: 100}}})
-	u, _ := quota.NewUsage(quota.WithClock(clk))
-	e, _ := quota.NewEnforcer(p, u, quota.WithClock(clk))
+	u, _ := usage.New(usage.WithClock(clk))
+	e, _ := quota.NewEnforcer(p, u)
 	m, _ := cost.New(cost.WithClock(clk), cost.WithCPU(func() (time.Duration, error) { return 0, nil }))
 	rec := &recorder{}
 	in, err := intake.New(trustAll(t), intake.WithAdmission(ctl), intake.WithQuota(e, m), intake.WithTracer(rec))

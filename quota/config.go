@@ -2,7 +2,7 @@
 // book ch. 21, "The Pitfalls of Queries per Second" ("a better solution is
 // to measure capacity directly in available resources") and "Per-Customer
 // Limits"; the CRE post's soft and hard quotas. The CPU-seconds are
-// whatever the costs fed to Usage are in: normalised CPU-seconds (the
+// whatever the costs fed to a usage.Table are in: normalised CPU-seconds (the
 // book's "virtual CPU": a core of the reference machine, whatever the
 // machine type) when they come from a cost.Meter with cost.WithSpeed.
 //
@@ -12,7 +12,7 @@
 // or hostile push (blank or unknown names, NaN, negative or absurd limits)
 // is refused with an error naming the problem and the last good policy
 // stays (Google Cloud's June 2025 outage began with a bad policy push).
-// Enforcement (Enforcer, Usage), leases (Leased) and the quota service's
+// Enforcement (Enforcer, over a usage.Table), leases (Leased) and the quota service's
 // core (package quota/allocate) build on it.
 package quota
 
@@ -24,6 +24,7 @@ import (
 	"strings"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 // Limits bound what a policy may say: at most MaxCustomers customers, each
@@ -34,6 +35,11 @@ const (
 	MaxLimit     = 1e6
 	MaxNameLen   = 128
 )
+
+// Other is the name under which a task counts and limits the customers
+// beyond its usage Table's bound and the requests that name no customer
+// (usage.Other).
+const Other = usage.Other
 
 // Fallback is what a task enforces when its lease from the quota service
 // has run out (the three modes of Doorman).
@@ -224,11 +230,11 @@ func (p *Policy) Known(customer string) bool {
 // Fallback returns the mode for an expired lease.
 func (p *Policy) Fallback() Fallback { return p.fallback }
 
-// FallbackLimit returns what one task enforces for customer at level l
+// fallbackLimit returns what one task enforces for customer at level l
 // once its lease has expired: its static share (the limit divided by the
 // number of tasks) under Safe, no limit (+Inf) under Optimistic, zero under
 // Pessimistic.
-func (p *Policy) FallbackLimit(customer string, l criticality.Level) float64 {
+func (p *Policy) fallbackLimit(customer string, l criticality.Level) float64 {
 	switch p.fallback {
 	case Optimistic:
 		return math.Inf(1)

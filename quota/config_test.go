@@ -47,15 +47,15 @@ func TestPolicyLimits(t *testing.T) {
 			t.Errorf("%s/%v: limit %v hard %v, want %v %v", tc.customer, tc.level, cpu, hard, tc.cpu, tc.hard)
 		}
 	}
-	if p.Fallback() != Safe || p.FallbackLimit("gmail", criticality.Critical) != 4.0/3 {
-		t.Errorf("safe fallback: %v %v", p.Fallback(), p.FallbackLimit("gmail", criticality.Critical))
+	if p.Fallback() != Safe || p.fallbackLimit("gmail", criticality.Critical) != 4.0/3 {
+		t.Errorf("safe fallback: %v %v", p.Fallback(), p.fallbackLimit("gmail", criticality.Critical))
 	}
 	if !p.Known("android") || p.Known("unknown-customer") || strings.Join(p.Customers(), ",") != "android,batch,calendar,gmail" {
 		t.Errorf("customers %v", p.Customers())
 	}
 	opt, _ := New(Config{Fallback: Optimistic, Default: Limit{CPU: 1}})
 	pes, _ := New(Config{Fallback: Pessimistic, Default: Limit{CPU: 1}})
-	if !math.IsInf(opt.FallbackLimit("x", criticality.Critical), 1) || pes.FallbackLimit("x", criticality.Critical) != 0 {
+	if !math.IsInf(opt.fallbackLimit("x", criticality.Critical), 1) || pes.fallbackLimit("x", criticality.Critical) != 0 {
 		t.Error("optimistic and pessimistic fallbacks")
 	}
 }

@@ -12,7 +12,18 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota/usage"
 )
+
+// accounted is the name customer's requests are accounted under: a
+// request that names no customer (every untrusted caller's, by default)
+// counts under Other.
+func accounted(customer string) string {
+	if customer == "" {
+		return Other
+	}
+	return customer
+}
 
 // Limits gives the limit a task enforces for a customer at a level, in
 // CPU-seconds per second, and whether it is hard. A *Policy is the limits
@@ -27,10 +38,10 @@ type Limits interface {
 // soft and hard quotas.
 //
 //   - A hard limit is never exceeded: a customer whose usage over the
-//     last window (Usage.WindowFrom, default 4 s) has reached it is
+//     last window (usage.Table.WindowFrom, default 4 s) has reached it is
 //     refused whatever the load, so over any window it uses at most its
 //     limit times the window, plus what it has in flight at that moment;
-//     below that bound, its recent rate (Usage.From) is held at 98-99%
+//     below that bound, its recent rate (usage.Table.From) is held at 98-99%
 //     of the limit the way fairness holds soft limits (below), so the
 //     served rate settles just under the limit instead of all-then-nothing
 //     every window. This is optimistic throttling (ModeOptimistic): when
@@ -53,23 +64,25 @@ type Limits interface {
 //     about 1% above its limit.
 //   - Within a customer, higher criticality has the first claim on the
 //     quota: a request of level l is measured by the usage of l and every
-//     level above it (Usage.From), so a level is refused only once every
+//     level above it (usage.Table.From), so a level is refused only once every
 //     lower level of that customer is refused, and CRITICAL_PLUS of a
 //     customer within quota never is.
 //
-// Usage comes from a Usage (what the task's requests of each customer
-// cost); limits from a Limits (the Policy, or a Leased from the quota
-// service), which SetLimits swaps. Overload comes from WithCapacity (the
-// CPU the task is provisioned for, against Usage.All) or WithOverload (any
-// signal, such as admission.Controller.Overloaded). A refusal is outcome
-// OutOfQuota with a RetryAfter of 1 s, and is counted in Usage (for the
-// customer's demand) and per level (Refused).
+// Usage comes from a usage.Table (what the task's requests of each
+// customer cost), whose clock the Enforcer reads too; limits from a
+// Limits (the Policy, or a Leased from the quota service). Overload comes
+// from WithCapacity (the CPU the task is provisioned for, against the
+// Table's All) or WithOverload (any signal, such as
+// admission.Controller.Overloaded). Call Reserve before a request runs and
+// Done after it (or Cancel). A refusal is outcome OutOfQuota with a
+// RetryAfter of 1 s, and is counted in the Table (for the customer's
+// demand) and per level (Refused).
 //
-// Admit reads the clock once, looks the customer up once and takes no lock
+// Reserve reads the clock once, looks the customer up once and takes no lock
 // except, once per interval, to move τ. Memory is fixed.
 type Enforcer struct {
-	limits   atomic.Pointer[limitsBox]
-	usage    *Usage
+	limits   Limits
+	usage    *usage.Table
 	since    func() time.Duration
 	interval time.Duration
 	capacity float64
@@ -79,13 +92,11 @@ type Enforcer struct {
 	mu       sync.Mutex   // held while moving the threshold
 	next     atomic.Int64 // when τ next moves, ns
 	tau      atomic.Uint64
-	overSeen atomic.Bool // an overloaded Admit in this interval
+	overSeen atomic.Bool // an overloaded Reserve in this interval
 	refused  [criticality.NumLevels]atomic.Uint64
 	errOut   *outcome.Error
 	budgets  *budgets // ModePessimistic only
 }
-
-type limitsBox struct{ Limits }
 
 // EnforcerOption configures an Enforcer.
 type EnforcerOption interface{ applyEnforcer(*enforcerConfig) }
@@ -96,7 +107,6 @@ func (f enforcerOptionFunc) applyEnforcer(c *enforcerConfig) { f(c) }
 
 type enforcerConfig struct {
 	interval time.Duration
-	clock    clock.Clock
 	capacity float64
 	overload func() bool
 	random   func() float64
@@ -112,7 +122,7 @@ func withAdjustInterval(d time.Duration) EnforcerOption {
 
 // WithCapacity sets the CPU-seconds per second the task is provisioned
 // for: the task counts as overloaded while its customers' usage
-// (Usage.All) is at 95% of it or more. Combined with WithOverload, either
+// (usage.Table.All) is at 95% of it or more. Combined with WithOverload, either
 // one makes the task overloaded.
 func WithCapacity(cpu float64) EnforcerOption {
 	return enforcerOptionFunc(func(c *enforcerConfig) { c.capacity = cpu })
@@ -133,9 +143,9 @@ func WithEnforcerRandom(f func() float64) EnforcerOption {
 }
 
 // NewEnforcer returns an Enforcer over limits and usage u.
-func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, error) {
+func NewEnforcer(limits Limits, u *usage.Table, opts ...EnforcerOption) (*Enforcer, error) {
 	if limits == nil || u == nil {
-		return nil, errors.New("quota: an Enforcer needs Limits and a Usage")
+		return nil, errors.New("quota: an Enforcer needs Limits and a usage Table")
 	}
 	c := enforcerConfig{interval: 250 * time.Millisecond, headroom: DefaultHeadroom}
 	for _, o := range opts {
@@ -156,35 +166,24 @@ func NewEnforcer(limits Limits, u *Usage, opts ...EnforcerOption) (*Enforcer, er
 	if c.random == nil {
 		c.random = rand.Float64
 	}
-	if c.clock == nil && u != nil {
-		c.clock = u.clock // time is set once: on the Usage
-	}
-	clk := clock.OrReal(c.clock)
+	clk := u.Clock() // time is set once: on the Table
 	e := &Enforcer{
-		usage: u, since: clock.SinceFunc(clk, clk.Now()), interval: c.interval,
+		limits: limits, usage: u, since: clock.SinceFunc(clk, clk.Now()), interval: c.interval,
 		capacity: c.capacity, overload: c.overload, random: c.random,
 		errOut: &outcome.Error{Kind: outcome.OutOfQuota, Reason: "customer over quota", RetryAfter: time.Second},
 	}
 	if c.mode == ModePessimistic {
-		e.budgets = &budgets{max: u.max, headroom: c.headroom, burst: DefaultBurst.Seconds(), byName: map[string]*budget{}}
+		e.budgets = &budgets{max: u.MaxTracked(), headroom: c.headroom, burst: DefaultBurst.Seconds(), byName: map[string]*budget{}}
 	}
-	e.limits.Store(&limitsBox{limits})
 	e.tau.Store(math.Float64bits(math.Inf(1)))
 	return e, nil
 }
 
-// SetLimits replaces the limits (a reloaded Policy, say). nil is ignored.
-func (e *Enforcer) SetLimits(l Limits) {
-	if l != nil {
-		e.limits.Store(&limitsBox{l})
-	}
-}
-
 // Limits returns the limits in force.
-func (e *Enforcer) Limits() Limits { return e.limits.Load().Limits }
+func (e *Enforcer) Limits() Limits { return e.limits }
 
-// Usage returns the Usage the Enforcer reads.
-func (e *Enforcer) Usage() *Usage { return e.usage }
+// Usage returns the usage Table the Enforcer reads.
+func (e *Enforcer) Usage() *usage.Table { return e.usage }
 
 // Threshold returns the fairness threshold τ (+Inf while the task has not
 // been overloaded lately).
@@ -206,23 +205,17 @@ func (e *Enforcer) Overloaded() bool {
 	return e.overload != nil && e.overload()
 }
 
-// Admit says whether a request of customer at level l may run now. It
-// returns nil or the shared out-of-quota error (do not modify it). The
-// caller reports the request's cost with Done (or Usage.Add) when it is
-// done. In ModePessimistic use Reserve instead.
-func (e *Enforcer) Admit(customer string, l criticality.Level) error {
-	_, err := e.Reserve(customer, l)
-	return err
-}
-
-// Reserve is Admit that also returns what the request reserved from its
-// customer's budget in ModePessimistic (zero otherwise): pass it to Done.
+// Reserve says whether a request of customer at level l may run now, and
+// returns what it reserved from its customer's budget in ModePessimistic
+// (zero otherwise). The error is nil or the shared out-of-quota error (do
+// not modify it). Pass the Reservation to Done when the request is done,
+// or to Cancel if it will not run after all.
 func (e *Enforcer) Reserve(customer string, l criticality.Level) (Reservation, error) {
 	if !l.Valid() {
 		l = criticality.Default
 	}
 	customer = accounted(customer)
-	limit, hard := e.limits.Load().Limit(customer, l)
+	limit, hard := e.limits.Limit(customer, l)
 	if math.IsInf(limit, 1) {
 		return Reservation{}, nil
 	}

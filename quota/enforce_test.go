@@ -9,6 +9,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 type demand struct {
@@ -21,7 +22,7 @@ type demand struct {
 // requests of 1 ms CPU, and the admitted ones are charged to the Usage.
 type run struct {
 	e   *Enforcer
-	u   *Usage
+	u   *usage.Table
 	clk *clock.Fake
 }
 
@@ -38,7 +39,7 @@ func (r run) step(t *testing.T, demands []demand, d time.Duration) (offered, adm
 			credit[i] += dm.rate * 10 // ms of CPU this step
 			for ; credit[i] >= 1; credit[i]-- {
 				offered[i]++
-				if err := r.e.Admit(dm.customer, dm.level); err != nil {
+				if _, err := r.e.Reserve(dm.customer, dm.level); err != nil {
 					if oe, ok := outcome.As(err); !ok || oe.Kind != outcome.OutOfQuota || oe.RetryAfter <= 0 {
 						t.Fatalf("refusal %v is not out of quota with a retry-after", err)
 					}
@@ -61,12 +62,12 @@ func newRun(t *testing.T, c Config, capacity float64) run {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, err := NewUsage(WithClock(clk))
+	u, err := usage.New(usage.WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	e, err := NewEnforcer(p, u, WithClock(clk), WithCapacity(capacity), WithEnforcerRandom(rng.Float64))
+	e, err := NewEnforcer(p, u, WithCapacity(capacity), WithEnforcerRandom(rng.Float64))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestEnforcerCriticalityOrder(t *testing.T) {
 // A customer with no limit (an optimistic fallback) is never refused, and
 // a bad configuration is refused.
 func TestEnforcerConfig(t *testing.T) {
-	u, _ := NewUsage()
+	u, _ := usage.New()
 	p, _ := New(Config{})
 	if _, err := NewEnforcer(nil, u); err == nil {
 		t.Error("no limits")
@@ -154,7 +155,7 @@ func TestEnforcerConfig(t *testing.T) {
 	}
 	e, _ := NewEnforcer(NewLeased(nil, nil), u, WithOverload(func() bool { return true }))
 	for range 1000 {
-		if err := e.Admit("x", criticality.Sheddable); err != nil {
+		if _, err := e.Reserve("x", criticality.Sheddable); err != nil {
 			t.Fatal("refused without a limit")
 		}
 		u.Add("x", criticality.Sheddable, time.Second)

@@ -7,6 +7,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 // A task provisioned for 1 CPU-second per second, shared by a customer
@@ -22,8 +23,8 @@ func ExampleEnforcer() {
 	if err != nil {
 		panic(err)
 	}
-	usage, _ := quota.NewUsage(quota.WithClock(clk))
-	enf, _ := quota.NewEnforcer(policy, usage, quota.WithCapacity(1), quota.WithClock(clk))
+	table, _ := usage.New(usage.WithClock(clk))
+	enf, _ := quota.NewEnforcer(policy, table, quota.WithCapacity(1))
 
 	refused := map[string]int{}
 	for ms := range 20000 { // 20 s; each request costs 1 ms of CPU
@@ -32,16 +33,17 @@ func ExampleEnforcer() {
 			continue
 		}
 		for _, name := range []string{"search", "batch"} {
-			if err := enf.Admit(name, criticality.Sheddable); err != nil {
+			r, err := enf.Reserve(name, criticality.Sheddable)
+			if err != nil {
 				refused[name]++
 				continue
 			}
-			usage.Add(name, criticality.Sheddable, time.Millisecond)
+			enf.Done(name, criticality.Sheddable, r, time.Millisecond)
 		}
 		clk.Advance(time.Millisecond)
 	}
 	fmt.Printf("search refused %d, batch refused some: %v\n", refused["search"], refused["batch"] > 0)
-	fmt.Printf("batch uses %.1f CPU (limit 0.2)\n", usage.Total("batch"))
+	fmt.Printf("batch uses %.1f CPU (limit 0.2)\n", table.Total("batch"))
 	// Output:
 	// search refused 0, batch refused some: true
 	// batch uses 0.2 CPU (limit 0.2)
@@ -55,8 +57,8 @@ func ExampleEnforcer() {
 func ExampleWithMode() {
 	clk := clock.NewFake(time.Unix(0, 0))
 	policy, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"batch": {CPU: 0.5, Hard: true}}})
-	usage, _ := quota.NewUsage(quota.WithClock(clk))
-	enf, _ := quota.NewEnforcer(policy, usage, quota.WithClock(clk), quota.WithMode(quota.ModePessimistic))
+	table, _ := usage.New(usage.WithClock(clk))
+	enf, _ := quota.NewEnforcer(policy, table, quota.WithMode(quota.ModePessimistic))
 
 	worst := 0.0
 	for range 5 { // 5 s of 5 CPU-seconds per second offered, in 1 ms requests

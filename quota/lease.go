@@ -149,7 +149,7 @@ func (l *Leased) Limit(customer string, lv criticality.Level) (float64, bool) {
 			return math.Inf(1), false
 		}
 		_, hard := l.boot.Limit(customer, lv)
-		return fallback(l.boot.fallback, l.boot.FallbackLimit(customer, lv), safeOf(l.boot, customer, lv), lv), hard
+		return fallback(l.boot.fallback, l.boot.fallbackLimit(customer, lv), safeOf(l.boot, customer, lv), lv), hard
 	}
 	g, ok := st.grants[customer]
 	if !ok {

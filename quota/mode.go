@@ -85,7 +85,7 @@ func WithHeadroom(h float64) EnforcerOption {
 }
 
 // budgets are a pessimistic Enforcer's per-customer budgets. Bounded like
-// the Usage: at most its MaxTracked customers by name, every further one
+// the usage Table: at most its MaxTracked customers by name, every further one
 // in the Other budget; while full, budgets idle for budgetIdle are dropped
 // (at most once a second), so that new customers get budgets of their own
 // again. A dropped budget held at most one request's debt, repaid long
@@ -166,16 +166,12 @@ func (b *budgets) settle(customer string, reserved, cost float64) {
 // budget when it was admitted (zero in ModeOptimistic). Pass it to Done.
 type Reservation struct{ cpu float64 }
 
-// Held reports whether r holds anything (ModePessimistic) that Done or
-// Cancel must give back.
-func (r Reservation) Held() bool { return r.cpu != 0 }
-
 // reservePessimistic is Reserve in ModePessimistic: this task's share of
 // the customer's overall limit is held as hard, ahead of the usage; a
 // lower limit of level l, if the policy has one, is also held, by
 // measurement.
 func (e *Enforcer) reservePessimistic(customer string, l criticality.Level, limit float64) (Reservation, error) {
-	overall, _ := e.limits.Load().Limit(customer, criticality.CriticalPlus)
+	overall, _ := e.limits.Limit(customer, criticality.CriticalPlus)
 	if limit < overall && e.usage.WindowFrom(customer, l) >= limit {
 		return Reservation{}, e.refuse(customer, l)
 	}
@@ -190,10 +186,10 @@ func (e *Enforcer) reservePessimistic(customer string, l criticality.Level, limi
 }
 
 // Done records what an admitted request of customer at level l cost: it
-// adds it to the Usage and, in ModePessimistic, settles the customer's
+// adds it to the usage Table and, in ModePessimistic, settles the customer's
 // budget against r, what the request reserved (from Reserve; a zero
 // Reservation, as from Admit, charges the whole cost). Call it once per
-// admitted request, instead of Usage.Add.
+// admitted request, instead of the Table's Add.
 func (e *Enforcer) Done(customer string, l criticality.Level, r Reservation, cpu time.Duration) {
 	customer = accounted(customer)
 	e.usage.Add(customer, l, cpu)

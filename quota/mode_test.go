@@ -2,11 +2,13 @@ package quota
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 func TestParseMode(t *testing.T) {
@@ -33,9 +35,9 @@ func TestParseMode(t *testing.T) {
 
 func nanF() float64 { var z float64; return z / z }
 
-func mustUsage(t *testing.T) *Usage {
+func mustUsage(t *testing.T) *usage.Table {
 	t.Helper()
-	u, err := NewUsage()
+	u, err := usage.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,8 +54,8 @@ func TestPessimisticHoldsTheLimitAheadOfUsage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		u, _ := NewUsage(WithClock(clk))
-		e, err := NewEnforcer(p, u, WithClock(clk), WithMode(mode))
+		u, _ := usage.New(usage.WithClock(clk))
+		e, err := NewEnforcer(p, u, WithMode(mode))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,8 +105,8 @@ func TestPessimisticHoldsTheLimitAheadOfUsage(t *testing.T) {
 func TestPessimisticSettlesAndCancels(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := New(Config{Customers: map[string]Limit{"a": {CPU: 1, Hard: true}}})
-	u, _ := NewUsage(WithClock(clk))
-	e, err := NewEnforcer(p, u, WithClock(clk), WithMode(ModePessimistic), WithHeadroom(0))
+	u, _ := usage.New(usage.WithClock(clk))
+	e, err := NewEnforcer(p, u, WithMode(ModePessimistic), WithHeadroom(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,8 +165,8 @@ func TestPessimisticSettlesAndCancels(t *testing.T) {
 func TestPessimisticBudgetsBounded(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := New(Config{Default: Limit{CPU: 1, Hard: true}})
-	u, _ := NewUsage(WithClock(clk), WithMaxTracked(10))
-	e, _ := NewEnforcer(p, u, WithClock(clk), WithMode(ModePessimistic))
+	u, _ := usage.New(usage.WithClock(clk), usage.WithMaxTracked(10))
+	e, _ := NewEnforcer(p, u, WithMode(ModePessimistic))
 	clk.Advance(time.Second)
 	for i := range 1000 {
 		name := "c" + string(rune('a'+i%26)) + string(rune('a'+i/26%26))
@@ -174,5 +176,27 @@ func TestPessimisticBudgetsBounded(t *testing.T) {
 	}
 	if n := len(e.budgets.byName); n > 11 {
 		t.Fatalf("%d budgets, bound 10 + Other", n)
+	}
+}
+
+// Pessimistic budgets at their bound: once the tracked customers have
+// been idle for budgetIdle, a new customer gets a budget of its own
+// instead of Other's for good.
+func TestBudgetsEvictIdleCustomers(t *testing.T) {
+	b := &budgets{max: 100, burst: DefaultBurst.Seconds(), byName: map[string]*budget{}}
+	now := int64(0)
+	for i := range 100 {
+		b.get(fmt.Sprintf("c%d", i), now)
+	}
+	if b.get("late", now) != b.byName[Other] {
+		t.Fatal("a customer past the bound did not share Other's budget")
+	}
+	now += int64(budgetIdle + time.Second)
+	b.get("c0", now).at = now // one customer still active
+	if bg := b.get("newcomer", now); bg == b.byName[Other] || b.byName["newcomer"] != bg {
+		t.Error("after the others went idle, a new customer still shares Other's budget")
+	}
+	if b.byName["c0"] == nil || len(b.byName) > 100 {
+		t.Errorf("%d budgets; the active one kept: %v", len(b.byName), b.byName["c0"] != nil)
 	}
 }

@@ -3,18 +3,20 @@ package quota
 import (
 	"fmt"
 	"math"
+
+	"github.com/triagehq/triage/quota/usage"
 )
 
 // Report is what a task tells the quota service: its id and each
-// customer's usage and demand on it (Usage.Snapshot), and whether it holds
+// customer's usage and demand on it (usage.Table.Snapshot), and whether it holds
 // no lease yet (its process received none since it started).
 type Report struct {
 	Task      string
-	Customers []CustomerUsage
+	Customers []usage.Customer
 	NoLease   bool
 }
 
-// MaxReportCustomers bounds the customers in one Report: what a Usage can
+// MaxReportCustomers bounds the customers in one Report: what a usage.Table can
 // track, plus Other.
 const MaxReportCustomers = MaxCustomers + 1
 

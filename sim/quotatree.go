@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
@@ -144,7 +145,7 @@ type treeTask struct {
 	name      string
 	region    int
 	customers []int
-	usage     *quota.Usage
+	usage     *usage.Table
 	leased    *quota.Leased
 	next      time.Duration
 	refused   []float64 // per customer, refusals owed
@@ -211,7 +212,7 @@ func runQuotaTree(cfg QuotaTreeConfig, scale int, tree bool) (quotaTreeRun, erro
 	tasks := make([]*treeTask, nTasks)
 	servedBy := make([][]int, nCust) // the tasks of each customer
 	for i := range tasks {
-		u, err := quota.NewUsage(quota.WithClock(clk))
+		u, err := usage.New(usage.WithClock(clk))
 		if err != nil {
 			return quotaTreeRun{}, err
 		}
@@ -274,7 +275,7 @@ func runQuotaTree(cfg QuotaTreeConfig, scale int, tree bool) (quotaTreeRun, erro
 			var rep quota.Report
 			rep.Task = r.name
 			for _, g := range r.alloc.Usage() {
-				rep.Customers = append(rep.Customers, quota.CustomerUsage{Customer: g.Customer, Used: g.Used, Demand: g.Demand, Share: r.leased.Share(g.Customer)})
+				rep.Customers = append(rep.Customers, usage.Customer{Customer: g.Customer, Used: g.Used, Demand: g.Demand, Share: r.leased.Share(g.Customer)})
 			}
 			ls, err := top.Refresh(rep)
 			if err != nil {

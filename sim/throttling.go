@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
@@ -151,7 +152,7 @@ const throttlingCustomer = "bulk"
 // requests it is running.
 type throttlingTask struct {
 	name    string
-	usage   *quota.Usage
+	usage   *usage.Table
 	leased  *quota.Leased
 	enf     *quota.Enforcer
 	next    time.Duration // next lease refresh
@@ -180,12 +181,12 @@ func runThrottling(cfg ThrottlingConfig, mode quota.Mode) (*throttlingRun, error
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x7407))
 	tasks := make([]*throttlingTask, cfg.Tasks)
 	for i := range tasks {
-		u, err := quota.NewUsage(quota.WithClock(clk))
+		u, err := usage.New(usage.WithClock(clk))
 		if err != nil {
 			return nil, err
 		}
 		leased := quota.NewLeased(clk, pol)
-		enf, err := quota.NewEnforcer(leased, u, quota.WithClock(clk), quota.WithMode(mode),
+		enf, err := quota.NewEnforcer(leased, u, quota.WithMode(mode),
 			quota.WithEnforcerRandom(rng.Float64))
 		if err != nil {
 			return nil, err

@@ -26,6 +26,7 @@ import (
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
@@ -444,7 +445,7 @@ var benchSink byte
 // run, nothing is refused.
 func benchQuota(b *testing.B) triagegrpc.ServerOption {
 	p, _ := quota.New(quota.Config{Default: quota.Limit{CPU: 1}})
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	e, _ := quota.NewEnforcer(p, u, quota.WithCapacity(64))
 	m, err := cost.New()
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -46,7 +47,7 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	e, err := quota.NewEnforcer(p, u)
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +110,7 @@ func TestServerQuotaOverLoopback(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	snap := map[string]quota.CustomerUsage{}
+	snap := map[string]usage.Customer{}
 	for _, c := range u.Snapshot() {
 		snap[c.Customer] = c
 	}

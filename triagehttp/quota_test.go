@@ -14,6 +14,7 @@ import (
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -44,7 +45,7 @@ func TestQuotaOverLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	e, _ := quota.NewEnforcer(p, u)
 	m, _ := cost.New()
 	mw, err := triagehttp.Middleware(triagehttp.WithIntake(intake.WithTrust(trust.MustNew(trust.Config{Networks: []string{"127.0.0.1/32"}})), intake.WithQuota(e, m)))

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -152,9 +153,9 @@ func TestParity(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 0.000001, Hard: true}}})
-	usage, _ := quota.NewUsage()
-	usage.Add("ads", criticality.Sheddable, time.Second) // "ads" is over its hard limit: its requests are refused out of quota
-	enf, _ := quota.NewEnforcer(pol, usage)
+	table, _ := usage.New()
+	table.Add("ads", criticality.Sheddable, time.Second) // "ads" is over its hard limit: its requests are refused out of quota
+	enf, _ := quota.NewEnforcer(pol, table)
 	meter, err := cost.New()
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +307,7 @@ func TestParity(t *testing.T) {
 		}
 	}
 	// The quota service hands out a lease.
-	ls, err := alloc.Refresh(quota.Report{Task: "t1", Customers: usage.Snapshot()})
+	ls, err := alloc.Refresh(quota.Report{Task: "t1", Customers: table.Snapshot()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,12 +554,12 @@ func countZero(rows []row) int {
 func TestParityWithoutCustomers(t *testing.T) {
 	b := newBoth(t, false)
 	pol, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}, "search": {CPU: 1}}})
-	usage, _ := quota.NewUsage()
-	usage.Add("ads", criticality.Sheddable, time.Second)
-	usage.Add("search", criticality.Critical, time.Second)
-	enf, _ := quota.NewEnforcer(pol, usage)
+	table, _ := usage.New()
+	table.Add("ads", criticality.Sheddable, time.Second)
+	table.Add("search", criticality.Critical, time.Second)
+	enf, _ := quota.NewEnforcer(pol, table)
 	alloc, _ := allocate.New(pol)
-	if _, err := alloc.Refresh(quota.Report{Task: "t1", Customers: usage.Snapshot()}); err != nil {
+	if _, err := alloc.Refresh(quota.Report{Task: "t1", Customers: table.Snapshot()}); err != nil {
 		t.Fatal(err)
 	}
 	b.reg.MustRegister(b.prom.Quota(enf, nil), b.prom.QuotaService(alloc))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -21,12 +22,12 @@ import (
 func TestQuotaMetrics(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 0.001, Hard: true}}})
-	u, _ := quota.NewUsage(quota.WithClock(clk))
+	u, _ := usage.New(usage.WithClock(clk))
 	l := quota.NewLeased(clk, p)
 	a, _ := allocate.New(p, allocate.WithClock(clk))
-	e, _ := quota.NewEnforcer(p, u, quota.WithClock(clk))
+	e, _ := quota.NewEnforcer(p, u)
 	for range 10 {
-		if e.Admit("ads", criticality.Sheddable) == nil {
+		if _, err := e.Reserve("ads", criticality.Sheddable); err == nil {
 			u.Add("ads", criticality.Sheddable, 10*time.Millisecond)
 		}
 		clk.Advance(10 * time.Millisecond)
@@ -107,9 +108,9 @@ triage_quota_task_refresh_age_max_seconds 9
 func TestQuotaMetricsWithoutCustomers(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
 	p, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}, "search": {CPU: 1}}})
-	u, _ := quota.NewUsage(quota.WithClock(clk))
+	u, _ := usage.New(usage.WithClock(clk))
 	a, _ := allocate.New(p, allocate.WithClock(clk))
-	e, _ := quota.NewEnforcer(p, u, quota.WithClock(clk))
+	e, _ := quota.NewEnforcer(p, u)
 	for range 10 {
 		u.Add("ads", criticality.Sheddable, 10*time.Millisecond)
 		u.Add("search", criticality.Sheddable, 30*time.Millisecond)

@@ -57,7 +57,7 @@ type Option func(*Metrics)
 // WithCustomers labels the quota series by customer (Quota's and
 // QuotaService's). Default: off, since a customer's name can identify a
 // person or a tenant and the series multiply by the customers tracked
-// (at most quota.Usage's MaxTracked plus one): usage and demand are then
+// (at most a usage.Table's MaxTracked plus one): usage and demand are then
 // summed over the customers, refusals counted by criticality, and a
 // customer's limits not exported.
 func WithCustomers() Option { return func(m *Metrics) { m.customers = true } }

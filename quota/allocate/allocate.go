@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
@@ -99,7 +100,7 @@ type Allocator struct {
 
 type taskState struct {
 	last     int64
-	customer []quota.CustomerUsage
+	customer []usage.Customer
 	// hold is, per customer, the share the task may be enforcing now: the
 	// larger of the share last granted and the share it last reported,
 	// believed only up to the share last granted (quota.ModePessimistic only).
@@ -274,7 +275,7 @@ func (a *Allocator) inherit(r quota.Report, now int64) quota.Report {
 		if i, ok := at[old.Customer]; ok {
 			cs[i].Demand = max(cs[i].Demand, old.Demand)
 		} else if len(cs) < quota.MaxReportCustomers {
-			cs = append(cs, quota.CustomerUsage{Customer: old.Customer, Demand: old.Demand})
+			cs = append(cs, usage.Customer{Customer: old.Customer, Demand: old.Demand})
 		}
 	}
 	r.Customers = cs
@@ -465,7 +466,7 @@ func (a *Allocator) release(t *taskState) {
 
 // account adds (sign +1) or removes (-1) a task's customers from the
 // totals.
-func (a *Allocator) account(cs []quota.CustomerUsage, sign float64) {
+func (a *Allocator) account(cs []usage.Customer, sign float64) {
 	a.accounted += uint64(len(cs))
 	for _, c := range cs {
 		if c.Demand > 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 // A task cannot claim the others' room by lying about the share it holds
@@ -22,7 +23,7 @@ func TestAllocatorBoundsClaimedShares(t *testing.T) {
 	p, _ := quota.New(quota.Config{Tasks: 2, Customers: map[string]quota.Limit{"a": {CPU: 4}}})
 	grant := func(a *Allocator, task string, demand, claim float64) float64 {
 		t.Helper()
-		ls, err := a.Refresh(quota.Report{Task: task, Customers: []quota.CustomerUsage{{Customer: "a", Demand: demand, Share: claim}}})
+		ls, err := a.Refresh(quota.Report{Task: task, Customers: []usage.Customer{{Customer: "a", Demand: demand, Share: claim}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +82,7 @@ func TestAllocatorBoundsEntries(t *testing.T) {
 	report := func(task string, n int) error {
 		r := quota.Report{Task: task}
 		for i := range n {
-			r.Customers = append(r.Customers, quota.CustomerUsage{Customer: fmt.Sprintf("c%d", i), Demand: 1})
+			r.Customers = append(r.Customers, usage.Customer{Customer: fmt.Sprintf("c%d", i), Demand: 1})
 		}
 		_, err := a.Refresh(r)
 		return err
@@ -143,7 +144,7 @@ func TestRestartedTaskInheritsItsDemand(t *testing.T) {
 		clk.Advance(6 * time.Second) // past learning mode
 		for range 3 {
 			for _, tk := range []string{"x", "y", "z"} {
-				share(quota.Report{Task: tk, Customers: []quota.CustomerUsage{{Customer: "a", Demand: 2, Share: held[tk]}}}) // over the limit: split by demand
+				share(quota.Report{Task: tk, Customers: []usage.Customer{{Customer: "a", Demand: 2, Share: held[tk]}}}) // over the limit: split by demand
 			}
 			clk.Advance(time.Second)
 		}
@@ -180,7 +181,7 @@ func TestUnderLimitRoomIsSplitEvenly(t *testing.T) {
 	got := map[string]float64{}
 	for range 2 {
 		for tk, d := range map[string]float64{"x": 1, "y": 0.5, "z": 0} {
-			ls, err := a.Refresh(quota.Report{Task: tk, Customers: []quota.CustomerUsage{{Customer: "a", Demand: d}}})
+			ls, err := a.Refresh(quota.Report{Task: tk, Customers: []usage.Customer{{Customer: "a", Demand: d}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -284,11 +285,11 @@ func TestAllocatorBounds(t *testing.T) {
 	}
 	for i, r := range []quota.Report{
 		{Task: ""},
-		{Task: "t1", Customers: []quota.CustomerUsage{{Customer: "a b"}}},
-		{Task: "t1", Customers: []quota.CustomerUsage{{Customer: "a"}, {Customer: "a"}}},
-		{Task: "t1", Customers: []quota.CustomerUsage{{Customer: "a", Demand: math.Inf(1)}}},
-		{Task: "t1", Customers: []quota.CustomerUsage{{Customer: "a", Used: [4]float64{-1}}}},
-		{Task: "t1", Customers: []quota.CustomerUsage{{Customer: "a", Share: 1.5}}},
+		{Task: "t1", Customers: []usage.Customer{{Customer: "a b"}}},
+		{Task: "t1", Customers: []usage.Customer{{Customer: "a"}, {Customer: "a"}}},
+		{Task: "t1", Customers: []usage.Customer{{Customer: "a", Demand: math.Inf(1)}}},
+		{Task: "t1", Customers: []usage.Customer{{Customer: "a", Used: [4]float64{-1}}}},
+		{Task: "t1", Customers: []usage.Customer{{Customer: "a", Share: 1.5}}},
 	} {
 		if _, err := a.Refresh(r); err == nil {
 			t.Errorf("bad report %d accepted", i)
@@ -327,12 +328,12 @@ func BenchmarkAllocatorRefresh(b *testing.B) {
 	}
 	reports := make([]quota.Report, tasks)
 	for i := range reports {
-		r := quota.Report{Task: fmt.Sprintf("task-%d", i), Customers: make([]quota.CustomerUsage, perTask)}
+		r := quota.Report{Task: fmt.Sprintf("task-%d", i), Customers: make([]usage.Customer, perTask)}
 		first := i * customers / tasks
 		for j := range perTask {
 			c := (first + j) % customers
 			d := 0.001 * float64(1+(c+i)%7)
-			r.Customers[j] = quota.CustomerUsage{Customer: name(c), Demand: d, Used: [criticality.NumLevels]float64{2: d}}
+			r.Customers[j] = usage.Customer{Customer: name(c), Demand: d, Used: [criticality.NumLevels]float64{2: d}}
 		}
 		reports[i] = r
 	}
@@ -358,7 +359,7 @@ func BenchmarkAllocatorRefresh(b *testing.B) {
 func report(task string, demand map[string]float64) quota.Report {
 	r := quota.Report{Task: task}
 	for c, d := range demand {
-		r.Customers = append(r.Customers, quota.CustomerUsage{Customer: c, Used: [4]float64{criticality.Critical: d / 2}, Demand: d})
+		r.Customers = append(r.Customers, usage.Customer{Customer: c, Used: [4]float64{criticality.Critical: d / 2}, Demand: d})
 	}
 	return r
 }

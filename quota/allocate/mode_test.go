@@ -8,6 +8,7 @@ import (
 
 	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 // In quota.ModePessimistic the shares of a limit held by the tasks never sum to
@@ -24,7 +25,7 @@ func TestAllocatorPessimisticSharesNeverExceedOne(t *testing.T) {
 		held := map[string]float64{} // what each task enforces now
 		worst := 0.0
 		refresh := func(task string, demand float64) {
-			ls, err := a.Refresh(quota.Report{Task: task, Customers: []quota.CustomerUsage{{Customer: "a", Demand: demand, Share: held[task]}}})
+			ls, err := a.Refresh(quota.Report{Task: task, Customers: []usage.Customer{{Customer: "a", Demand: demand, Share: held[task]}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,7 +106,7 @@ func TestPessimisticFailoverNeverOverGrants(t *testing.T) {
 		if h := held[task]; clk.Now().Before(h.expires) {
 			claim = h.share
 		}
-		ls, err := a.Refresh(quota.Report{Task: task, Customers: []quota.CustomerUsage{{Customer: "a", Demand: demand, Share: claim}}, NoLease: claim == 0})
+		ls, err := a.Refresh(quota.Report{Task: task, Customers: []usage.Customer{{Customer: "a", Demand: demand, Share: claim}}, NoLease: claim == 0})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -165,7 +166,7 @@ func TestRefreshWorkFollowsItsReport(t *testing.T) {
 	report := func(i int) quota.Report {
 		r := quota.Report{Task: fmt.Sprintf("t%d", i)}
 		for j := range perTask {
-			r.Customers = append(r.Customers, quota.CustomerUsage{Customer: fmt.Sprintf("c%d", (i+j)%100), Demand: 0.01})
+			r.Customers = append(r.Customers, usage.Customer{Customer: fmt.Sprintf("c%d", (i+j)%100), Demand: 0.01})
 		}
 		return r
 	}
@@ -228,7 +229,7 @@ func TestFreshStartGivesTheSafeShare(t *testing.T) {
 		sum := 0.0
 		var first float64
 		for i, task := range []string{"x", "y", "z", "w"} {
-			ls, err := a.Refresh(quota.Report{Task: task, NoLease: true, Customers: []quota.CustomerUsage{{Customer: "a", Demand: 1}}})
+			ls, err := a.Refresh(quota.Report{Task: task, NoLease: true, Customers: []usage.Customer{{Customer: "a", Demand: 1}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -268,7 +269,7 @@ func TestIdleAllocatorLearnsAgain(t *testing.T) {
 		round := func() float64 {
 			sum := 0.0
 			for _, task := range []string{"x", "y", "z"} {
-				ls, err := a.Refresh(quota.Report{Task: task, Customers: []quota.CustomerUsage{{Customer: "a", Demand: 1, Share: held[task]}}})
+				ls, err := a.Refresh(quota.Report{Task: task, Customers: []usage.Customer{{Customer: "a", Demand: 1, Share: held[task]}}})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/triagehq/triage/triagegrpc/batchproxy"
 
@@ -80,12 +81,12 @@ func TestFloodsOfDistinctCustomersStayBounded(t *testing.T) {
 	const n = 30000
 	for _, transport := range []string{"gRPC", "HTTP"} {
 		t.Run(transport, func(t *testing.T) {
-			usage, err := quota.NewUsage()
+			table, err := usage.New()
 			if err != nil {
 				t.Fatal(err)
 			}
 			p, _ := quota.New(quota.Config{Default: quota.Limit{CPU: 1000}})
-			enf, err := quota.NewEnforcer(p, usage)
+			enf, err := quota.NewEnforcer(p, table)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -174,7 +175,7 @@ func TestFloodsOfDistinctCustomersStayBounded(t *testing.T) {
 			}
 			wg.Wait()
 			grown := int64(heapAfterGC()) - int64(before)
-			snap := usage.Snapshot()
+			snap := table.Snapshot()
 			other := false
 			for _, c := range snap {
 				other = other || c.Customer == quota.Other

@@ -37,6 +37,7 @@ import (
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 	"github.com/triagehq/triage/trust"
@@ -108,7 +109,7 @@ func TestQuotaBackendProcess(t *testing.T) {
 	defer stop()
 	rounds := calibrate(workPerRequest)
 
-	u, err := quota.NewUsage()
+	u, err := usage.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +371,7 @@ func TestQuotasOverLoopback(t *testing.T) {
 	}
 	defer fcc.Close()
 	for i := range 60 {
-		u, _ := quota.NewUsage()
+		u, _ := usage.New()
 		qc, err := quotaservice.NewClient(fcc, fmt.Sprintf("fleet-%d", i), u, quota.NewLeased(nil, nil), quotaservice.WithRefresh(quotaRefresh))
 		if err != nil {
 			t.Fatal(err)

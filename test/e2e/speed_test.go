@@ -22,6 +22,7 @@ import (
 	"github.com/triagehq/triage/internal/testkit/loopback"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/trust"
 )
@@ -56,7 +57,7 @@ func TestSpeedBackendProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	e, err := quota.NewEnforcer(p, u)
 	if err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -69,7 +70,7 @@ func runMode(t *testing.T, mode quota.Mode, scale float64) modeRun {
 	defer cancel()
 	var conns []*grpc.ClientConn
 	for i := range 3 {
-		u, err := quota.NewUsage()
+		u, err := usage.New()
 		if err != nil {
 			t.Fatal(err)
 		}

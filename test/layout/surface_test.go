@@ -19,7 +19,6 @@ const maxExported = 50
 // count as a ceiling it may not pass (issue 58): lower a ceiling when a
 // package shrinks, and delete its line when it fits.
 var overExported = map[string]int{
-	"quota":     71,
 	"admission": 63,
 	"intake":    58,
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -33,9 +34,9 @@ func ExampleClient() {
 	cc, _ := grpc.NewClient(lis.Addr().String(), append(quotaservice.DialOptions(5*time.Second),
 		grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	defer cc.Close()
-	usage, _ := quota.NewUsage()
+	table, _ := usage.New()
 	leased := quota.NewLeased(nil, nil)
-	qc, _ := quotaservice.NewClient(cc, "task-1", usage, leased)
+	qc, _ := quotaservice.NewClient(cc, "task-1", table, leased)
 	if err := qc.RefreshOnce(context.Background()); err != nil {
 		fmt.Println(err)
 		return

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -165,12 +166,12 @@ func reportFromProto(req *quotapb.RefreshRequest) (quota.Report, error) {
 	if len(req.GetCustomers()) > quota.MaxReportCustomers {
 		return quota.Report{}, fmt.Errorf("quota: report has %d customers, at most %d", len(req.GetCustomers()), quota.MaxReportCustomers)
 	}
-	r := quota.Report{Task: req.GetTask(), NoLease: req.GetNoLease(), Customers: make([]quota.CustomerUsage, 0, len(req.GetCustomers()))}
+	r := quota.Report{Task: req.GetTask(), NoLease: req.GetNoLease(), Customers: make([]usage.Customer, 0, len(req.GetCustomers()))}
 	for _, c := range req.GetCustomers() {
 		if len(c.GetUsed()) > criticality.NumLevels {
 			return quota.Report{}, fmt.Errorf("quota: customer %.64q: %d usage values, at most %d", c.GetCustomer(), len(c.GetUsed()), criticality.NumLevels)
 		}
-		cu := quota.CustomerUsage{Customer: c.GetCustomer(), Demand: c.GetDemand(), Share: c.GetShare()}
+		cu := usage.Customer{Customer: c.GetCustomer(), Demand: c.GetDemand(), Share: c.GetShare()}
 		copy(cu.Used[:], c.GetUsed())
 		r.Customers = append(r.Customers, cu)
 	}
@@ -256,7 +257,7 @@ type Client struct {
 	replicas []replicaConn // WithReplicas; empty for one service
 	current  atomic.Int64  // the replica asked first
 	task     string
-	usage    *quota.Usage
+	usage    *usage.Table
 	leased   *quota.Leased
 	clock    clock.Clock
 	random   func() float64
@@ -320,7 +321,7 @@ func WithRandom(f func() float64) ClientOption {
 // NewClient returns a client for task (its id among the service's
 // tasks, a valid customer-style name) that reports u and fills l, over cc
 // (see DialOptions).
-func NewClient(cc grpc.ClientConnInterface, task string, u *quota.Usage, l *quota.Leased, opts ...ClientOption) (*Client, error) {
+func NewClient(cc grpc.ClientConnInterface, task string, u *usage.Table, l *quota.Leased, opts ...ClientOption) (*Client, error) {
 	if err := quota.ValidName(task); err != nil {
 		return nil, fmt.Errorf("quotaservice: quota task id: %v", err)
 	}

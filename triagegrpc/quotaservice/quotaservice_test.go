@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/triagehq/triage/internal/testkit/testcert"
 	"google.golang.org/grpc/credentials"
@@ -53,13 +54,13 @@ func TestQuotaServiceOverLoopback(t *testing.T) {
 	clk.Advance(10 * time.Second) // past learning mode
 	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
 	type task struct {
-		u *quota.Usage
+		u *usage.Table
 		l *quota.Leased
 		c *quotaservice.Client
 	}
 	var tasks []task
 	for i, name := range []string{"task-a", "task-b"} {
-		u, _ := quota.NewUsage()
+		u, _ := usage.New()
 		for range 100 * (1 + 2*i) { // task-b serves three times as much of ads
 			u.Add("ads", criticality.Critical, time.Millisecond)
 		}
@@ -144,7 +145,7 @@ func FuzzRefresh(f *testing.F) {
 func TestRequestsWithoutACustomerKeepTheLease(t *testing.T) {
 	addr, _ := quotaServer(t, quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 4}}, Tasks: 1})
 	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	u.Add("ads", criticality.Critical, time.Millisecond)
 	u.Add(quota.CustomerOf(context.Background()), criticality.Critical, time.Millisecond) // a request without a customer
 	u.Refused("")
@@ -183,7 +184,7 @@ func TestServiceOnAnyServer(t *testing.T) {
 		gs := grpc.NewServer(opts...)
 		quotapb.RegisterQuotaServer(gs, quotaservice.NewService(a))
 		cc := loopback.DialGRPC(t, loopback.ServeGRPC(t, gs))
-		u, _ := quota.NewUsage()
+		u, _ := usage.New()
 		u.Add("ads", criticality.Critical, time.Millisecond)
 		l := quota.NewLeased(nil, nil)
 		c, err := quotaservice.NewClient(cc, "task-a", u, l)
@@ -300,7 +301,7 @@ func TestLeasesRenewWithManyCustomers(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := loopback.DialGRPC(t, addr, quotaservice.DialOptions(time.Second)...)
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	u.Add("customer-000003", criticality.Critical, time.Millisecond)
 	l := quota.NewLeased(nil, p)
 	c, err := quotaservice.NewClient(cc, "task-a", u, l)
@@ -378,7 +379,7 @@ func TestClientSkipsALeaderHintItTried(t *testing.T) {
 		defer cc.Close()
 		conns[name] = cc
 	}
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	qc, err := quotaservice.NewClient(nil, "task-1", u, quota.NewLeased(nil, nil), quotaservice.WithReplicas(conns))
 	if err != nil {
 		t.Fatal(err)

@@ -36,7 +36,7 @@ import (
 	"github.com/triagehq/triage/triagegrpc/lb"
 )
 
-const usage = `triage keeps RPC services standing under overload (SRE book ch. 20-21).
+const helpText = `triage keeps RPC services standing under overload (SRE book ch. 20-21).
 
 Usage:
   triage demo [flags]    the overload drill: a stack of real processes on loopback
@@ -112,7 +112,7 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, opts 
 		opt(o)
 	}
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, helpText)
 		return 2
 	}
 	switch args[0] {
@@ -137,10 +137,10 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, opts 
 	case "help":
 		return runHelp(ctx, args[1:], stdout, stderr, o)
 	case "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, helpText)
 		return 0
 	}
-	fmt.Fprintf(stderr, "triage: unknown command %q\n\n%s", args[0], usage)
+	fmt.Fprintf(stderr, "triage: unknown command %q\n\n%s", args[0], helpText)
 	return 2
 }
 

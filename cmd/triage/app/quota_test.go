@@ -20,6 +20,7 @@ import (
 	"github.com/triagehq/triage/internal/testkit/testcert"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/quota/grantlog"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
 )
 
@@ -127,7 +128,7 @@ func TestQuotaServerReplicas(t *testing.T) {
 		defer cc.Close()
 		conns[r.addr] = cc
 	}
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	leased := quota.NewLeased(nil, nil)
 	qc, err := quotaservice.NewClient(nil, "task-0", u, leased, quotaservice.WithReplicas(conns))
 	if err != nil {

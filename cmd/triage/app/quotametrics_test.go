@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,9 +20,9 @@ import (
 func TestQuotaServerMetricsCustomers(t *testing.T) {
 	pol, _ := quota.New(quota.Config{Customers: map[string]quota.Limit{"ads": {CPU: 1}}})
 	alloc, _ := allocate.New(pol)
-	usage, _ := quota.NewUsage()
-	usage.Add("ads", criticality.Critical, time.Second)
-	if _, err := alloc.Refresh(quota.Report{Task: "t1", Customers: usage.Snapshot()}); err != nil {
+	table, _ := usage.New()
+	table.Add("ads", criticality.Critical, time.Second)
+	if _, err := alloc.Refresh(quota.Report{Task: "t1", Customers: table.Snapshot()}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

@@ -32,10 +32,10 @@ func runVersion(args []string, stdout, stderr io.Writer, o *options) int {
 func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer, o *options) int {
 	switch {
 	case len(args) == 0:
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, helpText)
 		return 0
 	case args[0] == "version" || args[0] == "help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, helpText)
 		return 0
 	case args[0] == "sim" && len(args) == 1:
 		return runSim([]string{"-h"}, stdout, stdout)
@@ -45,7 +45,7 @@ func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer, o *op
 		}
 		return 0
 	}
-	fmt.Fprintf(stderr, "triage help: unknown command %q\n\n%s", args[0], usage)
+	fmt.Fprintf(stderr, "triage help: unknown command %q\n\n%s", args[0], helpText)
 	return 2
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/triagehq/triage/isolate"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/trust"
 )
 
@@ -85,7 +86,7 @@ func Setup(t testing.TB, trustedIP string) ([]intake.Option, *admission.Controll
 	if err != nil {
 		t.Fatal(err)
 	}
-	u, _ := quota.NewUsage()
+	u, _ := usage.New()
 	e, err := quota.NewEnforcer(qp, u)
 	if err != nil {
 		t.Fatal(err)

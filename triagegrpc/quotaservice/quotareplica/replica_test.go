@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/quota/allocate"
+	"github.com/triagehq/triage/quota/usage"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -166,9 +167,9 @@ func TestReplicasElectOneLeaderAndFailOver(t *testing.T) {
 			t.Errorf("follower %s: %v, trailer %v; want UNAVAILABLE naming %s", p.addr, err, trailer, leader.addr)
 		}
 	}
-	usage, _ := quota.NewUsage()
+	table, _ := usage.New()
 	leased := quota.NewLeased(nil, nil)
-	qc, err := quotaservice.NewClient(nil, "task-1", usage, leased, quotaservice.WithReplicas(conns))
+	qc, err := quotaservice.NewClient(nil, "task-1", table, leased, quotaservice.WithReplicas(conns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,9 +272,9 @@ func TestLeaderStopsGrantingWhenEtcdIsAway(t *testing.T) {
 		defer cc.Close()
 		conns[p.addr] = cc
 	}
-	usage, _ := quota.NewUsage()
+	table, _ := usage.New()
 	leased := quota.NewLeased(nil, nil)
-	qc, err := quotaservice.NewClient(nil, "task-1", usage, leased, quotaservice.WithReplicas(conns))
+	qc, err := quotaservice.NewClient(nil, "task-1", table, leased, quotaservice.WithReplicas(conns))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,9 +362,9 @@ func TestPessimisticFailoverGrantsNeverOverlap(t *testing.T) {
 	defer wg.Wait()
 	var clients []*quotaservice.Client
 	startTask := func(name string, cpuPerTick time.Duration) {
-		usage, _ := quota.NewUsage()
+		table, _ := usage.New()
 		leased := quota.NewLeased(nil, nil)
-		qc, err := quotaservice.NewClient(nil, name, usage, leased, quotaservice.WithReplicas(conns), quotaservice.WithRefresh(lease/4))
+		qc, err := quotaservice.NewClient(nil, name, table, leased, quotaservice.WithReplicas(conns), quotaservice.WithRefresh(lease/4))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -379,7 +380,7 @@ func TestPessimisticFailoverGrantsNeverOverlap(t *testing.T) {
 				case <-ctx.Done():
 					return
 				case <-tk.C:
-					usage.Add("ads", criticality.Critical, cpuPerTick)
+					table.Add("ads", criticality.Critical, cpuPerTick)
 				}
 			}
 		}()

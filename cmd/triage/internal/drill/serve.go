@@ -35,6 +35,7 @@ import (
 	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
+	"github.com/triagehq/triage/quota/usage"
 	"github.com/triagehq/triage/retry"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagegrpc/quotaservice"
@@ -331,7 +332,7 @@ func (t *task) startQuota(ctx context.Context) error {
 	} else {
 		qopts = append(qopts, quotaservice.WithReplicas(conns))
 	}
-	u, err := quota.NewUsage()
+	u, err := usage.New()
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,14 @@
-package quota
+// Package usage measures one task's CPU usage per customer and
+// criticality over a sliding window (SRE book ch. 21, "Per-Customer
+// Limits": quotas are in CPU, not requests): what each customer's requests
+// cost, what quota's Enforcer compares with the customer's limits, and
+// what the task reports to the quota service (Snapshot).
+//
+// Create a Table with New; the zero value is not usable. A Table is safe
+// for concurrent use and bounded by WithMaxTracked, not by the customers
+// callers name. Record each served request with Add (or through
+// quota.Enforcer.Done) and each refused one with Refused.
+package usage
 
 import (
 	"errors"
@@ -13,9 +23,9 @@ import (
 	"github.com/triagehq/triage/internal/window"
 )
 
-// Other is the name under which Usage counts customers beyond its bound,
-// and requests that name no customer; the Enforcer holds them to Other's
-// limit.
+// Other is the name under which a Table counts customers beyond its
+// bound, and requests that name no customer; quota's Enforcer holds them
+// to Other's limit.
 const Other = "(other)"
 
 // accounted is the name customer's requests are accounted under: a
@@ -29,7 +39,11 @@ func accounted(customer string) string {
 	return customer
 }
 
-// Usage is one task's CPU usage per customer and criticality over a
+// maxTracked bounds WithMaxTracked: as many customers as a quota policy
+// may name.
+const maxTracked = 100000
+
+// Table is one task's CPU usage per customer and criticality over a
 // sliding window (default 4 s of 20 buckets: long enough that a customer
 // sending 50 requests a second is measured within a few percent, short
 // enough for enforcement to converge within seconds), in CPU-seconds per
@@ -48,9 +62,9 @@ func accounted(customer string) string {
 // known customer, and for an untracked one while the map is full; the map
 // is swept for idle customers at most once a bucket, so a flood of new
 // names costs O(1) per request.
-type Usage struct {
+type Table struct {
 	since  func() time.Duration
-	clock  clock.Clock // since's: an Enforcer of this Usage defaults to it
+	clock  clock.Clock // since's: an Enforcer over this Table reads it
 	width  int64
 	n      int
 	tau    float64 // ns, the time constant of the recent usage
@@ -80,60 +94,61 @@ type usageOf struct {
 	at     int64
 }
 
-// UsageOption configures a Usage.
-type UsageOption interface{ applyUsage(*usageConfig) }
+// Option configures a Table.
+type Option interface{ apply(*config) }
 
-type usageOptionFunc func(*usageConfig)
+type optionFunc func(*config)
 
-func (f usageOptionFunc) applyUsage(c *usageConfig) { f(c) }
+func (f optionFunc) apply(c *config) { f(c) }
 
-type usageConfig struct {
+type config struct {
 	window time.Duration
 	max    int
 	clock  clock.Clock
 }
 
-// withUsageWindow sets the sliding window. Default 4 s.
-func withUsageWindow(d time.Duration) UsageOption {
-	return usageOptionFunc(func(c *usageConfig) { c.window = d })
+// withWindow sets the sliding window. Default 4 s.
+func withWindow(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.window = d })
 }
 
-// ClockOption sets the clock of a Usage or an Enforcer: pass the same one
-// to each (WithClock).
-type ClockOption struct{ c clock.Clock }
+// WithClock sets the Table's clock, which an Enforcer over it reads
+// too. Default clock.Real().
+func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
-// WithClock sets the clock of a Usage or an Enforcer.
-// Default clock.Real(); an Enforcer's default is its Usage's clock.
-func WithClock(c clock.Clock) ClockOption { return ClockOption{c} }
+// WithMaxTracked bounds the customers tracked by name, at most 100,000.
+// Default 10,000.
+func WithMaxTracked(n int) Option { return optionFunc(func(c *config) { c.max = n }) }
 
-func (o ClockOption) applyUsage(cfg *usageConfig)       { cfg.clock = o.c }
-func (o ClockOption) applyEnforcer(cfg *enforcerConfig) { cfg.clock = o.c }
-
-// WithMaxTracked bounds the customers tracked by name. Default 10,000.
-func WithMaxTracked(n int) UsageOption { return usageOptionFunc(func(c *usageConfig) { c.max = n }) }
-
-// NewUsage returns a Usage.
-func NewUsage(opts ...UsageOption) (*Usage, error) {
-	c := usageConfig{window: 4 * time.Second, max: 10000}
+// New returns a Table.
+func New(opts ...Option) (*Table, error) {
+	c := config{window: 4 * time.Second, max: 10000}
 	for _, o := range opts {
-		o.applyUsage(&c)
+		o.apply(&c)
 	}
-	if c.window < 20*time.Millisecond || c.max < 1 || c.max > MaxCustomers {
-		return nil, errors.New("quota: usage window under 20ms or tracked customers out of range")
+	if c.window < 20*time.Millisecond || c.max < 1 || c.max > maxTracked {
+		return nil, errors.New("usage: window under 20ms or tracked customers out of range")
 	}
 	clk := clock.OrReal(c.clock)
 	width := int64(c.window / 20)
-	return &Usage{
+	return &Table{
 		clock: clk, since: clock.SinceFunc(clk, clk.Now()), width: width, n: 20, max: c.max, tau: float64(c.window / 2),
 		all: window.New(width, 20, 1), byName: map[string]*usageOf{},
 	}, nil
 }
 
+// Clock returns the Table's clock (WithClock).
+func (u *Table) Clock() clock.Clock { return u.clock }
+
+// MaxTracked returns how many customers the Table tracks by name
+// (WithMaxTracked).
+func (u *Table) MaxTracked() int { return u.max }
+
 // Window returns the sliding window.
-func (u *Usage) Window() time.Duration { return time.Duration(u.width * int64(u.n)) }
+func (u *Table) Window() time.Duration { return time.Duration(u.width * int64(u.n)) }
 
 // Add counts one served request of customer at level l that cost cpu.
-func (u *Usage) Add(customer string, l criticality.Level, cpu time.Duration) {
+func (u *Table) Add(customer string, l criticality.Level, cpu time.Duration) {
 	if !l.Valid() {
 		l = criticality.Default
 	}
@@ -170,7 +185,7 @@ func (uo *usageOf) decay(now int64, tau float64) {
 }
 
 // Refused counts one refused request of customer.
-func (u *Usage) Refused(customer string) {
+func (u *Table) Refused(customer string) {
 	now := int64(u.since())
 	uo := u.get(customer, now)
 	uo.reqs.Add(now, 0, 1)
@@ -186,7 +201,7 @@ func (uo *usageOf) counter(l criticality.Level) (*window.Counter, bool) {
 	return c, l == criticality.SheddablePlus || l == criticality.CriticalPlus
 }
 
-func (u *Usage) get(customer string, now int64) *usageOf {
+func (u *Table) get(customer string, now int64) *usageOf {
 	customer = accounted(customer)
 	u.mu.RLock()
 	uo := u.byName[customer]
@@ -205,7 +220,7 @@ func (u *Usage) get(customer string, now int64) *usageOf {
 
 // add tracks customer, or counts it under Other when MaxTracked customers
 // are tracked and none has been idle for a window.
-func (u *Usage) add(customer string, now int64) *usageOf {
+func (u *Table) add(customer string, now int64) *usageOf {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if uo := u.byName[customer]; uo != nil {
@@ -232,7 +247,7 @@ func (u *Usage) add(customer string, now int64) *usageOf {
 	return uo
 }
 
-func (u *Usage) lookup(customer string) *usageOf {
+func (u *Table) lookup(customer string) *usageOf {
 	customer = accounted(customer)
 	u.mu.RLock()
 	uo := u.byName[customer]
@@ -241,16 +256,16 @@ func (u *Usage) lookup(customer string) *usageOf {
 }
 
 // perSecond converts a window's sum of microseconds at now to CPU-seconds
-// per second: over the window, or over the part of it the Usage has
+// per second: over the window, or over the part of it the Table has
 // existed (at least one bucket), so that a task just started does not
 // report a quarter of its rate for its first seconds.
-func (u *Usage) perSecond(us float64, now int64) float64 {
+func (u *Table) perSecond(us float64, now int64) float64 {
 	span := min(u.width*int64(u.n), max(now, u.width))
 	return us / 1e6 / time.Duration(span).Seconds()
 }
 
 // levels returns uo's usage per level, in CPU-seconds per second.
-func (u *Usage) levels(uo *usageOf, now int64) (r [criticality.NumLevels]float64) {
+func (u *Table) levels(uo *usageOf, now int64) (r [criticality.NumLevels]float64) {
 	lo, _ := uo.lo.Sums(now)
 	hi, _ := uo.hi.Sums(now)
 	r[criticality.Sheddable] = u.perSecond(lo.A, now)
@@ -262,7 +277,7 @@ func (u *Usage) levels(uo *usageOf, now int64) (r [criticality.NumLevels]float64
 
 // Rate returns customer's usage at level l in CPU-seconds per second over
 // the window.
-func (u *Usage) Rate(customer string, l criticality.Level) float64 {
+func (u *Table) Rate(customer string, l criticality.Level) float64 {
 	uo := u.lookup(customer)
 	if uo == nil || !l.Valid() {
 		return 0
@@ -279,7 +294,7 @@ func (u *Usage) Rate(customer string, l criticality.Level) float64 {
 // sliding window echoes every burst of admissions one window later (the
 // burst leaves the window at once, the customer is let in again at once),
 // and the served rate oscillates instead of settling at the limit.
-func (u *Usage) From(customer string, l criticality.Level) float64 {
+func (u *Table) From(customer string, l criticality.Level) float64 {
 	uo := u.lookup(customer)
 	if uo == nil || !l.Valid() {
 		return 0
@@ -300,7 +315,7 @@ func (u *Usage) From(customer string, l criticality.Level) float64 {
 // Hard limits are held against it, so that over any window a customer
 // uses at most its limit times the window (plus what is in flight when it
 // gets there).
-func (u *Usage) WindowFrom(customer string, l criticality.Level) float64 {
+func (u *Table) WindowFrom(customer string, l criticality.Level) float64 {
 	uo := u.lookup(customer)
 	if uo == nil || !l.Valid() {
 		return 0
@@ -314,7 +329,7 @@ func (u *Usage) WindowFrom(customer string, l criticality.Level) float64 {
 }
 
 // Total returns customer's usage over all levels over the window.
-func (u *Usage) Total(customer string) float64 {
+func (u *Table) Total(customer string) float64 {
 	var t float64
 	for _, l := range criticality.All() {
 		t += u.Rate(customer, l)
@@ -323,21 +338,21 @@ func (u *Usage) Total(customer string) float64 {
 }
 
 // All returns the whole task's usage, every customer together.
-func (u *Usage) All() float64 {
+func (u *Table) All() float64 {
 	now := int64(u.since())
 	w, _ := u.all.Sums(now)
 	return u.perSecond(w.A, now)
 }
 
 // Tracked returns how many customers are tracked by name.
-func (u *Usage) Tracked() int {
+func (u *Table) Tracked() int {
 	u.mu.RLock()
 	defer u.mu.RUnlock()
 	return len(u.byName)
 }
 
-// CustomerUsage is one customer's line in a Snapshot.
-type CustomerUsage struct {
+// Customer is one customer's line in a Snapshot.
+type Customer struct {
 	Customer string
 	// Used is the usage per level (indexed by criticality.Level), in
 	// CPU-seconds per second.
@@ -357,15 +372,15 @@ type CustomerUsage struct {
 
 // Snapshot returns every tracked customer's usage, sorted by name (at
 // most MaxTracked+1 lines), skipping customers idle for a whole window.
-func (u *Usage) Snapshot() []CustomerUsage {
+func (u *Table) Snapshot() []Customer {
 	now := int64(u.since())
 	u.mu.RLock()
-	out := make([]CustomerUsage, 0, len(u.byName))
+	out := make([]Customer, 0, len(u.byName))
 	for name, uo := range u.byName {
 		if now-uo.last.Load() > u.width*int64(u.n) {
 			continue
 		}
-		cu := CustomerUsage{Customer: name, Used: u.levels(uo, now), Refused: uo.refused.Load()}
+		cu := Customer{Customer: name, Used: u.levels(uo, now), Refused: uo.refused.Load()}
 		var used float64
 		for _, v := range cu.Used {
 			used += v

@@ -1,4 +1,4 @@
-package quota
+package usage
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // window after it stops.
 func TestUsageRates(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, err := NewUsage(WithClock(clk), withUsageWindow(10*time.Second))
+	u, err := New(WithClock(clk), withWindow(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,13 +43,13 @@ func TestUsageRates(t *testing.T) {
 	}
 }
 
-// A Usage younger than its window reports rates over the time it has
+// A Table younger than its window reports rates over the time it has
 // existed: a task restarted a second ago that spends 0.5 CPU-seconds per
 // second reports 0.5, not an eighth of it (which made the quota service
 // give a restarted task a sliver of each customer's limit).
 func TestUsageRatesOfAYoungTask(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, err := NewUsage(WithClock(clk), withUsageWindow(8*time.Second))
+	u, err := New(WithClock(clk), withWindow(8*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestUsageRatesOfAYoungTask(t *testing.T) {
 // room.
 func TestUsageIsBounded(t *testing.T) {
 	clk := clock.NewFake(time.Unix(0, 0))
-	u, _ := NewUsage(WithClock(clk), WithMaxTracked(10), withUsageWindow(10*time.Second))
+	u, _ := New(WithClock(clk), WithMaxTracked(10), withWindow(10*time.Second))
 	for i := range 1000 {
 		u.Add(fmt.Sprintf("c%d", i), criticality.Critical, time.Millisecond)
 	}
@@ -89,7 +89,7 @@ func TestUsageIsBounded(t *testing.T) {
 	if n := u.Tracked(); n != 1 || u.Rate("new", criticality.Critical) <= 0 {
 		t.Fatalf("after a window idle: %d tracked", n)
 	}
-	if _, err := NewUsage(WithMaxTracked(0)); err == nil {
+	if _, err := New(WithMaxTracked(0)); err == nil {
 		t.Error("no customer tracked")
 	}
 }

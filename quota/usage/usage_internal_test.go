@@ -1,4 +1,4 @@
-package quota
+package usage
 
 import (
 	"fmt"
@@ -16,7 +16,7 @@ import (
 // room at the next sweep.
 func TestUsageFloodOfNewCustomersIsO1(t *testing.T) {
 	f := clock.NewFake(time.Unix(0, 0))
-	u, err := NewUsage(WithMaxTracked(1000), WithClock(f))
+	u, err := New(WithMaxTracked(1000), WithClock(f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,27 +40,5 @@ func TestUsageFloodOfNewCustomersIsO1(t *testing.T) {
 	u.Add("newcomer", criticality.Critical, time.Millisecond)
 	if u.lookup("newcomer") == nil {
 		t.Error("an idle window later, a new customer is still not tracked")
-	}
-}
-
-// Pessimistic budgets at their bound: once the tracked customers have
-// been idle for budgetIdle, a new customer gets a budget of its own
-// instead of Other's for good.
-func TestBudgetsEvictIdleCustomers(t *testing.T) {
-	b := &budgets{max: 100, burst: DefaultBurst.Seconds(), byName: map[string]*budget{}}
-	now := int64(0)
-	for i := range 100 {
-		b.get(fmt.Sprintf("c%d", i), now)
-	}
-	if b.get("late", now) != b.byName[Other] {
-		t.Fatal("a customer past the bound did not share Other's budget")
-	}
-	now += int64(budgetIdle + time.Second)
-	b.get("c0", now).at = now // one customer still active
-	if bg := b.get("newcomer", now); bg == b.byName[Other] || b.byName["newcomer"] != bg {
-		t.Error("after the others went idle, a new customer still shares Other's budget")
-	}
-	if b.byName["c0"] == nil || len(b.byName) > 100 {
-		t.Errorf("%d budgets; the active one kept: %v", len(b.byName), b.byName["c0"] != nil)
 	}
 }
