@@ -54,7 +54,7 @@ func (c *Controller) maybeAdjust(now int64) {
 	c.probingNow.Store(c.ls.Probing)
 	if next := c.ls.Limit; next != last {
 		c.limit.Store(next)
-		c.obs.LimitChanged(int(next))
+		c.tell(Event{Kind: LimitChanged, Limit: int(next)})
 		if next > last {
 			c.mu.Lock()
 			c.dispatch()

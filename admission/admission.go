@@ -82,35 +82,39 @@ func (r Reason) String() string {
 	return "unknown"
 }
 
-// Observer is told what a Controller decides. Methods must be cheap and
-// safe for concurrent use; triageprom implements it.
+// Observer is told what a Controller decides, one Event at a time.
+// Observe must be cheap and safe for concurrent use; triageprom and
+// triageotel implement it.
 type Observer interface {
-	// Admitted: a request got an execution slot.
-	Admitted(l criticality.Level)
-	// Rejected: a request was rejected; dontRetry is true when the answer
-	// was "overloaded; don't retry".
-	Rejected(l criticality.Level, r Reason, dontRetry bool)
-	// LimitChanged: the controller set a new execution limit.
-	LimitChanged(limit int)
-	// Degraded: Degrade told a request of level l to serve a degraded
-	// answer.
-	Degraded(l criticality.Level)
+	Observe(e Event)
 }
 
-// WaitObserver is an Observer that also learns how long each request that
-// got an execution slot waited in the queue for it: 0 for one that got a
-// slot at once. The Controller calls Waited if its Observer has it.
-type WaitObserver interface {
-	Waited(l criticality.Level, d time.Duration)
+// EventKind says what an Event reports.
+type EventKind uint8
+
+const (
+	// Admitted: a request got an execution slot, after Event.Wait in the
+	// queue (0: at once).
+	Admitted EventKind = iota + 1
+	// Rejected: a request was rejected for Event.Reason; Event.DontRetry
+	// says the answer was "overloaded; don't retry".
+	Rejected
+	// LimitChanged: the controller set a new execution limit, Event.Limit.
+	LimitChanged
+	// Degraded: Degrade told a request to serve a degraded answer.
+	Degraded
+)
+
+// Event is one of a Controller's decisions: about a request of Level,
+// for every Kind but LimitChanged.
+type Event struct {
+	Kind      EventKind
+	Level     criticality.Level
+	Reason    Reason        // Rejected
+	DontRetry bool          // Rejected
+	Wait      time.Duration // Admitted
+	Limit     int           // LimitChanged
 }
-
-// Nop is an Observer that does nothing.
-type Nop struct{}
-
-func (Nop) Admitted(criticality.Level)               {}
-func (Nop) Rejected(criticality.Level, Reason, bool) {}
-func (Nop) LimitChanged(int)                         {}
-func (Nop) Degraded(criticality.Level)               {}
 
 // Controller is one task's admission control. It is safe for concurrent
 // use. Its memory is bounded: the waiting queue holds at most
@@ -131,7 +135,6 @@ type Controller struct {
 	random  func() float64
 	seeded  bool // random was given: sampling draws from it too
 	obs     Observer
-	waitObs WaitObserver // obs, if it is one
 	gates   []gate
 	maxWait time.Duration
 	// waitServices bounds the wait in mean service times (0: off).
@@ -257,7 +260,6 @@ func New(opts ...Option) (*Controller, error) {
 		maxWait:        DefaultMaxWait,
 		targetDelay:    DefaultTargetDelay,
 		queueFactor:    DefaultQueueFactor,
-		dontRetryRatio: DefaultDontRetryRatio,
 		historyWindow:  DefaultHistoryWindow,
 		messageTimeout: DefaultMessageTimeout,
 		retryAfterMin:  DefaultRetryAfterMin,
@@ -272,23 +274,21 @@ func New(opts ...Option) (*Controller, error) {
 	}
 	clk := clock.OrReal(c.clock)
 	ctl := &Controller{
-		start:          clk.Now(),
-		clock:          clk,
-		random:         c.random,
-		obs:            c.obs,
-		waitObs:        waitObserver(c.obs),
-		gates:          c.gates,
-		maxWait:        c.maxWait,
-		waitServices:   c.waitServices,
-		targetDelay:    int64(c.targetDelay),
-		interval:       int64(c.interval),
-		tolerance:      c.tolerance,
-		minLimit:       int64(c.minLimit),
-		maxLimit:       int64(c.maxLimit),
-		queueFactor:    int64(c.queueFactor),
-		dontRetryRatio: c.dontRetryRatio,
-		maxStalled:     int64(c.maxStalled),
-		attempts:       window.New(int64(c.historyWindow/20), 20, 1),
+		start:        clk.Now(),
+		clock:        clk,
+		random:       c.random,
+		obs:          c.obs,
+		gates:        c.gates,
+		maxWait:      c.maxWait,
+		waitServices: c.waitServices,
+		targetDelay:  int64(c.targetDelay),
+		interval:     int64(c.interval),
+		tolerance:    c.tolerance,
+		minLimit:     int64(c.minLimit),
+		maxLimit:     int64(c.maxLimit),
+		queueFactor:  int64(c.queueFactor),
+		maxStalled:   int64(c.maxStalled),
+		attempts:     window.New(int64(c.historyWindow/20), 20, 1),
 	}
 	ctl.since = clock.SinceFunc(clk, ctl.start)
 	ctl.measureWith(&c)
@@ -297,9 +297,6 @@ func New(opts ...Option) (*Controller, error) {
 		ctl.random = rand.Float64
 	} else {
 		ctl.seeded = true
-	}
-	if ctl.obs == nil {
-		ctl.obs = Nop{}
 	}
 	ctl.hot = new(hotLine)
 	ctl.prestart.init(&ctl.hot.prestart, &ctl.lv)
@@ -420,42 +417,17 @@ func Tee(obs ...Observer) Observer {
 	return out
 }
 
+// tell tells the Observer, if there is one, of e.
+func (c *Controller) tell(e Event) {
+	if c.obs != nil {
+		c.obs.Observe(e)
+	}
+}
+
 type tee []Observer
 
-func (t tee) Waited(l criticality.Level, d time.Duration) {
+func (t tee) Observe(e Event) {
 	for _, o := range t {
-		if w, ok := o.(WaitObserver); ok {
-			w.Waited(l, d)
-		}
+		o.Observe(e)
 	}
-}
-
-func (t tee) Admitted(l criticality.Level) {
-	for _, o := range t {
-		o.Admitted(l)
-	}
-}
-
-func (t tee) Rejected(l criticality.Level, r Reason, dontRetry bool) {
-	for _, o := range t {
-		o.Rejected(l, r, dontRetry)
-	}
-}
-
-func (t tee) LimitChanged(limit int) {
-	for _, o := range t {
-		o.LimitChanged(limit)
-	}
-}
-
-func (t tee) Degraded(l criticality.Level) {
-	for _, o := range t {
-		o.Degraded(l)
-	}
-}
-
-// waitObserver returns o as a WaitObserver, or nil if it is not one.
-func waitObserver(o Observer) WaitObserver {
-	w, _ := o.(WaitObserver)
-	return w
 }

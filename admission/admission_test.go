@@ -34,18 +34,24 @@ type counter struct {
 	degraded int
 }
 
-func (o *counter) Admitted(criticality.Level) { o.admitted++ }
-func (o *counter) Rejected(_ criticality.Level, r admission.Reason, dr bool) {
-	if o.rejected == nil {
-		o.rejected = map[admission.Reason]int{}
-	}
-	o.rejected[r]++
-	if dr {
-		o.dr++
+func (o *counter) Observe(e admission.Event) {
+	switch e.Kind {
+	case admission.Admitted:
+		o.admitted++
+	case admission.Rejected:
+		if o.rejected == nil {
+			o.rejected = map[admission.Reason]int{}
+		}
+		o.rejected[e.Reason]++
+		if e.DontRetry {
+			o.dr++
+		}
+	case admission.LimitChanged:
+		o.limits = append(o.limits, e.Limit)
+	case admission.Degraded:
+		o.degraded++
 	}
 }
-func (o *counter) LimitChanged(n int)         { o.limits = append(o.limits, n) }
-func (o *counter) Degraded(criticality.Level) { o.degraded++ }
 
 func reason(t *testing.T, err error) admission.Reason {
 	t.Helper()
@@ -259,12 +265,16 @@ func TestCancelledWaiterLeavesTheQueue(t *testing.T) {
 // that have not started yet: those are refused when they reach Start.
 func TestArriveBoundsPendingByCriticality(t *testing.T) {
 	c := mustNew(t, admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0))
-	var held []*admission.Ticket
+	type arrived struct {
+		tk *admission.Ticket
+		l  criticality.Level
+	}
+	var held []arrived
 	admit := func(l criticality.Level) error {
 		tk := &admission.Ticket{}
 		err := c.Arrive(tk, l, 0, time.Time{}, 0)
 		if err == nil {
-			held = append(held, tk)
+			held = append(held, arrived{tk, l})
 		}
 		return err
 	}
@@ -292,15 +302,15 @@ func TestArriveBoundsPendingByCriticality(t *testing.T) {
 	}
 	// The displaced SHEDDABLE are refused at Start; CRITICAL_PLUS run.
 	refused := 0
-	for _, tk := range held {
-		err := c.Start(context.Background(), tk)
+	for _, a := range held {
+		err := c.Start(context.Background(), a.tk)
 		if err != nil {
-			if tk.Level() != criticality.Sheddable {
-				t.Fatalf("%v refused at Start: %v", tk.Level(), err)
+			if a.l != criticality.Sheddable {
+				t.Fatalf("%v refused at Start: %v", a.l, err)
 			}
 			refused++
 		}
-		c.Done(tk)
+		c.Done(a.tk)
 	}
 	if refused != 10 {
 		t.Fatalf("%d SHEDDABLE refused at Start, want 10", refused)
@@ -432,23 +442,25 @@ func queuedReturns(t *testing.T, c *admission.Controller, n int64) {
 	}
 }
 
-// waits records what a WaitObserver is told.
+// waits records the waits of the Admitted events an Observer is told.
 type waits struct {
-	admission.Nop
 	mu sync.Mutex
 	d  []time.Duration
 }
 
-func (w *waits) Waited(_ criticality.Level, d time.Duration) {
+func (w *waits) Observe(e admission.Event) {
+	if e.Kind != admission.Admitted {
+		return
+	}
 	w.mu.Lock()
-	w.d = append(w.d, d)
+	w.d = append(w.d, e.Wait)
 	w.mu.Unlock()
 }
 
-// An Observer that is a WaitObserver learns each admitted request's wait
+// An Observer learns each admitted request's wait
 // for its slot: 0 for one that got it at once, the time it queued for
 // one that waited (on the fake clock).
-func TestWaitObserverLearnsTheQueueWait(t *testing.T) {
+func TestObserverLearnsTheQueueWait(t *testing.T) {
 	f := clock.NewFake(epoch)
 	w := &waits{}
 	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Hour), admission.WithObserver(w))

@@ -34,12 +34,12 @@ const (
 	probeEvery = 50
 	// DefaultMaxLimit bounds the execution limit.
 	DefaultMaxLimit = 10000
-	// DefaultDontRetryRatio: when at least this share of recent requests
+	// DontRetryRatio: when at least this share of recent requests
 	// are retries, rejections say "overloaded; don't retry". Clients' retry
 	// budgets keep retries under about 10% of requests even when every
 	// task rejects, so a task seeing 5% retries is seeing other tasks
 	// reject a large share of their traffic.
-	DefaultDontRetryRatio = 0.05
+	DontRetryRatio = 0.05
 	// DefaultMessageTimeout bounds the time from a request's arrival to
 	// its Start under SchedulerDelay: for a gRPC unary call, the time its
 	// client takes to send the message after its headers. A datacenter
@@ -100,7 +100,6 @@ type config struct {
 	waitServices   float64
 	targetDelay    time.Duration
 	queueFactor    int
-	dontRetryRatio float64
 	historyWindow  time.Duration
 	gates          []gate
 	delay          DelayMeasure
@@ -125,7 +124,7 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg
 // virtual time is reproducible. Default math/rand/v2.
 func WithRandom(f func() float64) Option { return optionFunc(func(c *config) { c.random = f }) }
 
-// WithObserver sets the Observer. Default Nop.
+// WithObserver sets the Observer. Default: none.
 func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }
 
 // WithSignal adds a utilization signal with its per-criticality
@@ -219,13 +218,6 @@ func WithSaturation(s signals.Signal) Option {
 // execution limit (plus 8). Default 4.
 func WithQueueFactor(n int) Option { return optionFunc(func(c *config) { c.queueFactor = n }) }
 
-// WithDontRetryRatio sets the share of retries in recent requests above
-// which rejections say "overloaded; don't retry" (in (0, 1]; 1 disables it
-// in practice). Default DefaultDontRetryRatio.
-func WithDontRetryRatio(r float64) Option {
-	return optionFunc(func(c *config) { c.dontRetryRatio = r })
-}
-
 // WithMaxStalled bounds the requests stalled at once (Stall): a request
 // that would stall past it keeps its execution slot while it waits on its
 // client; 0 stalls none. Default DefaultMaxStalled; at most 2^20.
@@ -254,8 +246,6 @@ func (c *config) validate() error {
 		return fmt.Errorf("%w: message timeout must be positive, got %v", ErrConfig, c.messageTimeout)
 	case c.delay > ArrivalDelay:
 		return fmt.Errorf("%w: unknown delay measure %d", ErrConfig, c.delay)
-	case !(c.dontRetryRatio > 0 && c.dontRetryRatio <= 1):
-		return fmt.Errorf("%w: don't-retry ratio must be in (0, 1], got %v", ErrConfig, c.dontRetryRatio)
 	}
 	if err := c.validateRetryAfter(); err != nil {
 		return err

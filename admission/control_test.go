@@ -400,7 +400,7 @@ func TestNewErrors(t *testing.T) {
 	for _, opts := range [][]admission.Option{
 		{admission.WithInterval(time.Microsecond)}, {admission.WithTolerance(1)},
 		{admission.WithLimits(0, 1, 1)}, {admission.WithLimits(2, 1, 3)}, {admission.WithLimits(1, 1, 1<<21)},
-		{admission.WithMaxWait(0)}, {admission.WithMaxWaitServiceTimes(-1)}, {admission.WithQueueFactor(-1)}, {admission.WithDontRetryRatio(0)},
+		{admission.WithMaxWait(0)}, {admission.WithMaxWaitServiceTimes(-1)}, {admission.WithQueueFactor(-1)},
 		{admission.WithMaxStalled(-1)}, {admission.WithMaxStalled(1<<20 + 1)},
 		{admission.WithSignal(nil, admission.DefaultThresholds())}, {admission.WithSignal(&fixed{}, bad)},
 		{admission.WithRetryAfter(0, time.Second)}, {admission.WithRetryAfter(2*time.Second, time.Second)},

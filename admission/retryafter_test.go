@@ -117,7 +117,7 @@ func TestAttemptHistogram(t *testing.T) {
 		c.Done(&tk)
 		want[l][min(n, 2)]++
 	}
-	if got := c.Attempts(); got != want {
-		t.Fatalf("Attempts() = %v, want %v", got, want)
+	if got := c.Stats().Attempts; got != want {
+		t.Fatalf("Stats().Attempts = %v, want %v", got, want)
 	}
 }

@@ -16,13 +16,13 @@ func (c *Controller) Degrade(l criticality.Level) bool {
 		l = criticality.Default
 	}
 	if c.queued.Load() > 0 || c.occupancy(c.now()) >= c.capFor(criticality.Sheddable) {
-		c.obs.Degraded(l)
+		c.tell(Event{Kind: Degraded, Level: l})
 		return true
 	}
 	for i := range c.gates {
 		g := &c.gates[i]
 		if g.sig.Utilization() >= g.th.Start[l]-0.1 {
-			c.obs.Degraded(l)
+			c.tell(Event{Kind: Degraded, Level: l})
 			return true
 		}
 	}
@@ -71,14 +71,16 @@ type Stats struct {
 	// QueueShed is, per criticality, the share of RunQueued arrivals shed
 	// now for the queueing delay (reason Queue).
 	QueueShed [criticality.NumLevels]float64
-	// Signals are the current utilizations, by signal name.
-	Signals []SignalValue
-}
-
-// SignalValue is one signal's reading.
-type SignalValue struct {
-	Name        string
-	Utilization float64
+	// Signals are the current utilizations, by signal name (nil without
+	// WithSignal).
+	Signals map[string]float64
+	// Attempts is the attempt histogram (SRE book ch. 21, Figure 21-1):
+	// per criticality and attempt counter, the requests that arrived since
+	// the Controller started, from the same samples as the window of it
+	// the don't-retry rule reads (the last DefaultHistoryWindow): under
+	// heavy traffic, when only one request in eight is sampled, each
+	// sampled request counts for eight.
+	Attempts [criticality.NumLevels][AttemptBuckets]uint64
 }
 
 // Overloaded reports whether the Controller rejected a request for load
@@ -93,21 +95,6 @@ func (c *Controller) Overloaded() bool {
 // attempt counter's values 0 (first attempt), 1 and 2 (the book's three
 // attempts; a larger counter counts as 2).
 const AttemptBuckets = 3
-
-// Attempts returns the attempt histogram (SRE book ch. 21, Figure 21-1):
-// per criticality and attempt counter, the requests that arrived since the
-// Controller started, from the same samples as the window of it the
-// don't-retry rule reads (the last DefaultHistoryWindow): under heavy
-// traffic, when only one request in eight is sampled, each sampled request
-// counts for eight.
-func (c *Controller) Attempts() (h [criticality.NumLevels][AttemptBuckets]uint64) {
-	for l := range h {
-		for a := range h[l] {
-			h[l][a] = c.attempted[l][a].Load()
-		}
-	}
-	return h
-}
 
 // Stats returns a snapshot.
 func (c *Controller) Stats() Stats {
@@ -134,8 +121,16 @@ func (c *Controller) Stats() Stats {
 	if w, _ := c.attempts.Sums(c.now()); w.A > 0 {
 		s.RetryShare = w.B / w.A
 	}
-	for _, g := range c.gates {
-		s.Signals = append(s.Signals, SignalValue{g.sig.Name(), g.sig.Utilization()})
+	for l := range s.Attempts {
+		for a := range s.Attempts[l] {
+			s.Attempts[l][a] = c.attempted[l][a].Load()
+		}
+	}
+	if len(c.gates) > 0 {
+		s.Signals = make(map[string]float64, len(c.gates))
+		for _, g := range c.gates {
+			s.Signals[g.sig.Name()] = g.sig.Utilization()
+		}
 	}
 	return s
 }

@@ -29,13 +29,6 @@ type Ticket struct {
 	probe           bool    // sampled: started while the baseline probe ran
 }
 
-// Level returns the request's criticality.
-func (t *Ticket) Level() criticality.Level { return t.level }
-
-// Queued reports whether Start gave the request its execution slot after
-// a wait in the queue (rather than at once).
-func (t *Ticket) Queued() bool { return t.queued }
-
 const (
 	ticketPending   uint8 = iota + 1 // arrived, Start not called
 	ticketScheduled                  // its goroutine ran (Scheduled), Start not called
@@ -254,7 +247,7 @@ func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
 	if c.retriesHigh(now) {
 		dr = 1
 	}
-	c.obs.Rejected(l, r, dr == 1)
+	c.tell(Event{Kind: Rejected, Level: l, Reason: r, DontRetry: dr == 1})
 	return c.errs[r][dr][c.retrySlot(l, now)]
 }
 
@@ -263,7 +256,7 @@ func (c *Controller) reject(l criticality.Level, r Reason, now int64) error {
 // don't retry".
 func (c *Controller) retriesHigh(now int64) bool {
 	w, _ := c.attempts.Sums(now)
-	return w.A >= dontRetryMinRequests/float64(c.sampleMask.Load()+1) && w.B >= c.dontRetryRatio*w.A
+	return w.A >= dontRetryMinRequests/float64(c.sampleMask.Load()+1) && w.B >= DontRetryRatio*w.A
 }
 
 // Start gives the request an execution slot, waiting for one if needed (at
@@ -359,10 +352,7 @@ func (c *Controller) started(t *Ticket, waited time.Duration) error {
 		t.mark = c.paused.Load()
 	}
 	t.probe = t.sampled && c.probingNow.Load()
-	c.obs.Admitted(t.level)
-	if c.waitObs != nil {
-		c.waitObs.Waited(t.level, waited)
-	}
+	c.tell(Event{Kind: Admitted, Level: t.level, Wait: waited})
 	return nil
 }
 

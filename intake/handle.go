@@ -275,11 +275,7 @@ func (h *Handle) start(wait context.Context) error {
 		}
 		x.cost.StartWith(x.meter, b)
 	}
-	if x.ticket.Queued() {
-		h.traceStart(x.since(began), nil)
-	} else {
-		h.traceStart(0, nil)
-	}
+	h.traceStart(x.since(began), nil)
 	return nil
 }
 

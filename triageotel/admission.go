@@ -2,7 +2,6 @@ package triageotel
 
 import (
 	"context"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -97,35 +96,27 @@ func (m *Metrics) Admission() *AdmissionObserver {
 	return o
 }
 
-// Admitted implements admission.Observer.
-func (o *AdmissionObserver) Admitted(l criticality.Level) {
-	o.in.admitted.Add(bg, 1, o.admitted[lvl(l)])
-}
-
-// Rejected implements admission.Observer.
-func (o *AdmissionObserver) Rejected(l criticality.Level, r admission.Reason, dontRetry bool) {
-	if r >= admission.NumReasons {
-		return
+// Observe implements admission.Observer.
+func (o *AdmissionObserver) Observe(e admission.Event) {
+	l := lvl(e.Level)
+	switch e.Kind {
+	case admission.Admitted:
+		o.in.admitted.Add(bg, 1, o.admitted[l])
+		o.in.wait.Record(bg, e.Wait.Seconds(), o.wait[l])
+	case admission.Rejected:
+		if e.Reason < admission.NumReasons {
+			i := 0
+			if e.DontRetry {
+				i = 1
+			}
+			o.in.rejected.Add(bg, 1, o.rejected[l][e.Reason][i])
+		}
+	case admission.Degraded:
+		o.in.degraded.Add(bg, 1, o.degraded[l])
+	case admission.LimitChanged:
+		o.in.limit.Record(bg, int64(e.Limit))
 	}
-	i := 0
-	if dontRetry {
-		i = 1
-	}
-	o.in.rejected.Add(bg, 1, o.rejected[lvl(l)][r][i])
 }
-
-// Waited implements admission.WaitObserver.
-func (o *AdmissionObserver) Waited(l criticality.Level, d time.Duration) {
-	o.in.wait.Record(bg, d.Seconds(), o.wait[lvl(l)])
-}
-
-// Degraded implements admission.Observer.
-func (o *AdmissionObserver) Degraded(l criticality.Level) {
-	o.in.degraded.Add(bg, 1, o.degraded[lvl(l)])
-}
-
-// LimitChanged implements admission.Observer.
-func (o *AdmissionObserver) LimitChanged(n int) { o.in.limit.Record(bg, int64(n)) }
 
 var _ admission.Observer = (*AdmissionObserver)(nil)
 
@@ -153,13 +144,13 @@ func (m *Metrics) AdmissionState(ctl *admission.Controller, kv ...attribute.KeyV
 		ob.ObserveInt64(a.stalled, int64(st.Stalled), with())
 		ob.ObserveFloat64(a.service, st.ServiceTime.Seconds(), with())
 		ob.ObserveFloat64(a.retryShare, st.RetryShare, with())
-		for _, sv := range st.Signals {
-			ob.ObserveFloat64(a.signal, sv.Utilization, with(keySignal.String(sv.Name)))
+		for name, u := range st.Signals {
+			ob.ObserveFloat64(a.signal, u, with(keySignal.String(name)))
 		}
 		for l, f := range st.Forced {
 			ob.ObserveFloat64(a.forced, f, with(keyCriticality.String(criticality.Level(l).String())))
 		}
-		for l, row := range ctl.Attempts() {
+		for l, row := range st.Attempts {
 			for n, v := range row {
 				ob.ObserveInt64(a.attempts, int64(v), with(keyCriticality.String(criticality.Level(l).String()), keyAttempt.String(itoa(n))))
 			}

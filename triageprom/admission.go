@@ -2,7 +2,6 @@ package triageprom
 
 import (
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -48,24 +47,30 @@ func (m *Metrics) Admission() *AdmissionObserver {
 	return o
 }
 
-// Admitted implements admission.Observer.
-func (o *AdmissionObserver) Admitted(l criticality.Level) { o.admitted[lvl(l)].Inc() }
-
-// Rejected implements admission.Observer.
-func (o *AdmissionObserver) Rejected(l criticality.Level, r admission.Reason, dontRetry bool) {
-	if r >= admission.NumReasons {
-		return
+// Observe implements admission.Observer.
+func (o *AdmissionObserver) Observe(e admission.Event) {
+	l := lvl(e.Level)
+	switch e.Kind {
+	case admission.Admitted:
+		o.admitted[l].Inc()
+		o.wait[l].get().Observe(e.Wait.Seconds())
+	case admission.Rejected:
+		if e.Reason < admission.NumReasons {
+			o.rejected[l][e.Reason][b2i(e.DontRetry)].Inc()
+		}
+	case admission.Degraded:
+		o.degraded[l].Inc()
+	case admission.LimitChanged:
+		o.limit.Set(float64(e.Limit))
 	}
-	i := 0
-	if dontRetry {
-		i = 1
-	}
-	o.rejected[lvl(l)][r][i].Inc()
 }
 
-// Waited implements admission.WaitObserver.
-func (o *AdmissionObserver) Waited(l criticality.Level, d time.Duration) {
-	o.wait[lvl(l)].get().Observe(d.Seconds())
+// b2i is 1 for true, 0 for false.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // lazyObserver is one series of a histogram vector, made at its first use.
@@ -81,13 +86,7 @@ func (l *lazyObserver) get() prometheus.Observer {
 	return l.o
 }
 
-// Degraded implements admission.Observer.
-func (o *AdmissionObserver) Degraded(l criticality.Level) { o.degraded[lvl(l)].Inc() }
-
-// LimitChanged implements admission.Observer.
-func (o *AdmissionObserver) LimitChanged(n int) { o.limit.Set(float64(n)) }
-
-var _ admission.WaitObserver = (*AdmissionObserver)(nil)
+var _ admission.Observer = (*AdmissionObserver)(nil)
 
 // AdmissionState returns a collector that reads a Controller's Stats at
 // scrape time: triage_admission_pending, _pending_cap, _executing,
@@ -130,13 +129,13 @@ func collectAdmission(ctl *admission.Controller, ch chan<- prometheus.Metric) {
 	gauge(descStalled, float64(st.Stalled))
 	gauge(descService, st.ServiceTime.Seconds())
 	gauge(descRetryShare, st.RetryShare)
-	for _, sv := range st.Signals {
-		gauge(descSignal, sv.Utilization, sv.Name)
+	for name, u := range st.Signals {
+		gauge(descSignal, u, name)
 	}
 	for l, f := range st.Forced {
 		gauge(descForced, f, criticality.Level(l).String())
 	}
-	for l, row := range ctl.Attempts() {
+	for l, row := range st.Attempts {
 		for a, n := range row {
 			ch <- prometheus.MustNewConstMetric(descAttempts, prometheus.CounterValue, float64(n), criticality.Level(l).String(), attemptLabels[a])
 		}

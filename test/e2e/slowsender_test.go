@@ -248,12 +248,13 @@ func TestSlowConnectionIsRefusedAtArrival(t *testing.T) {
 }
 
 // refusals counts the controller's rejections.
-type refusals struct {
-	admission.Nop
-	n atomic.Int64
-}
+type refusals struct{ n atomic.Int64 }
 
-func (r *refusals) Rejected(criticality.Level, admission.Reason, bool) { r.n.Add(1) }
+func (r *refusals) Observe(e admission.Event) {
+	if e.Kind == admission.Rejected {
+		r.n.Add(1)
+	}
+}
 
 // tagCounter counts the RPCs whose goroutine has run (TagRPC) and those
 // that ended.

@@ -19,8 +19,7 @@ const maxExported = 50
 // count as a ceiling it may not pass (issue 58): lower a ceiling when a
 // package shrinks, and delete its line when it fits.
 var overExported = map[string]int{
-	"admission": 63,
-	"intake":    58,
+	"intake": 58,
 }
 
 // No package's API grows past maxExported, nor past its ceiling.

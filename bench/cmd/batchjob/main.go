@@ -510,10 +510,11 @@ func serverMain(args []string) error {
 
 type rejectCounter struct{ n *atomic.Int64 }
 
-func (rejectCounter) Admitted(criticality.Level)                           {}
-func (r rejectCounter) Rejected(criticality.Level, admission.Reason, bool) { r.n.Add(1) }
-func (rejectCounter) LimitChanged(int)                                     {}
-func (rejectCounter) Degraded(criticality.Level)                           {}
+func (r rejectCounter) Observe(e admission.Event) {
+	if e.Kind == admission.Rejected {
+		r.n.Add(1)
+	}
+}
 
 // proxyMain is the batch proxy, as `triage proxy` sets it up:
 // batchproxy.Proxy with its own admission control (the batch proxy's

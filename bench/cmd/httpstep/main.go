@@ -37,7 +37,6 @@ import (
 	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/statetrace"
 	"github.com/triagehq/triage/bench/internal/triagebin"
-	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
@@ -115,13 +114,18 @@ func serve(args []string) error {
 
 // reasons counts the controller's rejections by reason.
 type reasons struct {
-	admission.Nop
 	n        [admission.NumReasons]atomic.Int64
 	admitted atomic.Int64
 }
 
-func (r *reasons) Rejected(_ criticality.Level, why admission.Reason, _ bool) { r.n[why].Add(1) }
-func (r *reasons) Admitted(criticality.Level)                                 { r.admitted.Add(1) }
+func (r *reasons) Observe(e admission.Event) {
+	switch e.Kind {
+	case admission.Rejected:
+		r.n[e.Reason].Add(1)
+	case admission.Admitted:
+		r.admitted.Add(1)
+	}
+}
 
 // traceState appends the controller's state to name every 100 ms, one
 // JSON line each, until the process ends (TRIAGE_BENCH_TRACE=FILE), with

@@ -361,14 +361,11 @@ type countingObserver struct {
 
 var benchObs = &countingObserver{}
 
-func (o *countingObserver) Admitted(criticality.Level) {}
-func (o *countingObserver) Rejected(l criticality.Level, r admission.Reason, _ bool) {
-	if l.Valid() && r < admission.NumReasons {
-		o.rejected[l][r].Add(1)
+func (o *countingObserver) Observe(e admission.Event) {
+	if e.Kind == admission.Rejected && e.Level.Valid() && e.Reason < admission.NumReasons {
+		o.rejected[e.Level][e.Reason].Add(1)
 	}
 }
-func (o *countingObserver) LimitChanged(int)           {}
-func (o *countingObserver) Degraded(criticality.Level) {}
 
 func (o *countingObserver) snapshot() map[string]int64 {
 	m := map[string]int64{}

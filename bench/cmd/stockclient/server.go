@@ -201,13 +201,12 @@ func printStats(ctl *admission.Controller, obs *reasons) {
 
 // reasons counts rejections by reason.
 type reasons struct {
-	admission.Nop
 	n [admission.NumReasons]atomic.Int64
 }
 
-func (o *reasons) Rejected(_ criticality.Level, r admission.Reason, _ bool) {
-	if r < admission.NumReasons {
-		o.n[r].Add(1)
+func (o *reasons) Observe(e admission.Event) {
+	if e.Kind == admission.Rejected && e.Reason < admission.NumReasons {
+		o.n[e.Reason].Add(1)
 	}
 }
 

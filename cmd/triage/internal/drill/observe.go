@@ -8,13 +8,12 @@ import (
 
 // observer counts the task's admission and client-side refusals among
 // its rejections, by reason and criticality.
-type observer struct {
-	admission.Nop
-	t *task
-}
+type observer struct{ t *task }
 
-func (o observer) Rejected(l criticality.Level, r admission.Reason, _ bool) {
-	o.t.reject("admission " + r.String() + " " + l.String())
+func (o observer) Observe(e admission.Event) {
+	if e.Kind == admission.Rejected {
+		o.t.reject("admission " + e.Reason.String() + " " + e.Level.String())
+	}
 }
 func (o observer) Requested(criticality.Level)       {}
 func (o observer) Answered(criticality.Level, bool)  {}
