@@ -22,8 +22,8 @@ import (
 //     requests may be stalled at once, waiting on their client without a
 //     slot (Handle.ClientWait);
 //   - its slow-sender penalty: once one of its requests was refused
-//     because its sender sent the message late (Handle.SenderLate, or
-//     Handle.MessageTimedOut), its next requests, health checks aside,
+//     because its sender sent the message late (Handle.MessageArrived
+//     long after Handle.Scheduled, or Handle.MessageTimedOut), its next requests, health checks aside,
 //     are refused at Accept for DefaultSlowSenderPenalty, doubling to
 //     MaxSlowSenderPenalty while it offends again, and then it is on
 //     probation for MaxSlowSenderPenalty, holding at most its share of
@@ -33,7 +33,7 @@ import (
 //     callers) is not penalised unless WithTrustedSlowSenderPenalty.
 //
 // A transport makes one Conn per connection when the connection opens
-// (NewConn) and passes it in every Request from that connection
+// (new(Conn)) and passes it in every Request from that connection
 // (Request.Conn); it lives and dies with the connection, in a few words.
 // A Conn belongs to one Intake. Its zero value is ready to use, and it is
 // safe for concurrent use.
@@ -50,11 +50,8 @@ type Conn struct {
 	penalty   time.Duration // the last one given
 }
 
-// NewConn returns the state of a new connection.
-func NewConn() *Conn { return new(Conn) }
-
-// Stalled returns how many of the connection's requests are stalled.
-func (c *Conn) Stalled() int { return int(c.stalls.Load()) }
+// stalled returns how many of the connection's requests are stalled.
+func (c *Conn) stalled() int { return int(c.stalls.Load()) }
 
 // The connection policy's defaults and bounds.
 const (

@@ -40,8 +40,8 @@ func late(t *testing.T, in *intake.Intake, f *clock.Fake, r *intake.Request) {
 	h.Scheduled()
 	f.Advance(admission.DefaultMessageTimeout + time.Millisecond)
 	h.MessageArrived()
-	if err := h.Start(); !isLate(err) || !h.SenderLate() {
-		t.Fatalf("a message %v late: Start %v, SenderLate %v", admission.DefaultMessageTimeout, err, h.SenderLate())
+	if err := h.Start(); !isLate(err) || !intake.SenderLate(h) {
+		t.Fatalf("a message %v late: Start %v, SenderLate %v", admission.DefaultMessageTimeout, err, intake.SenderLate(h))
 	}
 }
 
@@ -57,7 +57,7 @@ func isLate(err error) bool {
 // without their message.
 func TestSlowSenderPenaltyAndProbation(t *testing.T) {
 	in, f := slowIntake(t, intake.WithConnShare(2))
-	conn, other := intake.NewConn(), intake.NewConn()
+	conn, other := new(intake.Conn), new(intake.Conn)
 	r := func(c *intake.Conn) *intake.Request { return &intake.Request{Path: "/svc/M", Conn: c} }
 	late(t, in, f, r(conn))
 
@@ -132,7 +132,7 @@ func TestSlowSenderPenaltyAndProbation(t *testing.T) {
 // second waits on the clock for the pace.
 func TestSlowSenderRefusalsArePacedOnTheClock(t *testing.T) {
 	in, f := slowIntake(t)
-	conn := intake.NewConn()
+	conn := new(intake.Conn)
 	late(t, in, f, &intake.Request{Path: "/svc/M", Conn: conn})
 	if _, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Conn: conn}); err != intake.ErrSlowSender {
 		t.Fatalf("first: %v", err)
@@ -170,7 +170,7 @@ func TestTrustedSlowSenderIsNotPenalised(t *testing.T) {
 			opts = append(opts, intake.WithTrustedSlowSenderPenalty())
 		}
 		in, f := slowIntake(t, opts...)
-		conn := intake.NewConn()
+		conn := new(intake.Conn)
 		late(t, in, f, &intake.Request{Path: "/svc/M", Conn: conn, Peer: peer})
 		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Conn: conn, Peer: peer})
 		if penalise != (err == intake.ErrSlowSender) {
@@ -186,7 +186,7 @@ func TestTrustedSlowSenderIsNotPenalised(t *testing.T) {
 // as a late sender's and penalises the connection.
 func TestMessageTimedOutPenalisesTheConnection(t *testing.T) {
 	in, f := slowIntake(t)
-	conn := intake.NewConn()
+	conn := new(intake.Conn)
 	h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Conn: conn})
 	if err != nil {
 		t.Fatal(err)
@@ -194,8 +194,8 @@ func TestMessageTimedOutPenalisesTheConnection(t *testing.T) {
 	h.Scheduled()
 	f.Advance(admission.DefaultMessageTimeout)
 	h.MessageTimedOut()
-	if !h.SenderLate() || h.Start() == nil {
-		t.Fatalf("after MessageTimedOut: SenderLate %v, want true and Start refused", h.SenderLate())
+	if !intake.SenderLate(h) || h.Start() == nil {
+		t.Fatalf("after MessageTimedOut: SenderLate %v, want true and Start refused", intake.SenderLate(h))
 	}
 	if _, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Conn: conn}); err != intake.ErrSlowSender {
 		t.Fatalf("next request: %v, want ErrSlowSender", err)
@@ -219,8 +219,8 @@ func TestConnShareHalvesTheRoomOfABurst(t *testing.T) {
 				t.Cleanup(h.Abandon)
 			}
 		}
-		c := intake.NewConn()
-		return take(func() *intake.Conn { return c }), take(intake.NewConn)
+		c := new(intake.Conn)
+		return take(func() *intake.Conn { return c }), take(func() *intake.Conn { return new(intake.Conn) })
 	}
 	room, none := burst(0)
 	if none != 0 {
@@ -253,7 +253,7 @@ func TestPeerShareLeavesRoomForOthers(t *testing.T) {
 	var held []*intake.Handle
 	for i := 0; ; i++ {
 		// a connection of its own for each request: the connection share never applies
-		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: attacker, Conn: intake.NewConn()})
+		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: attacker, Conn: new(intake.Conn)})
 		if err != nil {
 			break
 		}
@@ -263,13 +263,13 @@ func TestPeerShareLeavesRoomForOthers(t *testing.T) {
 		}
 	}
 	other := trust.Peer{Addr: netip.MustParseAddr("198.51.100.9")}
-	h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: other, Conn: intake.NewConn()})
+	h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: other, Conn: new(intake.Conn)})
 	if err != nil {
 		t.Fatalf("another peer, beside %d of the attacker's requests: %v, want admitted", len(held), err)
 	}
 	h.Abandon()
 	proxy := trust.Peer{Addr: netip.MustParseAddr("10.0.0.1")}
-	h, err = in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: proxy, Conn: intake.NewConn()})
+	h, err = in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: proxy, Conn: new(intake.Conn)})
 	if err != nil {
 		t.Fatalf("a trusted proxy: %v, want admitted", err)
 	}
@@ -279,7 +279,7 @@ func TestPeerShareLeavesRoomForOthers(t *testing.T) {
 	}
 	// Its count is gone: the attacker is admitted to the whole room again.
 	for i := range len(held) {
-		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: attacker, Conn: intake.NewConn()})
+		h, err := in.Accept(context.Background(), &intake.Request{Path: "/svc/M", Peer: attacker, Conn: new(intake.Conn)})
 		if err != nil {
 			t.Fatalf("after its requests ended, the attacker's request %d: %v", i, err)
 		}

@@ -28,7 +28,7 @@ import (
 // it, from whichever of the request's goroutines waits. Only the
 // handler's own goroutine may call Start and Finish.
 type Handle struct {
-	parent         context.Context
+	parent         // its Deadline, Done and Err are the Handle's
 	customer       string
 	x              *admitted // nil without admission control, quotas and a decay to cancel
 	tr             *traced   // nil without a Tracer
@@ -78,6 +78,10 @@ type admittedHandle struct {
 
 type handleKey struct{}
 
+// parent is the context Accept was given, embedded in its Handle under a
+// name of its own.
+type parent = context.Context
+
 func newHandle(ctx context.Context, l criticality.Level, f facts) *Handle {
 	return &Handle{parent: ctx, level: uint8(l), attempt: uint8(f.attempt), customer: f.customer}
 }
@@ -110,8 +114,10 @@ func (h *Handle) Scheduled() {
 
 // MessageArrived tells the Handle that the request's first message has
 // arrived, where the transport sees it (the gRPC adapter: its stats
-// handler's first InPayload); later calls do nothing. SenderLate then
-// says whether the sender sent it late.
+// handler's first InPayload); later calls do nothing. A message that came
+// more than the message timeout after Scheduled was sent late: if
+// admission then refuses the request as Late, its connection gets a
+// slow-sender penalty (Conn).
 func (h *Handle) MessageArrived() {
 	x := h.x
 	if x == nil || x.ctl == nil {
@@ -139,21 +145,21 @@ func (h *Handle) Received() {
 	}
 }
 
-// SenderLate reports whether the request's first message came more than
+// senderLate reports whether the request's first message came more than
 // the message timeout (admission.Controller.MessageTimeout) after the
 // request's goroutine was ready for it (Scheduled, MessageArrived): a
 // delay its sender caused, not the server (its scheduler, GC, or the
 // interceptors that ran before triage's). It is false when either was not
 // told.
-func (h *Handle) SenderLate() bool {
+func (h *Handle) senderLate() bool {
 	return h.x != nil && h.x.message.Load() == messageLate
 }
 
 // MessageTimedOut ends a request whose transport waited for its message
 // itself, from Scheduled, and gave up after the message timeout
 // (admission.Controller.MessageTimeout; triagehttp's read-ahead of a
-// body): the request is abandoned (Abandon), SenderLate reports true, and
-// its connection gets a slow-sender penalty (Conn).
+// body): the request is abandoned (Abandon), its sender counts as late,
+// and its connection gets a slow-sender penalty (Conn).
 func (h *Handle) MessageTimedOut() {
 	x := h.x
 	if x != nil && x.ctl != nil && !x.readyAt.IsZero() && x.message.CompareAndSwap(0, messageLate) && x.conn.in != nil {
@@ -295,7 +301,7 @@ func (x *admitted) since(t time.Time) time.Duration {
 func (x *admitted) startShadow(h *Handle) {
 	err := x.ctl.Start(h, &x.ticket) // in shadow: never waits
 	if err == nil || errors.Is(err, admission.ErrWouldWait) {
-		if h.SenderLate() { // a message the transport waited for past the timeout, in shadow
+		if h.senderLate() { // a message the transport waited for past the timeout, in shadow
 			done := false
 			x.shadow.shadows(shadow.Admission, "late", criticality.Level(h.level), &done)
 		}
@@ -314,7 +320,7 @@ func (x *admitted) startShadow(h *Handle) {
 // penaliseLate gives the request's connection a slow-sender penalty when
 // err refused it as late and its sender was the one late.
 func (x *admitted) penaliseLate(h *Handle, err error) {
-	if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.SenderLate() {
+	if r, _, ok := admission.RejectionOf(err); ok && r == admission.Late && x.conn.in != nil && h.senderLate() {
 		x.conn.in.penalise(x.conn.c)
 	}
 }
@@ -372,15 +378,6 @@ func (h *Handle) stop() {
 	}
 }
 
-// Deadline implements context.Context.
-func (h *Handle) Deadline() (time.Time, bool) { return h.parent.Deadline() }
-
-// Done implements context.Context.
-func (h *Handle) Done() <-chan struct{} { return h.parent.Done() }
-
-// Err implements context.Context.
-func (h *Handle) Err() error { return h.parent.Err() }
-
 // Value implements context.Context.
 func (h *Handle) Value(key any) any {
 	switch key.(type) {
@@ -400,5 +397,3 @@ func (h *Handle) Value(key any) any {
 	}
 	return h.parent.Value(key)
 }
-
-func (h *Handle) String() string { return "triage request context" }

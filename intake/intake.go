@@ -154,11 +154,6 @@ func New(opts ...Option) (*Intake, error) {
 // so that an adapter computes Request.Group only when it is used.
 func (in *Intake) NeedsGroup() bool { return in.classifier.NeedsGroup() }
 
-// Trusted reports whether p is a peer whose triage keys are believed
-// (WithTrust): a proxy the operator trusts, for example, which adapters
-// do not blame for what the callers behind it do.
-func (in *Intake) Trusted(p trust.Peer) bool { return in.trust.Trusted(p) }
-
 // HeaderCase says how a transport spells header keys.
 type HeaderCase uint8
 

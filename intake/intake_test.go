@@ -290,7 +290,7 @@ func TestOwnWaitsNest(t *testing.T) {
 // the bound, a request waiting on its client keeps its slot.
 func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {
 	in, ctl, f := admittedIntake(t, 4, intake.WithMaxConnStalls(2))
-	conn := intake.NewConn()
+	conn := new(intake.Conn)
 	var hs []*intake.Handle
 	for range 3 {
 		h := started(t, in, &intake.Request{Path: "/svc/M", Conn: conn})
@@ -298,14 +298,14 @@ func TestConnStallsBoundsAConnectionsStalls(t *testing.T) {
 		hs = append(hs, h)
 	}
 	f.Advance(ctl.TargetDelay())
-	if s := ctl.Stats(); s.Stalled != 2 || s.Executing != 1 || conn.Stalled() != 2 {
-		t.Fatalf("3 requests of a connection bounded to 2 stalls waiting: %+v, connection %d", s, conn.Stalled())
+	if s := ctl.Stats(); s.Stalled != 2 || s.Executing != 1 || intake.Stalled(conn) != 2 {
+		t.Fatalf("3 requests of a connection bounded to 2 stalls waiting: %+v, connection %d", s, intake.Stalled(conn))
 	}
 	for _, h := range hs {
 		h.Finish()
 	}
-	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 0 || conn.Stalled() != 0 {
-		t.Fatalf("after Finish: %+v, connection %d", s, conn.Stalled())
+	if s := ctl.Stats(); s.Stalled != 0 || s.Executing != 0 || intake.Stalled(conn) != 0 {
+		t.Fatalf("after Finish: %+v, connection %d", s, intake.Stalled(conn))
 	}
 }
 

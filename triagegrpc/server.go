@@ -275,7 +275,7 @@ func connOf(ctx context.Context) *connState {
 }
 
 func (h *streamStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return context.WithValue(ctx, connStateKey{}, &connState{in: intake.NewConn()})
+	return context.WithValue(ctx, connStateKey{}, &connState{in: new(intake.Conn)})
 }
 
 func (h *streamStats) HandleConn(ctx context.Context, s stats.ConnStats) {

@@ -185,7 +185,7 @@ func WithIntake(opts ...intake.Option) Option {
 //
 //	srv := &http.Server{Handler: mw(h), ConnContext: triagehttp.ConnContext}
 func ConnContext(ctx context.Context, _ net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, intake.NewConn())
+	return context.WithValue(ctx, connKey{}, new(intake.Conn))
 }
 
 type connKey struct{}
