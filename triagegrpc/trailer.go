@@ -13,11 +13,10 @@ import (
 	"github.com/triagehq/triage/lifecycle"
 	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/triagegrpc/internal/backenderr"
-	"github.com/triagehq/triage/triagegrpc/internal/forward"
 	"github.com/triagehq/triage/wire"
 )
 
-// The ORCA trailer (forward.ORCATrailerKey): grpc-go's clients parse it
+// The ORCA trailer (wire.LoadReportKey): grpc-go's clients parse it
 // into balancer.DoneInfo.ServerLoad when google.golang.org/grpc/orca is
 // linked, so stock weighted_round_robin can use triage's reports.
 
@@ -60,7 +59,7 @@ func (t *trailers) get() metadata.MD {
 			CpuUtilization: l.Utilization, ApplicationUtilization: l.Utilization,
 		})
 		if err == nil {
-			md[forward.ORCATrailerKey] = []string{string(b)}
+			md[wire.LoadReportKey] = []string{string(b)}
 		}
 	}
 	t.cached.Store(&cachedTrailer{at: now, lame: lame, md: md})

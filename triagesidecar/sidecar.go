@@ -48,6 +48,7 @@ import (
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/grpcwire"
 	"github.com/triagehq/triage/outcome"
+	"github.com/triagehq/triage/signals"
 	"github.com/triagehq/triage/triagegrpc"
 	"github.com/triagehq/triage/triagehttp"
 )
@@ -66,6 +67,7 @@ type config struct {
 	grace      time.Duration
 	egressBody int
 	clock      clock.Clock
+	load       *signals.Reported // WithUpstreamLoad
 }
 
 type optionFunc func(*config)
@@ -223,7 +225,7 @@ func Ingress(upstream *url.URL, opts ...Option) (http.Handler, error) {
 		},
 		ErrorHandler: upstreamError,
 	}
-	return withDeadline(mw(finishing(noH2CUpgrade(rp), c.clock, c.grace)), c.timeout), nil
+	return withDeadline(mw(finishing(reportsLoad(noH2CUpgrade(rp), c.load), c.clock, c.grace)), c.timeout), nil
 }
 
 // copyBufferSize is the size of the buffers a proxy copies answers

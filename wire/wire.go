@@ -102,6 +102,22 @@ const (
 	ForwardedClientCertMaxLen = 16 << 10
 )
 
+// ORCA's load report (xds.data.orca.v3.OrcaLoadReport), which a backend
+// sends with its responses and triage reads, never writes on a caller's
+// behalf: in a gRPC trailer, and in an HTTP response's header.
+const (
+	// LoadReportKey is the report serialized (gRPC's binary metadata;
+	// base64 in an HTTP header or trailer): what grpc-go's
+	// weighted_round_robin and triage's balancer read.
+	LoadReportKey = "endpoint-load-metrics-bin"
+	// LoadReportBinHeader is LoadReportKey in net/http's spelling.
+	LoadReportBinHeader = "Endpoint-Load-Metrics-Bin"
+	// LoadReportHeader is the report as an HTTP header's text, as Envoy
+	// reads it from an upstream: "TEXT name=value, ...", "JSON {...}"
+	// or "BIN " and the base64 binary report.
+	LoadReportHeader = "Endpoint-Load-Metrics"
+)
+
 // ClaimPrefix names a caller's request key as Envoy's filters copy it
 // ahead of triage's processor (docs/envoy.md): x-triage-claimed-criticality
 // is the caller's triage-criticality under a name no service reads, so that

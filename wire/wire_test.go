@@ -76,6 +76,8 @@ func TestCanonicalSpellings(t *testing.T) {
 		wire.OutcomeKey:             wire.OutcomeHeader,
 		wire.LameDuckKey:            wire.LameDuckHeader,
 		wire.ForwardedClientCertKey: wire.ForwardedClientCertHeader,
+		wire.LoadReportKey:          wire.LoadReportBinHeader,
+		"endpoint-load-metrics":     wire.LoadReportHeader,
 	} {
 		if got := textproto.CanonicalMIMEHeaderKey(key); got != header {
 			t.Errorf("%s is spelled %q, net/http spells it %q", key, header, got)

@@ -102,7 +102,7 @@ func forwardedHeader(k string) bool {
 // client: not the backend's load report nor its lame-duck notice, which
 // speak of the backend, not of the proxy the client balances over.
 func returnedTrailer(k string) bool {
-	return k != forward.ORCATrailerKey && !wire.IsTriage(k)
+	return k != wire.LoadReportKey && !wire.IsTriage(k)
 }
 
 func filterMD(md metadata.MD, keep func(string) bool) metadata.MD {

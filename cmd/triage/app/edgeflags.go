@@ -151,25 +151,25 @@ func (a *admissionFlags) check() string {
 	return ""
 }
 
-// controller returns the admission controller, registered with m and
-// reg; nil with -no-admission.
-func (a *admissionFlags) controller(m *observers, reg *prometheus.Registry) (*admission.Controller, error) {
+// controller returns the admission controller with extra options,
+// registered with m and reg; nil with -no-admission.
+func (a *admissionFlags) controller(m *observers, reg *prometheus.Registry, extra ...admission.Option) (*admission.Controller, error) {
 	if a.off {
 		return nil, nil
 	}
-	return a.newController(m, reg, nil)
+	return a.newController(m, reg, nil, extra...)
 }
 
 // newController makes a controller from the flags, its state exported to reg
 // (which wraps labels, if any) and m's sink.
-func (a *admissionFlags) newController(m *observers, reg prometheus.Registerer, labels map[string]string) (*admission.Controller, error) {
+func (a *admissionFlags) newController(m *observers, reg prometheus.Registerer, labels map[string]string, extra ...admission.Option) (*admission.Controller, error) {
 	opts := []admission.Option{admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
 		admission.WithMaxWaitServiceTimes(a.waitSvc), admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
 		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit)}
 	if a.rule == "gradient" {
 		opts = append(opts, admission.WithLimitRule(limit.NewGradient(int64(a.minInflight), admission.DefaultMaxLimit, a.tolerance)))
 	}
-	ctl, err := admission.New(opts...)
+	ctl, err := admission.New(append(opts, extra...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/signals"
 	"github.com/triagehq/triage/triagegrpc/batchproxy"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,6 +42,7 @@ type sidecarFlags struct {
 	listen, metrics     string
 	readyPath, livePath string
 	upstreamReady       string       // the upstream's own readiness path, or ""
+	upstreamLoad        bool         // shed by the load the upstream reports
 	ready               http.Handler // the readiness handler build makes
 	up                  *url.URL
 	egress              []egressRoute
@@ -88,6 +91,7 @@ func parseSidecarFlags(args []string, stderr io.Writer, o *options) (*sidecarFla
 	fs.StringVar(&f.readyPath, "ready-path", triagehttp.ReadyPath, "readiness probe, answered by the sidecar on -listen and -metrics (503 in lame duck)")
 	fs.StringVar(&f.livePath, "live-path", triagehttp.LivePath, "liveness probe, answered by the sidecar on -listen and -metrics")
 	fs.StringVar(&f.upstreamReady, "upstream-ready", "", "the upstream's own readiness path (e.g. /healthz): the sidecar's readiness answers 503 while the upstream does not answer it 2xx or 3xx within a second (asked at most once a second); default: the sidecar's readiness does not ask the upstream")
+	fs.BoolVar(&f.upstreamLoad, "upstream-load", true, "shed by the load the upstream reports in its answers, ORCA's endpoint-load-metrics (TEXT, JSON or BIN) or endpoint-load-metrics-bin header or gRPC trailer: its application utilization, else its CPU's, against admission's thresholds (SHEDDABLE from 0.8, CRITICAL_PLUS from 0.95); a report counts for "+triagesidecar.DefaultUpstreamLoadAge.String()+"; an upstream that sends none is unaffected")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9092); default none")
 	f.log.register(fs)
 	if code, ok := o.parse(fs, args, stderr, &f.tls); !ok {
@@ -287,7 +291,15 @@ func (f *sidecarFlags) build(m *observers, reg *prometheus.Registry) ([]listener
 	}
 	mw := []triagehttp.Option{triagehttp.WithIntake(intake.WithTrust(f.edge.trust), intake.WithClassifier(f.edge.classifier)), triagehttp.WithLifecycle(lc),
 		triagehttp.WithBodyTimeout(f.bodyTimeout, f.bodyMinRate), triagehttp.WithIntake(append(m.intake(), intake.WithPeerShare(f.admission.peerShare))...)}
-	ctl, err := f.admission.controller(m, reg)
+	var load *signals.Reported
+	var extra []admission.Option
+	if f.upstreamLoad && !f.admission.off {
+		if load, err = signals.NewReported("upstream", triagesidecar.DefaultUpstreamLoadAge, nil); err != nil {
+			return nil, nil, err
+		}
+		extra = append(extra, admission.WithSignal(load, admission.DefaultThresholds()))
+	}
+	ctl, err := f.admission.controller(m, reg, extra...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -307,7 +319,8 @@ func (f *sidecarFlags) build(m *observers, reg *prometheus.Registry) ([]listener
 	if name := f.edge.groupHeader; name != "" {
 		mw = append(mw, triagehttp.WithGroup(func(r *http.Request) string { return r.Header.Get(name) }))
 	}
-	in, err := triagesidecar.Ingress(f.up, triagesidecar.WithTransport(rt), triagesidecar.WithTimeout(f.timeout), triagesidecar.WithMiddleware(mw...))
+	in, err := triagesidecar.Ingress(f.up, triagesidecar.WithTransport(rt), triagesidecar.WithTimeout(f.timeout), triagesidecar.WithMiddleware(mw...),
+		triagesidecar.WithUpstreamLoad(load))
 	if err != nil {
 		return nil, nil, err
 	}

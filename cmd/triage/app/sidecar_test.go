@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -322,6 +323,39 @@ func TestSidecarGroupHeader(t *testing.T) {
 		addr, done, errb := startCommand(t, ctx, append([]string{"sidecar", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-config", cfg, "-drain", "0s"}, tc.flags...)...)
 		if code, body := get(t, "http://"+addr+"/a", "X-Plan", "free"); code != 200 || body != tc.want {
 			t.Errorf("flags %v, a request of the free group: %d %q, want %q", tc.flags, code, body, tc.want)
+		}
+		cancel()
+		waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
+	}
+}
+
+// By default the sidecar sheds by the load the upstream reports (ORCA's
+// header): SHEDDABLE is refused while it reports 0.95, and the reading is
+// exported as an admission signal; with -upstream-load=false it is not.
+func TestSidecarShedsByTheUpstreamsLoad(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Endpoint-Load-Metrics", "TEXT application_utilization=0.95")
+	}))
+	defer up.Close()
+	for _, on := range []bool{true, false} {
+		metricsAddr := freePort(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		addr, done, errb := startCommand(t, ctx, "sidecar", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-trust", "127.0.0.1/32",
+			"-metrics", metricsAddr, "-drain", "0s", "-upstream-load="+strconv.FormatBool(on))
+		base := "http://" + addr
+		if code, _ := get(t, base+"/", "Triage-Criticality", "CRITICAL_PLUS"); code != 200 {
+			t.Errorf("-upstream-load=%v: CRITICAL_PLUS %d", on, code)
+		}
+		want := 200
+		if on {
+			want = 503
+		}
+		if code, _ := get(t, base+"/", "Triage-Criticality", "SHEDDABLE"); code != want {
+			t.Errorf("-upstream-load=%v: SHEDDABLE at a reported 0.95: %d, want %d", on, code, want)
+		}
+		_, body := get(t, "http://"+metricsAddr+"/metrics")
+		if got := strings.Contains(body, `triage_admission_signal_ratio{signal="upstream"} 0.95`); got != on {
+			t.Errorf("-upstream-load=%v: the upstream's load exported: %v", on, got)
 		}
 		cancel()
 		waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")

@@ -2,7 +2,7 @@
 // message types takes, shared by the batch proxy and the load target of
 // package triagegrpc: messages carried as their wire bytes (Frame, Codec),
 // the call option that marks outgoing metadata already cleaned of triage
-// keys (Clean), and the key of ORCA's per-call load report.
+// keys (Clean).
 package forward
 
 import (
@@ -10,11 +10,6 @@ import (
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 )
-
-// ORCATrailerKey is ORCA's per-call load report trailer: a serialized
-// xds.data.orca.v3.OrcaLoadReport, what grpc-go's weighted_round_robin
-// and triage's balancer read.
-const ORCATrailerKey = "endpoint-load-metrics-bin"
 
 // Frame is one message, as its wire bytes.
 type Frame struct{ B []byte }
