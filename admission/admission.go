@@ -134,7 +134,7 @@ type Controller struct {
 	clock   clock.Clock
 	random  func() float64
 	seeded  bool // random was given: sampling draws from it too
-	obs     Observer
+	obs     []Observer // WithObserver
 	gates   []gate
 	maxWait time.Duration
 	// waitServices bounds the wait in mean service times (0: off).
@@ -405,29 +405,9 @@ func RejectionOf(err error) (r Reason, dontRetry, ok bool) {
 	return 0, false, false
 }
 
-// Tee returns an Observer that tells each of obs, nil ones skipped: to
-// report to two exporters at once.
-func Tee(obs ...Observer) Observer {
-	var out tee
-	for _, o := range obs {
-		if o != nil {
-			out = append(out, o)
-		}
-	}
-	return out
-}
-
-// tell tells the Observer, if there is one, of e.
+// tell tells every Observer of e.
 func (c *Controller) tell(e Event) {
-	if c.obs != nil {
-		c.obs.Observe(e)
-	}
-}
-
-type tee []Observer
-
-func (t tee) Observe(e Event) {
-	for _, o := range t {
+	for _, o := range c.obs {
 		o.Observe(e)
 	}
 }

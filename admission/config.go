@@ -89,7 +89,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	clock          clock.Clock
 	random         func() float64
-	obs            Observer
+	obs            []Observer
 	interval       time.Duration
 	tolerance      float64
 	rule           limit.Rule
@@ -124,8 +124,17 @@ func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg
 // virtual time is reproducible. Default math/rand/v2.
 func WithRandom(f func() float64) Option { return optionFunc(func(c *config) { c.random = f }) }
 
-// WithObserver sets the Observer. Default: none.
-func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.obs = o }) }
+// WithObserver adds observers, each told every Event (to report to two
+// exporters at once, say); nil ones are skipped. Default: none.
+func WithObserver(obs ...Observer) Option {
+	return optionFunc(func(c *config) {
+		for _, o := range obs {
+			if o != nil {
+				c.obs = append(c.obs, o)
+			}
+		}
+	})
+}
 
 // WithSignal adds a utilization signal with its per-criticality
 // thresholds. A request is rejected by the first signal whose draw says so.

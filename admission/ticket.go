@@ -29,6 +29,10 @@ type Ticket struct {
 	probe           bool    // sampled: started while the baseline probe ran
 }
 
+// Queued reports whether Start gave the request its execution slot after
+// a wait in the queue (rather than at once).
+func (t *Ticket) Queued() bool { return t.queued }
+
 const (
 	ticketPending   uint8 = iota + 1 // arrived, Start not called
 	ticketScheduled                  // its goroutine ran (Scheduled), Start not called

@@ -281,7 +281,11 @@ func (h *Handle) start(wait context.Context) error {
 		}
 		x.cost.StartWith(x.meter, b)
 	}
-	h.traceStart(x.since(began), nil)
+	if x.ticket.Queued() {
+		h.traceStart(x.since(began), nil)
+	} else {
+		h.traceStart(0, nil)
+	}
 	return nil
 }
 

@@ -26,9 +26,8 @@ const (
 	// handlers); at Start, the request waited for a slot for Wait.
 	Refused EventKind = iota + 1
 	// Admitted: the request took its execution slot (Start) after
-	// waiting Wait for it: the time admission control's Start took, about
-	// 0 when the request did not queue (exactly 0 on a fake clock, or
-	// without admission control).
+	// waiting Wait for it in admission control's queue (0: it did not
+	// queue, or there is no admission control).
 	Admitted
 	// Charged: the request finished and CPU was charged to its
 	// customer's quota.

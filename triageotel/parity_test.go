@@ -142,7 +142,7 @@ func TestParity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctl, err := admission.New(admission.WithObserver(admission.Tee(b.prom.Admission(), b.otel.Admission())),
+	ctl, err := admission.New(admission.WithObserver(b.prom.Admission(), b.otel.Admission()),
 		admission.WithLimits(1, 1, 1), admission.WithQueueFactor(0), admission.WithMaxWait(20*time.Millisecond),
 		admission.WithSignal(fixedSignal(0.25), admission.DefaultThresholds()))
 	if err != nil {

@@ -163,7 +163,7 @@ func (a *admissionFlags) controller(m *observers, reg *prometheus.Registry, extr
 // newController makes a controller from the flags, its state exported to reg
 // (which wraps labels, if any) and m's sink.
 func (a *admissionFlags) newController(m *observers, reg prometheus.Registerer, labels map[string]string, extra ...admission.Option) (*admission.Controller, error) {
-	opts := []admission.Option{admission.WithObserver(m.Admission()), admission.WithMaxWait(a.maxWait),
+	opts := []admission.Option{admission.WithObserver(m.Admission()...), admission.WithMaxWait(a.maxWait),
 		admission.WithMaxWaitServiceTimes(a.waitSvc), admission.WithQueueFactor(a.queueFactor), admission.WithTolerance(a.tolerance),
 		admission.WithLimits(a.minInflight, 2*a.minInflight, admission.DefaultMaxLimit)}
 	if a.rule == "gradient" {

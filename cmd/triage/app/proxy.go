@@ -233,7 +233,7 @@ func (f *proxyFlags) server(cc *grpc.ClientConn, m *observers, reg *prometheus.R
 		srvOpts = append(srvOpts, triagegrpc.WithIntake(intake.WithTracer(t)))
 	}
 	if !f.noAdmission {
-		ctl, err := admission.New(admission.WithObserver(m.Admission()), admission.WithMaxWait(f.maxWait),
+		ctl, err := admission.New(admission.WithObserver(m.Admission()...), admission.WithMaxWait(f.maxWait),
 			admission.WithQueueFactor(f.queueFactor), admission.WithTolerance(f.tolerance))
 		if err != nil {
 			return nil, nil, err

@@ -81,12 +81,13 @@ type observers struct {
 	sink Sink
 }
 
-// Admission returns the observer of an admission controller.
-func (o *observers) Admission() admission.Observer {
+// Admission returns the observers of an admission controller: the
+// registry's, and the sink's if there is one.
+func (o *observers) Admission() []admission.Observer {
 	if o.sink == nil {
-		return o.prom.Admission()
+		return []admission.Observer{o.prom.Admission()}
 	}
-	return admission.Tee(o.prom.Admission(), o.sink.Admission())
+	return []admission.Observer{o.prom.Admission(), o.sink.Admission()}
 }
 
 // Shadow returns the observer of shadow mode.
