@@ -3,12 +3,28 @@
 // sha256 hashes) on Node's one thread.
 //
 //   node upstream.js PORT [ROUNDS]
+//
+// With LOAD_REPORT=1 it reports its load in every answer, as ORCA's
+// endpoint-load-metrics header: its event loop's utilization over the
+// last 100 ms (perf_hooks), the figure Node services shed by.
 'use strict';
 const http = require('http');
 const crypto = require('crypto');
+const { performance } = require('perf_hooks');
 
 const port = Number(process.argv[2]);
 const rounds = Number(process.argv[3] || 10000);
+let report = '';
+if (process.env.LOAD_REPORT === '1') {
+  let last = performance.eventLoopUtilization();
+  const tick = () => {
+    const now = performance.eventLoopUtilization();
+    report = 'TEXT application_utilization=' + performance.eventLoopUtilization(now, last).utilization.toFixed(3);
+    last = now;
+  };
+  tick();
+  setInterval(tick, 100).unref();
+}
 
 const server = http.createServer((req, res) => {
   let h = Buffer.from('x');
@@ -19,6 +35,7 @@ const server = http.createServer((req, res) => {
   const headers = { 'Content-Type': 'text/plain', 'Content-Length': Buffer.byteLength(body) };
   const crit = req.headers['triage-criticality'];
   if (crit) headers['X-Served-Criticality'] = crit;
+  if (report) headers['Endpoint-Load-Metrics'] = report;
   res.writeHead(200, headers);
   res.end(body);
 });

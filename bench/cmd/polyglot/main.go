@@ -60,9 +60,9 @@ type config struct {
 func main() {
 	var c config
 	var ups, pxs, loads string
-	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, node-grpc (a gRPC service in Node, @grpc/grpc-js: npm ci in bench/polyglot), gunicorn (sync workers, CPU then I/O wait), python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
+	flag.StringVar(&ups, "upstreams", "python,node", "upstreams: python, node, node-grpc (a gRPC service in Node, @grpc/grpc-js: npm ci in bench/polyglot), node-load (node reporting its event loop utilization in ORCA's header), gunicorn (sync workers, CPU then I/O wait), python-stack (two Python tiers, the front calling the leaf; with the configurations direct and sidecar)")
 	flag.StringVar(&pxs, "proxies", "direct,nginx,haproxy,sidecar",
-		"configurations: direct (unprotected), nginx, haproxy, sidecar, sidecar-gradient (-limit-rule gradient); NAME-own-cpu: the proxy on -load-cpu instead of the upstream's")
+		"configurations: direct (unprotected), nginx, haproxy, sidecar, sidecar-gradient (-limit-rule gradient), sidecar-noload (-upstream-load=false); NAME-own-cpu: the proxy on -load-cpu instead of the upstream's")
 	flag.StringVar(&loads, "loads", "0.5,1,2,5,10", "load steps, multiples of the upstream's probed capacity")
 	flag.IntVar(&c.repeats, "repeats", 3, "runs of each configuration (interleaved); the table gives medians")
 	flag.DurationVar(&c.step, "step", 5*time.Second, "length of each load step")
@@ -399,6 +399,8 @@ func (c config) upstreamArgv(up string) []string {
 	switch up {
 	case "node":
 		return []string{"node", filepath.Join(c.dir, "upstream.js"), port, strconv.Itoa(c.nodeRounds)}
+	case "node-load": // the same, reporting its event loop's utilization (ORCA)
+		return []string{"env", "LOAD_REPORT=1", "node", filepath.Join(c.dir, "upstream.js"), port, strconv.Itoa(c.nodeRounds)}
 	case "node-grpc":
 		return []string{"node", filepath.Join(c.dir, "grpc-upstream.js"), port, strconv.Itoa(c.nodeRounds)}
 	case "gunicorn":
@@ -496,15 +498,18 @@ func (c config) proxyArgv(up, px, out string, capacity float64) ([]string, error
 	addr := fmt.Sprintf("127.0.0.1:%d", upstreamPort)
 	listen := fmt.Sprintf("127.0.0.1:%d", proxyPort)
 	switch px {
-	case "sidecar", "sidecar-gradient":
+	case "sidecar", "sidecar-gradient", "sidecar-noload":
 		scheme := "http://"
 		if up == "node-grpc" {
 			scheme = "h2c://"
 		}
 		argv := append([]string{c.triage, "sidecar", "-upstream", scheme + addr, "-listen", listen, "-trust", "127.0.0.1/32",
 			"-metrics", fmt.Sprintf("127.0.0.1:%d", metricsPort)}, c.sidecarArgs...)
-		if px == "sidecar-gradient" { // the other limit rule, to compare on the same runs
+		switch px {
+		case "sidecar-gradient": // the other limit rule, to compare on the same runs
 			argv = append(argv, "-limit-rule", "gradient")
+		case "sidecar-noload": // the upstream's load reports ignored
+			argv = append(argv, "-upstream-load=false")
 		}
 		return argv, nil
 	case "nginx", "haproxy":
