@@ -133,7 +133,7 @@ type Controller struct {
 	since   func() time.Duration
 	clock   clock.Clock
 	random  func() float64
-	seeded  bool // random was given: sampling draws from it too
+	seeded  bool       // random was given: sampling draws from it too
 	obs     []Observer // WithObserver
 	gates   []gate
 	maxWait time.Duration
