@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -329,9 +328,9 @@ func TestSidecarGroupHeader(t *testing.T) {
 	}
 }
 
-// By default the sidecar sheds by the load the upstream reports (ORCA's
-// header): SHEDDABLE is refused while it reports 0.95, and the reading is
-// exported as an admission signal; with -upstream-load=false it is not.
+// With -upstream-load the sidecar sheds by the load the upstream reports
+// (ORCA's header): SHEDDABLE is refused while it reports 0.95, and the
+// reading is exported as an admission signal; by default it is not.
 func TestSidecarShedsByTheUpstreamsLoad(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Endpoint-Load-Metrics", "TEXT application_utilization=0.95")
@@ -340,8 +339,11 @@ func TestSidecarShedsByTheUpstreamsLoad(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		metricsAddr := freePort(t)
 		ctx, cancel := context.WithCancel(context.Background())
-		addr, done, errb := startCommand(t, ctx, "sidecar", "-listen", "127.0.0.1:0", "-upstream", up.URL, "-trust", "127.0.0.1/32",
-			"-metrics", metricsAddr, "-drain", "0s", "-upstream-load="+strconv.FormatBool(on))
+		args := []string{"-listen", "127.0.0.1:0", "-upstream", up.URL, "-trust", "127.0.0.1/32", "-metrics", metricsAddr, "-drain", "0s"}
+		if on {
+			args = append(args, "-upstream-load")
+		}
+		addr, done, errb := startCommand(t, ctx, append([]string{"sidecar"}, args...)...)
 		base := "http://" + addr
 		if code, _ := get(t, base+"/", "Triage-Criticality", "CRITICAL_PLUS"); code != 200 {
 			t.Errorf("-upstream-load=%v: CRITICAL_PLUS %d", on, code)
