@@ -29,8 +29,9 @@ const DefaultUpstreamLoadAge = 2 * time.Second
 // trailer): its application utilization, else its CPU utilization, the
 // figure triage's balancer weighs backends by. Give the same signal to
 // the admission controller (admission.WithSignal) so that it sheds by
-// the upstream's own measure of its load, lower criticalities first. An
-// answer without a report, or with one that does not parse, leaves the
+// the upstream's own measure of its load, lower criticalities first: for
+// a report that passes 1 only when the upstream is past its capacity, not
+// one that is 1 whenever it is busy (docs/sidecar.md). An answer without a report, or with one that does not parse, leaves the
 // signal as it was; the report still reaches the caller. Default: none.
 func WithUpstreamLoad(s *signals.Reported) Option {
 	return optionFunc(func(c *config) { c.load = s })
