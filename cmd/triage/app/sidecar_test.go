@@ -363,3 +363,66 @@ func TestSidecarShedsByTheUpstreamsLoad(t *testing.T) {
 		waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
 	}
 }
+
+// extprocLevel sends one request's headers to the processor at addr and
+// returns the criticality it sets, or "" if it sets none.
+func extprocLevel(t *testing.T, addr string, headers ...string) string {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	stream, err := extprocv3.NewExternalProcessorClient(cc).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.CloseSend()
+	hs := []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/a")}, {Key: ":authority", RawValue: []byte("shop")}}
+	for i := 0; i+1 < len(headers); i += 2 {
+		hs = append(hs, &corev3.HeaderValue{Key: headers[i], RawValue: []byte(headers[i+1])})
+	}
+	attrs, _ := structpb.NewStruct(map[string]any{"source.address": "127.0.0.1:4000"})
+	if err := stream.Send(&extprocv3.ProcessingRequest{
+		Attributes: map[string]*structpb.Struct{"envoy.filters.http.ext_proc": attrs},
+		Request:    &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{EndOfStream: true, Headers: &corev3.HeaderMap{Headers: hs}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range resp.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "triage-criticality" {
+			return string(h.GetHeader().GetRawValue())
+		}
+	}
+	return ""
+}
+
+// The processor's -group-header, as the sidecar's: the edge's group rules
+// read the header it names; without it they match nothing.
+func TestExtprocGroupHeader(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(cfg, []byte("trust:\n  networks: [127.0.0.1/32]\ncriticality:\n  rules:\n    - group: free\n      criticality: SHEDDABLE_PLUS\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"-group-header", "X-Plan"}, "SHEDDABLE_PLUS"},
+		{nil, "CRITICAL"},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		addr, done, errb := startCommand(t, ctx, append([]string{"extproc", "-listen", "127.0.0.1:0", "-config", cfg, "-drain", "0s"}, tc.flags...)...)
+		if got := extprocLevel(t, addr, "x-plan", "free"); got != tc.want {
+			t.Errorf("flags %v, a request of the free group: criticality %q, want %q", tc.flags, got, tc.want)
+		}
+		cancel()
+		waitExit(t, done, errb, 15*time.Second, "extproc did not stop")
+	}
+}
