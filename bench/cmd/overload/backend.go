@@ -1,21 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/triagehq/triage/bench/internal/child"
 	"github.com/triagehq/triage/bench/internal/clientopts"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
@@ -23,52 +19,21 @@ import (
 )
 
 // backend is a running server process.
-type backend struct {
-	cmd         *exec.Cmd
-	addr, admin string
-}
+type backend struct{ *child.Process }
 
 func startBackend(cfg config, variant string) (*backend, error) {
-	exe, err := os.Executable()
+	p, err := child.Start(cfg.serverCPU, "server", "--variant", variant, "--rounds", strconv.Itoa(cfg.rounds))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("backend %s: %w", variant, err)
 	}
-	args := []string{exe, "server", "--variant", variant, "--rounds", strconv.Itoa(cfg.rounds)}
-	if cfg.serverCPU != "" {
-		if ts, err := exec.LookPath("taskset"); err == nil {
-			args = append([]string{ts, "-c", cfg.serverCPU}, args...)
-		}
+	if p.Admin == "" {
+		p.Stop()
+		return nil, fmt.Errorf("backend %s announced no admin address", variant)
 	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, fmt.Errorf("backend %s did not start: %v", variant, err)
-	}
-	f := strings.Fields(line)
-	if len(f) != 3 || f[0] != "LISTEN" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, fmt.Errorf("backend %s: unexpected %q", variant, line)
-	}
-	go io.Copy(io.Discard, out)
-	return &backend{cmd: cmd, addr: f[1], admin: f[2]}, nil
+	return &backend{p}, nil
 }
 
-func (b *backend) stop() {
-	b.cmd.Process.Kill()
-	b.cmd.Wait()
-}
+func (b *backend) stop() { b.Stop() }
 
 type stats struct {
 	Goroutines int              `json:"goroutines"`
@@ -85,7 +50,7 @@ type stats struct {
 func (b *backend) stats() (stats, error) {
 	var s stats
 	c := http.Client{Timeout: 2 * time.Second}
-	resp, err := c.Get("http://" + b.admin + "/stats")
+	resp, err := c.Get("http://" + b.Admin + "/stats")
 	if err != nil {
 		return s, err
 	}
@@ -132,7 +97,7 @@ func dial(cfg config, b *backend, variant string) ([]grpc.ClientConnInterface, *
 	var ccs []grpc.ClientConnInterface
 	var closers []func()
 	for i := 0; i < cfg.conns; i++ {
-		cc, err := grpc.NewClient("passthrough:///"+b.addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
+		cc, err := grpc.NewClient("passthrough:///"+b.Addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, extra...)...)
 		if err != nil {
 			return nil, nil, nil, err
 		}

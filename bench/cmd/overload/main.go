@@ -488,7 +488,7 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	if cfg.generator == "raw" && count == nil {
 		r.Generator = "raw"
 		open = func(rate float64, d time.Duration, seed uint64) (*phase, error) {
-			return openLoopRaw(ctx, b.addr, cfg.conns, rate, d, cfg.deadline, mix, seed)
+			return openLoopRaw(ctx, b.Addr, cfg.conns, rate, d, cfg.deadline, mix, seed)
 		}
 	}
 	if workers > 0 {
@@ -544,7 +544,7 @@ func step(ctx context.Context, cfg config, c float64, variant string, load float
 	if len(after.Rejected) > 0 {
 		fmt.Fprintf(os.Stderr, "    rejections by criticality/reason: %v\n", after.Rejected)
 	}
-	r.Survived = err == nil && b.cmd.ProcessState == nil
+	r.Survived = err == nil && b.Running()
 	r.Goodput = s.goodputRPS / c
 	r.P50ms, r.P99ms = ms(s.p50), ms(s.p99)
 	r.PeakRSSMB = after.RSSMB

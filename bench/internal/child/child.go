@@ -1,6 +1,6 @@
 // Package child starts the benchmarks' server processes: this binary again
 // with a sub-command, GOMAXPROCS=1, pinned to a CPU with taskset when
-// there is one, announcing "LISTEN ADDR" on its first line; runs a load
+// there is one, announcing "LISTEN ADDR [ADMIN]" on its first line; runs a load
 // process of its own at the lowest priority (RunLow) and pins this one
 // (PinSelf); and reads a process's CPU use from /proc.
 package child
@@ -22,17 +22,18 @@ import (
 
 // Process is a started server process.
 type Process struct {
-	Addr string
-	Pid  int
-	cmd  *exec.Cmd
-	work atomic.Pointer[work] // the last "WORK CALLS NANOS" line the process printed
+	Addr  string
+	Admin string // the LISTEN line's second address, if it has one
+	Pid   int
+	cmd   *exec.Cmd
+	work  atomic.Pointer[work] // the last "WORK CALLS NANOS" line the process printed
 }
 
 // work is one WORK line's figures, read together.
 type work struct{ calls, nanos int64 }
 
 // Start runs this binary with args, one CPU (cpu: a taskset list; empty:
-// not pinned), and waits for its "LISTEN ADDR" line.
+// not pinned), and waits for its "LISTEN ADDR [ADMIN]" line.
 func Start(cpu string, args ...string) (*Process, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -58,12 +59,15 @@ func Start(cpu string, args ...string) (*Process, error) {
 	r := bufio.NewReader(out)
 	line, err := r.ReadString('\n')
 	f := strings.Fields(line)
-	if err != nil || len(f) != 2 || f[0] != "LISTEN" {
+	if err != nil || len(f) < 2 || len(f) > 3 || f[0] != "LISTEN" {
 		p.Stop()
 		return nil, fmt.Errorf("%s did not start: %q %v", args[0], line, err)
 	}
 	go p.readWork(r)
 	p.Addr = f[1]
+	if len(f) == 3 {
+		p.Admin = f[2]
+	}
 	return p, nil
 }
 
@@ -95,6 +99,17 @@ func (p *Process) Work() (calls, nanos int64) {
 func (p *Process) Stop() {
 	p.cmd.Process.Kill()
 	p.cmd.Wait()
+}
+
+// Running reports whether the process is still running: not exited, nor
+// a zombie waiting for Stop.
+func (p *Process) Running() bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.Pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
 // CPU returns the CPU seconds (user + system) the process used so far.

@@ -2,6 +2,7 @@ package child
 
 import (
 	"bufio"
+	"os/exec"
 	"strings"
 	"testing"
 )
@@ -27,5 +28,21 @@ func TestWorkDrainsALineTooLongToScan(t *testing.T) {
 	}
 	if r.Len() != 0 {
 		t.Fatalf("%d bytes left unread: a process writing to a full pipe would block", r.Len())
+	}
+}
+
+// Running tells a process that runs from one that exited and was reaped.
+func TestRunningFollowsTheProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Skip("no sleep command:", err)
+	}
+	p := &Process{Pid: cmd.Process.Pid, cmd: cmd}
+	if !p.Running() {
+		t.Fatal("a sleeping process: not running")
+	}
+	p.Stop()
+	if p.Running() {
+		t.Fatal("a killed and reaped process: still running")
 	}
 }
