@@ -307,10 +307,7 @@ func TestEgressKeysOnlyForInternalHosts(t *testing.T) {
 func TestSidecarGroupHeader(t *testing.T) {
 	up := echo("upstream")
 	defer up.Close()
-	cfg := filepath.Join(t.TempDir(), "edge.yaml")
-	if err := os.WriteFile(cfg, []byte("trust:\n  networks: [127.0.0.1/32]\ncriticality:\n  rules:\n    - group: free\n      criticality: SHEDDABLE_PLUS\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	cfg := groupConfig(t)
 	for _, tc := range []struct {
 		flags []string
 		want  string
@@ -403,13 +400,21 @@ func extprocLevel(t *testing.T, addr string, headers ...string) string {
 	return ""
 }
 
-// The processor's -group-header, as the sidecar's: the edge's group rules
-// read the header it names; without it they match nothing.
-func TestExtprocGroupHeader(t *testing.T) {
+// groupConfig writes an edge configuration trusting loopback whose one
+// rule puts the group "free" at SHEDDABLE_PLUS, and returns its path.
+func groupConfig(t *testing.T) string {
+	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "edge.yaml")
 	if err := os.WriteFile(cfg, []byte("trust:\n  networks: [127.0.0.1/32]\ncriticality:\n  rules:\n    - group: free\n      criticality: SHEDDABLE_PLUS\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return cfg
+}
+
+// The processor's -group-header, as the sidecar's: the edge's group rules
+// read the header it names; without it they match nothing.
+func TestExtprocGroupHeader(t *testing.T) {
+	cfg := groupConfig(t)
 	for _, tc := range []struct {
 		flags []string
 		want  string
