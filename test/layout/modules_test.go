@@ -2,7 +2,9 @@ package layout
 
 import (
 	"archive/zip"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,7 +52,9 @@ func TestModulesResolve(t *testing.T) {
 		rev, _ = gomodule.PseudoVersionRev(coreVersion)
 	}
 	publish(t, proxy, core, func(w *os.File) error { return modzip.CreateFromVCS(w, core, root, rev, "") })
-	otel := mod(module+"/triageotel", "v0.0.0-20990101000000-000000000000")
+	// A version of its own per run: triageotel is published from the
+	// tree, whose content changes, into the machine's module cache.
+	otel := mod(module+"/triageotel", fmt.Sprintf("v0.0.0-20990101000000-%012x", rand.Uint64()>>16))
 	released := releasedTree(t, filepath.Join(root, "triageotel"))
 	publish(t, proxy, otel, func(w *os.File) error { return modzip.CreateFromDir(w, otel, released) })
 
@@ -68,7 +72,7 @@ var _ = admission.New
 
 func main() {}
 `)
-	env := outsideEnv(t, proxy)
+	env := outsideEnv(t, proxy, core, otel)
 	for _, args := range [][]string{{"get", otel.Path + "@" + otel.Version}, {"build", "-o", os.DevNull, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir, cmd.Env = user, env
@@ -84,7 +88,7 @@ func main() {}
 	// the version it was installed at.
 	bin := t.TempDir()
 	install := exec.Command("go", "install", module+"/cmd/triage@"+coreVersion)
-	install.Dir, install.Env = t.TempDir(), append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw -trimpath")
+	install.Dir, install.Env = t.TempDir(), append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw")
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("go install %s/cmd/triage@%s: %v\n%s", module, coreVersion, err, out)
 	}
@@ -95,7 +99,7 @@ func main() {}
 	// The command with OpenTelemetry builds against the core triageotel
 	// requires, and has its flags.
 	install = exec.Command("go", "install", otel.Path+"/cmd/triage@"+otel.Version)
-	install.Dir, install.Env = t.TempDir(), append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw -trimpath")
+	install.Dir, install.Env = t.TempDir(), append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw")
 	if out, err := install.CombinedOutput(); err != nil {
 		t.Fatalf("go install %s/cmd/triage@%s: %v\n%s", otel.Path, otel.Version, err, out)
 	}
@@ -142,9 +146,13 @@ func checkRequirements(t *testing.T, root string) string {
 
 // outsideEnv is the go command's environment outside the tree: this
 // repository's modules from the file proxy at proxy, everything else from
-// the module cache this machine already has, then the real proxy,
-// extracted into a cache of the test's own so that nothing stays behind.
-func outsideEnv(t *testing.T, proxy string) []string {
+// the module cache this machine already has, then the real proxy. It
+// extracts into that module cache, so that the dependencies build from the
+// paths the tree's own builds used and hit the build cache (a cache of its
+// own, or -trimpath, compiled all of gRPC, OpenTelemetry and the Envoy
+// messages again: a minute of a cold run); what it adds of this
+// repository's modules (ours) is removed when the test ends.
+func outsideEnv(t *testing.T, proxy string, ours ...gomodule.Version) []string {
 	t.Helper()
 	cache, err := goEnv("GOMODCACHE")
 	if err != nil {
@@ -154,9 +162,28 @@ func outsideEnv(t *testing.T, proxy string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, m := range ours {
+		t.Cleanup(func() { removeFromCache(cache, m) })
+	}
 	return append(os.Environ(),
 		"GOPROXY=file://"+proxy+"|file://"+filepath.Join(cache, "cache", "download")+"|"+goproxy,
-		"GOMODCACHE="+t.TempDir(), "GOFLAGS=-mod=mod -modcacherw -trimpath", "GOSUMDB=off", "GOWORK=off", "GONOSUMDB=", "GOPRIVATE=")
+		"GOFLAGS=-mod=mod -modcacherw", "GOSUMDB=off", "GOWORK=off", "GONOSUMDB=", "GOPRIVATE=")
+}
+
+// removeFromCache removes m's download and extracted tree from the module
+// cache at cache.
+func removeFromCache(cache string, m gomodule.Version) {
+	esc, err1 := gomodule.EscapePath(m.Path)
+	ver, err2 := gomodule.EscapeVersion(m.Version)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	os.RemoveAll(filepath.Join(cache, esc+"@"+ver))
+	dl := filepath.Join(cache, "cache", "download", esc, "@v")
+	for _, ext := range []string{".info", ".mod", ".zip", ".ziphash", ".lock"} {
+		os.Remove(filepath.Join(dl, ver+ext))
+	}
+	os.Remove(filepath.Join(dl, "list")) // the versions seen; only ours
 }
 
 // versionExists says whether m's version is a tag of the repository at
