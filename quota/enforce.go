@@ -15,16 +15,6 @@ import (
 	"github.com/triagehq/triage/quota/usage"
 )
 
-// accounted is the name customer's requests are accounted under: a
-// request that names no customer (every untrusted caller's, by default)
-// counts under Other.
-func accounted(customer string) string {
-	if customer == "" {
-		return Other
-	}
-	return customer
-}
-
 // Limits gives the limit a task enforces for a customer at a level, in
 // CPU-seconds per second, and whether it is hard. A *Policy is the limits
 // of a task that is the whole service; a *Leased holds the per-task limits
@@ -214,7 +204,7 @@ func (e *Enforcer) Reserve(customer string, l criticality.Level) (Reservation, e
 	if !l.Valid() {
 		l = criticality.Default
 	}
-	customer = accounted(customer)
+	customer = usage.Accounted(customer)
 	limit, hard := e.limits.Limit(customer, l)
 	if math.IsInf(limit, 1) {
 		return Reservation{}, nil

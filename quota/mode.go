@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/triagehq/triage/criticality"
+	"github.com/triagehq/triage/quota/usage"
 )
 
 // Mode is how limits are throttled: the CRE post's "Optimistic and
@@ -191,7 +192,7 @@ func (e *Enforcer) reservePessimistic(customer string, l criticality.Level, limi
 // Reservation, as from Admit, charges the whole cost). Call it once per
 // admitted request, instead of the Table's Add.
 func (e *Enforcer) Done(customer string, l criticality.Level, r Reservation, cpu time.Duration) {
-	customer = accounted(customer)
+	customer = usage.Accounted(customer)
 	e.usage.Add(customer, l, cpu)
 	if e.budgets != nil {
 		e.budgets.settle(customer, r.cpu, cpu.Seconds())
@@ -201,7 +202,7 @@ func (e *Enforcer) Done(customer string, l criticality.Level, r Reservation, cpu
 // Cancel gives back what a request admitted by Reserve reserved, when it
 // will not run after all (a later stage refused it).
 func (e *Enforcer) Cancel(customer string, r Reservation) {
-	customer = accounted(customer)
+	customer = usage.Accounted(customer)
 	if e.budgets != nil && r.cpu > 0 {
 		e.budgets.mu.Lock()
 		bg := e.budgets.byName[customer]

@@ -28,11 +28,11 @@ import (
 // to Other's limit.
 const Other = "(other)"
 
-// accounted is the name customer's requests are accounted under: a
+// Accounted is the name customer's requests are accounted under: a
 // request that names no customer (every untrusted caller's, by default)
 // counts under Other, so that it is measured and reported, under a name
 // the quota service accepts.
-func accounted(customer string) string {
+func Accounted(customer string) string {
 	if customer == "" {
 		return Other
 	}
@@ -202,7 +202,7 @@ func (uo *usageOf) counter(l criticality.Level) (*window.Counter, bool) {
 }
 
 func (u *Table) get(customer string, now int64) *usageOf {
-	customer = accounted(customer)
+	customer = Accounted(customer)
 	u.mu.RLock()
 	uo := u.byName[customer]
 	if uo == nil && len(u.byName) >= u.max && now < u.sweepAt.Load() {
@@ -248,7 +248,7 @@ func (u *Table) add(customer string, now int64) *usageOf {
 }
 
 func (u *Table) lookup(customer string) *usageOf {
-	customer = accounted(customer)
+	customer = Accounted(customer)
 	u.mu.RLock()
 	uo := u.byName[customer]
 	u.mu.RUnlock()
