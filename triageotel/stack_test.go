@@ -113,6 +113,9 @@ func TestStackTrace(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
+	// otelgrpc ends a server span in its handler's End, which can run after
+	// the caller has its answer: wait until every span started has ended.
+	loopback.WaitFor(t, "every span ended", func() bool { return len(rec.Ended()) == len(rec.Started()) })
 	tp.ForceFlush(context.Background())
 
 	byTrace := map[trace.TraceID][]sdktrace.ReadOnlySpan{}
