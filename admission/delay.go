@@ -2,8 +2,10 @@ package admission
 
 import (
 	"math"
+	"runtime"
 	"runtime/metrics"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,6 +43,7 @@ type schedDelay struct {
 	rmu    sync.Mutex // sample[1]
 	sample [2]metrics.Sample
 	last   []uint64
+	nprocs atomic.Int64 // GOMAXPROCS, read with each delay
 }
 
 func newSchedDelay() *schedDelay {
@@ -58,6 +61,7 @@ func newSchedDelay() *schedDelay {
 func (s *schedDelay) read() (mean time.Duration, n uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.nprocs.Store(int64(runtime.GOMAXPROCS(0)))
 	metrics.Read(s.sample[:1])
 	if s.sample[0].Value.Kind() != metrics.KindFloat64Histogram {
 		return 0, 0
@@ -105,8 +109,12 @@ func (s *schedDelay) runnable() (uint64, bool) {
 	return s.sample[1].Value.Uint64(), true
 }
 
-// runnableSource reads how many goroutines wait in Go's run queues now:
-// schedDelay, or a test's.
+// procs returns GOMAXPROCS as of the last delay reading.
+func (s *schedDelay) procs() uint64 { return uint64(s.nprocs.Load()) }
+
+// runnableSource reads how many goroutines wait in Go's run queues now,
+// and how many processors run them: schedDelay, or a test's.
 type runnableSource interface {
 	runnable() (uint64, bool)
+	procs() uint64
 }

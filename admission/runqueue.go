@@ -25,7 +25,8 @@ import (
 // drain), up to a quarter more while under it; at least half and at most
 // a quarter more than the last. So a step of the offered load is met in
 // one interval, where a rule on the shed level alone took a second and
-// more (issue 54).
+// more (issue 54). The Controller admits an arrival the gate would shed
+// while a processor would otherwise idle (processorSpare).
 //
 // Its counters are bounded by the arrivals of one interval; step runs
 // under the Controller's adjust lock, the rest concurrently.

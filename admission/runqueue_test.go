@@ -91,6 +91,76 @@ func TestRunQueuedArrivalsShedByCriticality(t *testing.T) {
 	}
 }
 
+// runQueueNow is a run queue whose length the test sets, on one
+// processor.
+type runQueueNow struct{ n uint64 }
+
+func (r *runQueueNow) runnable() (uint64, bool) { return r.n, true }
+func (r *runQueueNow) procs() uint64            { return 1 }
+
+// The gate's budget is an estimate over an interval; whether a processor
+// is about to idle is a fact of the moment. An arrival the gate would shed
+// is refused while Go's run queue holds a backlog, and admitted when it
+// holds no more than one goroutine a processor (net/http's own for the
+// request): a refusal then buys nothing and leaves the CPU idle (the
+// README's server at 10x lost 5-15% of its capacity to such refusals).
+func TestGateNeverLeavesAProcessorIdle(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	c, err := New(WithClock(clk), WithSaturation(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	delay, runq := &fakeDelay{}, &runQueueNow{n: 40}
+	c.sched, c.runq = delay, runq
+	arrive := func(l criticality.Level) error {
+		var tk Ticket
+		err := c.Arrive(&tk, l, 0, time.Time{}, RunQueued)
+		if err == nil {
+			c.Start(t.Context(), &tk)
+			c.Done(&tk)
+		}
+		return err
+	}
+	for range 20 {
+		delay.d = time.Millisecond
+		clk.Advance(DefaultInterval)
+		for range 10 {
+			for l := range criticality.NumLevels {
+				if err := arrive(criticality.Level(l)); err != nil {
+					t.Fatalf("under the target: %v refused: %v", criticality.Level(l), err)
+				}
+			}
+		}
+	}
+	delay.d = 300 * time.Millisecond
+	clk.Advance(DefaultInterval)
+	if err := arrive(criticality.CriticalPlus); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.QueueShed[criticality.Sheddable] != 1 {
+		t.Fatalf("30x the target: SHEDDABLE shed with probability %v, want 1", st.QueueShed[criticality.Sheddable])
+	}
+	for range 5 {
+		if err := arrive(criticality.Sheddable); err == nil {
+			t.Fatal("a SHEDDABLE arrival behind 40 runnable goroutines was admitted")
+		}
+	}
+	passed := c.gate.passed.Load()
+	for _, n := range []uint64{1, 0} {
+		runq.n = n
+		if err := arrive(criticality.Sheddable); err != nil {
+			t.Errorf("a SHEDDABLE arrival with %d goroutines runnable on one processor: %v", n, err)
+		}
+	}
+	if got := c.gate.passed.Load() - passed; got != 2 {
+		t.Errorf("the gate counted %d of the 2 arrivals it let through for the idle processor, want 2", got)
+	}
+	runq.n = 2
+	if err := arrive(criticality.Sheddable); err == nil {
+		t.Error("a SHEDDABLE arrival behind 2 runnable goroutines on one processor was admitted")
+	}
+}
+
 // The run queue's waits through a pause of the process (SIGSTOP) are the
 // pause's: the goroutines runnable when it began ran seconds later. The
 // interval's reading that spans a pause is left out, so that it neither
@@ -155,16 +225,16 @@ func (q *goroutineQueue) read() (time.Duration, uint64) {
 }
 
 func (q *goroutineQueue) runnable() (uint64, bool) { return uint64(len(q.waiting)), true }
+func (q *goroutineQueue) procs() uint64            { return 1 }
 
 // A net/http server stepped from 1x to 10x its capacity at once (issue
 // 54: the README's server took seconds to settle and served part of its
 // first second most of a second late): the first second's p99 stays
 // under 150 ms, and from the second second on every second serves at
-// least 0.8 of the capacity with a p99 under 100 ms, CRITICAL_PLUS and
+// least 0.9 of the capacity with a p99 under 100 ms, CRITICAL_PLUS and
 // CRITICAL first. The rule on the shed level alone gave 0.72-0.85 a
-// second here, and a first second's p99 of 172 ms; this model's mix is
-// drawn request by request, so its seconds vary more than the real
-// server's (0.86-0.97 of C, bench/cmd/httpstep).
+// second here, and a first second's p99 of 172 ms; the budget alone,
+// without admitting for an idle processor, 0.81-0.90.
 func TestRunQueuedStepSettlesWithinASecond(t *testing.T) {
 	const (
 		cost   = 4 * time.Millisecond  // a handler's CPU
@@ -261,11 +331,11 @@ func TestRunQueuedStepSettlesWithinASecond(t *testing.T) {
 			}
 			continue
 		}
-		if g < 0.8 || p99 > 100*time.Millisecond {
-			t.Errorf("second %d after the step: goodput %.2f of capacity, p99 %v; want >= 0.8 and <= 100ms", i, g, p99)
+		if g < 0.9 || p99 > 100*time.Millisecond {
+			t.Errorf("second %d after the step: goodput %.2f of capacity, p99 %v; want >= 0.9 and <= 100ms", i, g, p99)
 		}
-		if s.byL[criticality.CriticalPlus] < s.byL[criticality.SheddablePlus] {
-			t.Errorf("second %d: CRITICAL_PLUS served %d, SHEDDABLE_PLUS %d", i, s.byL[criticality.CriticalPlus], s.byL[criticality.SheddablePlus])
+		if lower := s.byL[criticality.SheddablePlus] + s.byL[criticality.Sheddable]; s.byL[criticality.CriticalPlus] < lower || s.byL[criticality.Critical] < lower {
+			t.Errorf("second %d: served by level %v: CRITICAL_PLUS and CRITICAL each fewer than the two SHEDDABLE levels", i, s.byL)
 		}
 	}
 }
@@ -277,6 +347,7 @@ type otherGoroutines struct{ runnableN uint64 }
 
 func (o otherGoroutines) read() (time.Duration, uint64) { return time.Millisecond, 100 }
 func (o otherGoroutines) runnable() (uint64, bool)      { return o.runnableN, true }
+func (o otherGoroutines) procs() uint64                 { return 1 }
 
 // The run queue's length counts every goroutine of the process: a busy
 // frontend at its provisioned rate, with 30 goroutines runnable that are

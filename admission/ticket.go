@@ -114,7 +114,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	if a&RunQueued != 0 {
 		c.countRunQueued(sampled)
-		if !c.gate.admit(l) {
+		if !c.gate.admit(l) && !c.processorSpare() {
 			return c.rejectAs(l, Queue, now, a)
 		}
 	}
@@ -148,6 +148,25 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 		t.mark = c.paused.Load()
 	}
 	return nil
+}
+
+// processorSpare reports whether Go's run queues hold no more goroutines
+// than there are processors, so that refusing a RunQueued arrival the
+// gate would shed would leave a processor idle. The gate's budget is an
+// estimate over an interval; this is the moment's fact, and the arrival
+// is admitted as one the gate let through. (net/http starts a goroutine
+// for each request it hands to a handler, so one a processor is the
+// requests' own and no backlog.)
+func (c *Controller) processorSpare() bool {
+	if c.runq == nil {
+		return false
+	}
+	n, ok := c.runq.runnable()
+	if !ok || n > c.runq.procs() {
+		return false
+	}
+	c.gate.passed.Add(1)
+	return true
 }
 
 // countRunQueued counts a RunQueued arrival and, for a sampled one, the
