@@ -376,3 +376,23 @@ func TestRunQueueOfOtherGoroutinesShedsNothing(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkGateRefusal is the refusal of a RunQueued arrival the gate
+// sheds, behind a run queue of 40 goroutines (so the idle-processor rule
+// reads the queue and refuses too): the path every excess request of a
+// saturated net/http server takes. It allocates nothing.
+func BenchmarkGateRefusal(b *testing.B) {
+	c, err := New(WithSaturation(nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.runq = &runQueueNow{n: 40}
+	c.gate.x.Store(gateOne) // SHEDDABLE shed entirely
+	b.ReportAllocs()
+	var tk Ticket
+	for b.Loop() {
+		if c.Arrive(&tk, criticality.Sheddable, 0, time.Time{}, RunQueued) == nil {
+			b.Fatal("admitted")
+		}
+	}
+}
