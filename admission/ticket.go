@@ -114,7 +114,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	if a&RunQueued != 0 {
 		c.countRunQueued(sampled)
-		if !c.gate.admit(l) && !c.processorSpare() {
+		if !c.gate.admit(l) && !c.processorSpare(now) {
 			return c.rejectAs(l, Queue, now, a)
 		}
 	}
@@ -156,18 +156,35 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 // estimate over an interval; this is the moment's fact, and the arrival
 // is admitted as one the gate let through. (net/http starts a goroutine
 // for each request it hands to a handler, so one a processor is the
-// requests' own and no backlog.)
-func (c *Controller) processorSpare() bool {
+// requests' own and no backlog.) The reading takes the scheduler's lock,
+// so refusals within spareFresh of the last one reuse it.
+func (c *Controller) processorSpare(now int64) bool {
 	if c.runq == nil {
 		return false
 	}
-	n, ok := c.runq.runnable()
-	if !ok || n > c.runq.procs() {
+	n := c.spareN.Load()
+	if now-c.spareAt.Load() >= spareFresh {
+		r, ok := c.runq.runnable()
+		if !ok {
+			return false
+		}
+		n = int64(r)
+		c.spareN.Store(n)
+		c.spareAt.Store(now)
+	}
+	if n > int64(c.runq.procs()) {
 		return false
 	}
 	c.gate.passed.Add(1)
 	return true
 }
+
+// spareFresh is how long processorSpare's reading of the run queue holds:
+// less than one refusal's time through net/http (about 20 µs), so that on
+// one processor every refusal reads afresh, and a server refusing on many
+// processors takes the scheduler's lock for it at most 100,000 times a
+// second.
+const spareFresh = int64(10 * time.Microsecond)
 
 // countRunQueued counts a RunQueued arrival and, for a sampled one, the
 // run queue it found (the mean over the sampled arrivals is the gate's;
