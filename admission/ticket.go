@@ -114,7 +114,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	if a&RunQueued != 0 {
 		c.countRunQueued(sampled)
-		if !c.gate.admit(l) && !c.processorSpare(now) {
+		if !c.gate.admit(l) && !c.processorSpare() {
 			return c.rejectAs(l, Queue, now, a)
 		}
 	}
@@ -157,11 +157,13 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 // is admitted as one the gate let through. (net/http starts a goroutine
 // for each request it hands to a handler, so one a processor is the
 // requests' own and no backlog.) The reading takes the scheduler's lock,
-// so refusals within spareFresh of the last one reuse it.
-func (c *Controller) processorSpare(now int64) bool {
+// so refusals within spareFresh of the last one reuse it; the clock is
+// read here, since an unsampled arrival's time is the last sampled one's.
+func (c *Controller) processorSpare() bool {
 	if c.runq == nil {
 		return false
 	}
+	now := c.now()
 	n := c.spareN.Load()
 	if now-c.spareAt.Load() >= spareFresh {
 		r, ok := c.runq.runnable()
