@@ -133,6 +133,26 @@ type Keys struct {
 	Customer string
 }
 
+// Pairs appends k's wire form to kv as name/value pairs, with wire's
+// lower-case names: the criticality always; the attempt counter past the
+// first try, the decay and the customer when k has them. It is the one
+// encoding of Keys: gRPC metadata, HTTP headers (wire.Header gives the
+// canonical spelling) and Envoy's header mutations are written from it.
+// It allocates only when kv has no room.
+func (k Keys) Pairs(kv []string) []string {
+	kv = append(kv, wire.CriticalityKey, k.Level.String())
+	if k.Attempt > 0 {
+		kv = append(kv, wire.AttemptKey, attempt.Format(k.Attempt))
+	}
+	if k.Decay != "" {
+		kv = append(kv, wire.DecayKey, k.Decay)
+	}
+	if k.Customer != "" {
+		kv = append(kv, wire.CustomerKey, k.Customer)
+	}
+	return kv
+}
+
 // Keys returns what an attempt made with ctx (the context Do gave it, or
 // the call's) carries now, and false if the call's host is not internal
 // (WithInternal): such an attempt carries no triage key at all, and the

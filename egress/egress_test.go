@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/retry"
+	"github.com/triagehq/triage/wire"
 )
 
 func mustNew(t *testing.T, opts ...egress.Option) *egress.Caller {
@@ -101,6 +103,29 @@ func TestKeys(t *testing.T) {
 	long := quota.NewContext(ctx, strings.Repeat("a", 65))
 	if k, _ = call.Keys(long); k.Customer != "" {
 		t.Fatalf("an oversize customer is sent: %q", k.Customer)
+	}
+}
+
+// Pairs is Keys' one wire form: the criticality always, the rest only
+// when set, with wire's names.
+func TestKeysPairs(t *testing.T) {
+	for _, c := range []struct {
+		k    egress.Keys
+		want []string
+	}{
+		{egress.Keys{Level: criticality.Sheddable}, []string{wire.CriticalityKey, "SHEDDABLE"}},
+		{egress.Keys{Level: criticality.Critical, Attempt: 2}, []string{wire.CriticalityKey, "CRITICAL", wire.AttemptKey, "2"}},
+		{egress.Keys{Level: criticality.CriticalPlus, Attempt: 1, Decay: "1850:SHEDDABLE", Customer: "acme"},
+			[]string{wire.CriticalityKey, "CRITICAL_PLUS", wire.AttemptKey, "1", wire.DecayKey, "1850:SHEDDABLE", wire.CustomerKey, "acme"}},
+	} {
+		if got := c.k.Pairs(nil); !slices.Equal(got, c.want) {
+			t.Errorf("%+v.Pairs = %q, want %q", c.k, got, c.want)
+		}
+	}
+	k := egress.Keys{Level: criticality.Critical, Attempt: 1, Decay: "10:SHEDDABLE", Customer: "acme"}
+	buf := make([]string, 0, 8)
+	if n := testing.AllocsPerRun(100, func() { _ = k.Pairs(buf[:0]) }); n != 0 {
+		t.Errorf("Pairs with room allocates %v times", n)
 	}
 }
 

@@ -69,6 +69,7 @@ import (
 	"github.com/triagehq/triage/internal/grpcwire"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagegrpc"
+	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 	"github.com/triagehq/triage/wire"
 )
@@ -463,15 +464,10 @@ func admitted(k egress.Keys, sent []string) *extprocv3.ProcessingResponse {
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
 		})
 	}
-	set(wire.CriticalityKey, k.Level.String())
-	if k.Decay != "" {
-		set(wire.DecayKey, k.Decay)
-	}
-	if k.Customer != "" {
-		set(wire.CustomerKey, k.Customer)
-	}
-	if k.Attempt > 0 {
-		set(wire.AttemptKey, attempt.Format(k.Attempt))
+	var buf [8]string
+	kv := k.Pairs(buf[:0])
+	for i := 0; i < len(kv); i += 2 {
+		set(kv[i], kv[i+1])
 	}
 	// The request carries on the keys decided, no other: a key it came
 	// with that is not set again (an untrusted caller's, a trusted one's
@@ -488,10 +484,7 @@ func admitted(k egress.Keys, sent []string) *extprocv3.ProcessingResponse {
 
 // refusal is the immediate response of an overload outcome.
 func refusal(oe *outcome.Error, grpcReq bool) *extprocv3.ProcessingResponse {
-	code := typev3.StatusCode_ServiceUnavailable
-	if oe.Kind == outcome.OutOfQuota {
-		code = typev3.StatusCode_TooManyRequests
-	}
+	code := typev3.StatusCode(triagehttp.StatusCode(oe.Kind))
 	hv := func(k, v string) *corev3.HeaderValueOption {
 		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)},
 			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD}

@@ -11,8 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/triagehq/triage/attempt"
-	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/retry"
@@ -49,10 +47,9 @@ import (
 // counted but never retried by triage: a stream's messages cannot be
 // replayed.
 type Client struct {
-	eg      *egress.Caller
-	headers *headerTable
-	idle    time.Duration
-	keepSC  bool // WithServiceConfigRetries
+	eg     *egress.Caller
+	idle   time.Duration
+	keepSC bool // WithServiceConfigRetries
 }
 
 // ClientOption configures a Client.
@@ -107,7 +104,7 @@ func NewClient(caller *egress.Caller, opts ...ClientOption) (*Client, error) {
 		}
 		o.applyClient(&cfg)
 	}
-	return &Client{eg: caller, headers: newHeaderTable(), idle: cfg.idle, keepSC: cfg.keepSC}, nil
+	return &Client{eg: caller, idle: cfg.idle, keepSC: cfg.keepSC}, nil
 }
 
 // Caller returns the Client's egress.Caller.
@@ -245,23 +242,6 @@ func dropForwarded(ctx context.Context, opts []grpc.CallOption) context.Context 
 	return metadata.NewOutgoingContext(ctx, md)
 }
 
-// headerTable holds, per criticality and attempt counter, the key/value
-// pairs of the triage headers, built once and never modified.
-type headerTable [criticality.NumLevels][attempt.MaxAttempts + 1][]string
-
-func newHeaderTable() *headerTable {
-	var t headerTable
-	for l := range t {
-		for n := range t[l] {
-			t[l][n] = []string{wire.CriticalityKey, criticality.Level(l).String()}
-			if n > 0 {
-				t[l][n] = append(t[l][n], wire.AttemptKey, attempt.Format(n))
-			}
-		}
-	}
-	return &t
-}
-
 // outgoing adds the triage keys of an attempt of call made with ctx
 // (egress.Call.Keys) to ctx's outgoing metadata. ctx must have been
 // through dropForwarded.
@@ -270,12 +250,6 @@ func (c *Client) outgoing(ctx context.Context, call *egress.Call) context.Contex
 	if !ok {
 		return ctx
 	}
-	kv := c.headers[k.Level][k.Attempt]
-	if k.Decay != "" {
-		kv = append(kv[:len(kv):len(kv)], wire.DecayKey, k.Decay)
-	}
-	if k.Customer != "" {
-		kv = append(kv[:len(kv):len(kv)], wire.CustomerKey, k.Customer)
-	}
-	return metadata.AppendToOutgoingContext(ctx, kv...)
+	var buf [8]string
+	return metadata.AppendToOutgoingContext(ctx, k.Pairs(buf[:0])...)
 }

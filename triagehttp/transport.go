@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/triagehq/triage/attempt"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/wire"
@@ -154,17 +153,12 @@ func withHeaders(r *http.Request, ctx context.Context, k egress.Keys, internal b
 // proxy that forwards a request as it came calls it on the outgoing
 // request.
 func SetKeys(h http.Header, k egress.Keys) {
-	h[criticalityHeader] = []string{k.Level.String()}
 	delete(h, attemptHeader)
 	delete(h, decayHeader)
 	delete(h, customerHeader)
-	if k.Attempt > 0 {
-		h[attemptHeader] = []string{attempt.Format(k.Attempt)}
-	}
-	if k.Decay != "" {
-		h[decayHeader] = []string{k.Decay}
-	}
-	if k.Customer != "" {
-		h[customerHeader] = []string{k.Customer}
+	var buf [8]string
+	kv := k.Pairs(buf[:0])
+	for i := 0; i < len(kv); i += 2 {
+		h[wire.Header(kv[i])] = []string{kv[i+1]}
 	}
 }

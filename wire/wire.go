@@ -13,7 +13,10 @@
 // case-insensitive, so the same names serve as header names.
 package wire
 
-import "strings"
+import (
+	"net/textproto"
+	"strings"
+)
 
 // Prefix starts every triage key. Adapters strip every inbound key with this
 // prefix from untrusted peers, whether or not it is registered.
@@ -90,6 +93,32 @@ const (
 	LameDuckHeader            = "Triage-Lame-Duck"
 	ForwardedClientCertHeader = "X-Forwarded-Client-Cert"
 )
+
+// Header returns a key's spelling in net/http's header maps
+// (CriticalityHeader for CriticalityKey, and so on), without allocating
+// for the keys that have a constant here; any other name is canonicalized
+// by net/textproto.
+func Header(name string) string {
+	switch name {
+	case CriticalityKey:
+		return CriticalityHeader
+	case DecayKey:
+		return DecayHeader
+	case AttemptKey:
+		return AttemptHeader
+	case CustomerKey:
+		return CustomerHeader
+	case OutcomeKey:
+		return OutcomeHeader
+	case LameDuckKey:
+		return LameDuckHeader
+	case ForwardedClientCertKey:
+		return ForwardedClientCertHeader
+	case LoadReportKey:
+		return LoadReportBinHeader
+	}
+	return textproto.CanonicalMIMEHeaderKey(name)
+}
 
 // Not triage's own, read only from a trusted proxy (trust.Forwarders), and
 // never stripped: the service may read it too.

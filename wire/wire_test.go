@@ -82,6 +82,17 @@ func TestCanonicalSpellings(t *testing.T) {
 		if got := textproto.CanonicalMIMEHeaderKey(key); got != header {
 			t.Errorf("%s is spelled %q, net/http spells it %q", key, header, got)
 		}
+		if got := wire.Header(key); got != header {
+			t.Errorf("Header(%q) = %q, want %q", key, got, header)
+		}
+	}
+	for _, k := range wire.Keys() {
+		if got, want := wire.Header(k.Name), textproto.CanonicalMIMEHeaderKey(k.Name); got != want {
+			t.Errorf("Header(%q) = %q, want %q", k.Name, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = wire.Header(wire.CustomerKey) }); n != 0 {
+		t.Errorf("Header of a registered key allocates %v times", n)
 	}
 }
 
