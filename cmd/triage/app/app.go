@@ -85,8 +85,15 @@ Usage:
 
 // Main runs the command as a process, args without the program's name:
 // SIGINT and SIGTERM end its context (a clean shutdown: lame duck, drain,
-// stop). It returns the exit code.
+// stop). It returns the exit code. `triage sidecar` first runs itself
+// again with the GODEBUG setting of its -quiet-sysmon flag (sysmonEnv),
+// the same process.
 func Main(args []string, opts ...Option) int {
+	if env, ok := sysmonEnv(args, os.Environ()); ok {
+		if err := reexec(args, env); err != nil {
+			fmt.Fprintf(os.Stderr, "triage: running on with Go's default sysmon (-quiet-sysmon): %v\n", err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return Run(ctx, args, os.Stdout, os.Stderr, opts...)
