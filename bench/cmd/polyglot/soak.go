@@ -25,9 +25,11 @@ type soakSample struct {
 // goroutines and resident memory read from its metrics every 10 s, each
 // minute's goodput and callers' p99. It prints each minute and how far
 // the goroutines and memory strayed, after the first minute, from the
-// second minute's (medians of the minute's readings).
+// second minute's (medians of the minute's readings), and the idle
+// goroutine count before the load against the count once the load is gone
+// (settle): a leak keeps the second above the first.
 func (c config) runSoak(up string, d time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), d+8*time.Minute)
 	defer cancel()
 	out := filepath.Join(c.out, up+"-soak")
 	stopUp, err := c.start(ctx, out, "upstream", upstreamPort, c.upstreamArgv(up)...)
@@ -49,6 +51,10 @@ func (c config) runSoak(up string, d time.Duration) error {
 		return err
 	}
 	defer stopPx()
+	idleBefore, _, err := sidecarRuntime()
+	if err != nil {
+		return err
+	}
 	var (
 		mu      sync.Mutex
 		samples []soakSample
@@ -79,6 +85,7 @@ func (c config) runSoak(up string, d time.Duration) error {
 	if err != nil {
 		return err
 	}
+	idleAfter, settled := settle(ctx, idleBefore)
 	mu.Lock()
 	defer mu.Unlock()
 	fmt.Printf("%s behind the sidecar at 10x C (C = %.0f req/s), %d steps of a minute back to back\n\n", up, capacity, minutes)
@@ -103,7 +110,33 @@ func (c config) runSoak(up string, d time.Duration) error {
 		fmt.Printf("| %d | %.2f | %.0f | %.0f | %.1f |\n", m+1, st.Goodput, st.Latency.P99, g, rss)
 	}
 	fmt.Printf("\nafter the first minute, against the second: goroutines within %.0f%%, RSS within %.0f%%\n", 100*worstG, 100*worstR)
+	fmt.Printf("idle goroutines: %.0f before the load, %.0f %s after it\n", idleBefore, idleAfter, settled)
 	return nil
+}
+
+// settle waits, after the load, until the sidecar holds no more
+// goroutines than it did idle before it (want): its callers' connections
+// close when the load generator exits, its idle connections to the
+// upstream after the transport's idle timeout (90 s). It returns the last
+// reading and when it was taken; a count that stays above want for three
+// minutes is what a leak looks like.
+func settle(ctx context.Context, want float64) (float64, string) {
+	start := time.Now()
+	g := 0.0
+	for time.Since(start) < 3*time.Minute {
+		if n, _, err := sidecarRuntime(); err == nil {
+			g = n
+			if g <= want {
+				return g, fmt.Sprintf("%.0f s", time.Since(start).Seconds())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return g, "(cut short)"
+		case <-time.After(5 * time.Second):
+		}
+	}
+	return g, "3 minutes (never back to the idle count)"
 }
 
 func abs(x float64) float64 { return max(x, -x) }
