@@ -1,13 +1,10 @@
 package app
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -26,41 +23,14 @@ func TestSIGTERMIsACleanShutdown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a process")
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	policy := filepath.Join(t.TempDir(), "quota.yaml")
 	if err := os.WriteFile(policy, []byte("customers: {ads: {cpu: 2}}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	cmd, addr, errb := startCLI(t, []string{"quota-server", "-policy", policy, "-listen", "127.0.0.1:0", "-drain", "1s"})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, self, "quota-server", "-policy", policy, "-listen", "127.0.0.1:0", "-drain", "1s")
-	cmd.Env = append(os.Environ(), asCLI+"=1")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var errb syncBuffer
-	cmd.Stderr = &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() {
-		t.Fatalf("no output; stderr %q", errb.String())
-	}
-	m := regexp.MustCompile(`listening on (127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(sc.Text())
-	if m == nil {
-		t.Fatalf("first line %q", sc.Text())
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
-	cc, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

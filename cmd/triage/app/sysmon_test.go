@@ -75,8 +75,8 @@ func TestSidecarRunsWithQuietSysmon(t *testing.T) {
 		if !quiet {
 			args = append(args, "-quiet-sysmon=false")
 		}
-		pid, addr := startCLI(t, args)
-		environ, err := os.ReadFile("/proc/" + pid + "/environ")
+		cmd, addr, _ := startCLI(t, args)
+		environ, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/environ")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,28 +110,33 @@ func httptestServer(t *testing.T) string {
 }
 
 // startCLI runs this test binary as the command with args, waits for the
-// line saying where it listens, and returns the process's PID (as the
-// command started it) and that address. The process is killed at the
-// test's end.
-func startCLI(t *testing.T, args []string) (pid, addr string) {
+// line saying where it listens, and returns the process (as the command
+// started it), that address and its stderr. The process is killed, if it
+// still runs, at the test's end.
+func startCLI(t *testing.T, args []string) (*exec.Cmd, string, *syncBuffer) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	cmd := exec.CommandContext(ctx, self, args...)
 	cmd.Env = append(os.Environ(), asCLI+"=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var errb syncBuffer
-	cmd.Stderr = &errb
+	errb := &syncBuffer{}
+	cmd.Stderr = errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cancel(); cmd.Wait() })
+	t.Cleanup(func() {
+		cancel()
+		if cmd.ProcessState == nil {
+			cmd.Wait()
+		}
+	})
 	sc := bufio.NewScanner(out)
 	if !sc.Scan() {
 		t.Fatalf("no output; stderr %q", errb.String())
@@ -144,5 +149,5 @@ func startCLI(t *testing.T, args []string) (pid, addr string) {
 		for sc.Scan() {
 		}
 	}()
-	return strconv.Itoa(cmd.Process.Pid), m[1]
+	return cmd, m[1], errb
 }
