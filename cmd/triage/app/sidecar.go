@@ -94,7 +94,7 @@ func parseSidecarFlags(args []string, stderr io.Writer, o *options) (*sidecarFla
 	fs.StringVar(&f.upstreamReady, "upstream-ready", "", "the upstream's own readiness path (e.g. /healthz): the sidecar's readiness answers 503 while the upstream does not answer it 2xx or 3xx within a second (asked at most once a second); default: the sidecar's readiness does not ask the upstream")
 	fs.BoolVar(&f.upstreamLoad, "upstream-load", false, "shed by the load the upstream reports in its answers, ORCA's endpoint-load-metrics (TEXT, JSON or BIN) or endpoint-load-metrics-bin header or gRPC trailer: its application utilization, else its CPU's, against admission's thresholds (SHEDDABLE from 0.8, CRITICAL_PLUS from 0.95); a report counts for "+triagesidecar.DefaultUpstreamLoadAge.String()+". Only for a report that passes 1 when the service is past its capacity, not one that is 1 whenever it is busy (docs/sidecar.md)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9092); default none")
-	fs.BoolVar(&f.quietSysmon, "quiet-sysmon", true, "run with GODEBUG="+quietSysmon+" (unless GODEBUG sets schedtrace): Go's sysmon thread then does not wake with each request after an idle moment, which on a CPU shared with the service took a fifth of the sidecar's CPU (docs/sidecar.md)")
+	fs.BoolVar(&f.quietSysmon, "quiet-sysmon", true, "run with GODEBUG="+quietSysmon+" (unless GODEBUG sets schedtrace): Go's sysmon thread then does not wake with each request after an idle moment, which on a CPU shared with the service took a fifth to a quarter of the sidecar's CPU (docs/sidecar.md)")
 	f.log.register(fs)
 	if code, ok := o.parse(fs, args, stderr, &f.tls); !ok {
 		return nil, code, false

@@ -10,7 +10,8 @@ import (
 // processor is idle and is woken by the next system call, then polls every
 // 20 µs for a millisecond; a sidecar in front of a service on the same CPU
 // goes idle between requests, so each request woke it and its polls took
-// the service's CPU (docs/sidecar.md, "On a shared CPU"). With schedtrace
+// the service's CPU (docs/sidecar.md, "Where the sidecar runs, and what it
+// costs"). With schedtrace
 // set, sysmon never sleeps deeply and backs off to a 10 ms poll while it
 // has nothing to do; the trace itself is due once every 2^31 ms (about 25
 // days of the host's uptime), a line on stderr.
