@@ -85,7 +85,7 @@ func (c *Controller) adjustPending() {
 	// goroutines waiting: the run queue's length counts every goroutine of
 	// the process, requests or not.
 	grow := c.busy >= saturatedAt && delay > int64(c.targetDelay)/2
-	c.gate.step(c.runQueueWait(delay), int64(c.targetDelay)+c.expectedSvc.Load(), c.interval, c.runQueueGrowth(), grow)
+	c.gate.step(c.runQueueWait(delay), int64(c.targetDelay)+c.expectedSvc.Load(), c.interval, c.runQueueGrowth(), grow, c.busy)
 	c.pendingCap.Store(c.pending.step(c.pendingCap.Load(), delay, hit, c.busy, c.expectedSvc.Load()))
 }
 
@@ -98,9 +98,11 @@ func (c *Controller) adjustPending() {
 func (c *Controller) runQueueWait(delay int64) int64 {
 	n, sum, reads := c.rqArrivals.Swap(0), c.rqRunnable.Swap(0), c.rqReads.Swap(0)
 	if reads == 0 || n == 0 {
+		c.gate.found.Store(0)
 		c.rqWait.Store(delay)
 		return delay
 	}
+	c.gate.found.Store(sum / reads)
 	w := max(delay, sum*c.interval/reads/n)
 	c.rqWait.Store(w)
 	return w

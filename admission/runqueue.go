@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"math"
 	"sync/atomic"
 
 	"github.com/triagehq/triage/criticality"
@@ -28,6 +29,16 @@ import (
 // more (issue 54). The Controller admits an arrival the gate would shed
 // while a processor would otherwise idle (processorSpare).
 //
+// Between steps an arrival is also shed on the moment's backlog
+// (backlogged): the goroutines in the run queue beyond those the last
+// interval's arrivals found there, over the rate at which the CPU drains
+// it, give the wait of the arrivals behind this one, and a level is shed
+// while that wait exceeds its bound (a quarter of an interval for
+// SHEDDABLE, with the pending cap's headroom for the levels above:
+// CRITICAL_PLUS 1.25 intervals). So the backlog a step of the offered
+// load builds before the gate's next step is cut where it forms, rather
+// than served an interval late.
+//
 // Its counters are bounded by the arrivals of one interval; step runs
 // under the Controller's adjust lock, the rest concurrently.
 type queueGate struct {
@@ -46,15 +57,28 @@ type queueGate struct {
 	// smoothed over about four, in 1/1024 of an arrival (under the adjust
 	// lock).
 	rate [criticality.NumLevels]int64
+	// found is the mean run queue length the last interval's arrivals
+	// found; drain how many arrivals the CPU lets leave it in an
+	// interval when fully used: the last interval's (those that reached
+	// Arrive) over the CPU's utilization (0: none, no backlog read).
+	found, drain atomic.Int64
 }
+
+// minBusy is the least utilization the drain rate is scaled by: the CPU
+// of a process this idle drains its run queue at ten times its arrivals.
+const minBusy = 0.1
 
 // gateOne is one level of shedding.
 const gateOne = 1 << 16
 
 // admit reports whether a RunQueued arrival of level l passes the gate,
-// and counts it.
-func (g *queueGate) admit(l criticality.Level) bool {
+// and counts it; one that found a backlog over its level's bound does
+// not.
+func (g *queueGate) admit(l criticality.Level, backlogged bool) bool {
 	g.arrived[l].Add(1)
+	if backlogged {
+		return false
+	}
 	p := g.level(l)
 	if p >= gateOne {
 		return false
@@ -76,14 +100,30 @@ func (g *queueGate) admit(l criticality.Level) bool {
 	return true
 }
 
+// backlogged reports whether an arrival of level l that finds runnable
+// goroutines in Go's run queue waits, with those behind it, more than
+// its level's bound: the goroutines beyond those the last interval's
+// arrivals found, over the rate at which the CPU drains the queue
+// (Little's law, at full use). Its bound is a quarter of the interval
+// with the pending cap's headroom for the level (headroom).
+func (g *queueGate) backlogged(l criticality.Level, runnable, interval int64) bool {
+	drain := g.drain.Load()
+	if drain == 0 {
+		return false
+	}
+	wait := (runnable - g.found.Load()) * interval / drain
+	return wait*100 > interval/4*(100+headroom[l])
+}
+
 // step sets the shed level from the interval's arrivals and its mean run
 // queue wait against target, interval being the interval's length and
 // grew the run queue's growth over it. Shedding grows only when mayGrow
 // (the CPU saturated, and the scheduler's own mean delay showing
 // goroutines waiting): the run queue holds the process's other goroutines
 // too (a frontend's calls to its backends, the transports'), which are no
-// backlog of requests.
-func (g *queueGate) step(wait, target, interval, grew int64, mayGrow bool) {
+// backlog of requests. busy is the CPU's utilization over the interval
+// (the rate the run queue drains at scales by it).
+func (g *queueGate) step(wait, target, interval, grew int64, mayGrow bool, busy float64) {
 	var arrived [criticality.NumLevels]int64
 	var total int64
 	for l := range arrived {
@@ -93,6 +133,7 @@ func (g *queueGate) step(wait, target, interval, grew int64, mayGrow bool) {
 	passed := g.passed.Swap(0)
 	last := g.last
 	g.last = wait
+	g.drain.Store(int64(math.Ceil(float64(total) / min(max(busy, minBusy), 1))))
 	if total == 0 || target <= 0 || interval <= 0 {
 		return
 	}

@@ -114,7 +114,8 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	if a&RunQueued != 0 {
 		c.countRunQueued(sampled)
-		if !c.gate.admit(l) && !c.processorSpare() {
+		var m moment
+		if !c.gate.admit(l, c.backlogged(&m, l)) && !c.processorSpare(&m) {
 			return c.rejectAs(l, Queue, now, a)
 		}
 	}
@@ -156,32 +157,64 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 // estimate over an interval; this is the moment's fact, and the arrival
 // is admitted as one the gate let through. (net/http starts a goroutine
 // for each request it hands to a handler, so one a processor is the
-// requests' own and no backlog.) The reading takes the scheduler's lock,
-// so refusals within spareFresh of the last one reuse it; the clock is
-// read here, since an unsampled arrival's time is the last sampled one's.
-func (c *Controller) processorSpare() bool {
-	if c.runq == nil {
-		return false
-	}
-	now := c.now()
-	n := c.spareN.Load()
-	if now-c.spareAt.Load() >= spareFresh {
-		r, ok := c.runq.runnable()
-		if !ok {
-			return false
-		}
-		n = int64(r)
-		c.spareN.Store(n)
-		c.spareAt.Store(now)
-	}
-	if n > int64(c.runq.procs()) {
+// requests' own and no backlog.)
+func (c *Controller) processorSpare(m *moment) bool {
+	n, ok := m.runnable(c)
+	if !ok || n > int64(c.runq.procs()) {
 		return false
 	}
 	c.gate.passed.Add(1)
 	return true
 }
 
-// spareFresh is how long processorSpare's reading of the run queue holds:
+// backlogged reports whether a RunQueued arrival of level l finds a
+// backlog in Go's run queue over its level's bound (queueGate.backlogged).
+func (c *Controller) backlogged(m *moment, l criticality.Level) bool {
+	if c.gate.drain.Load() == 0 {
+		return false
+	}
+	n, ok := m.runnable(c)
+	return ok && c.gate.backlogged(l, n, c.interval)
+}
+
+// moment is one arrival's reading of Go's run queue: taken once, and
+// only if a rule asks for it.
+type moment struct {
+	n        int64
+	ok, read bool
+}
+
+// runnable returns the reading, taking it on first use.
+func (m *moment) runnable(c *Controller) (int64, bool) {
+	if !m.read {
+		m.n, m.ok = c.runnableNow()
+		m.read = true
+	}
+	return m.n, m.ok
+}
+
+// runnableNow returns the goroutines in Go's run queues, from a reading
+// at most spareFresh old: the reading takes the scheduler's lock, so
+// arrivals within spareFresh of the last one reuse it. The clock is read
+// here, since an unsampled arrival's time is the last sampled one's.
+func (c *Controller) runnableNow() (int64, bool) {
+	if c.runq == nil {
+		return 0, false
+	}
+	now := c.now()
+	if now-c.spareAt.Load() < spareFresh {
+		return c.spareN.Load(), true
+	}
+	r, ok := c.runq.runnable()
+	if !ok {
+		return 0, false
+	}
+	c.spareN.Store(int64(r))
+	c.spareAt.Store(now)
+	return int64(r), true
+}
+
+// spareFresh is how long runnableNow's reading of the run queue holds:
 // less than one refusal's time through net/http (about 20 µs), so that on
 // one processor every refusal reads afresh, and a server refusing on many
 // processors takes the scheduler's lock for it at most 100,000 times a
