@@ -10,7 +10,7 @@ out=$(mktemp -d)
 git -C "$root" worktree add -f "$out/old-tree" "$rev" >/dev/null
 trap 'git -C "$root" worktree remove --force "$out/old-tree"' EXIT
 declare -A bench=([triagegrpc]='Encode|Decode|ServerStack$|RejectAtTap|TapRefusal|ClientChainOverhead'
-	[triagehttp]='Middleware|Transport' [admission]='Admission|GateRefusal' [retry]='Do$' [throttle]='Decision' [edge]='Classify')
+	[triagehttp]='Middleware|Transport|WriteError' [admission]='Admission|GateRefusal' [retry]='Do$' [throttle]='Decision' [edge]='Classify')
 for p in "${!bench[@]}"; do
 	(cd "$out/old-tree" && go test -c -o "$out/old-$p.test" "./$p")
 	(cd "$root" && go test -c -o "$out/new-$p.test" "./$p")

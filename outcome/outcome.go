@@ -124,17 +124,18 @@ var (
 
 // Error formats the outcome, e.g. "triage: task overloaded (cpu)".
 func (e *Error) Error() string {
-	msg := "triage: " + e.sentinel().Error()
+	var b [128]byte
+	msg := append(append(b[:0], "triage: "...), e.sentinel().Error()...)
 	if e.Local {
-		msg += " (rejected locally)"
+		msg = append(msg, " (rejected locally)"...)
 	}
 	if e.Reason != "" {
-		msg += " (" + e.Reason + ")"
+		msg = append(append(append(msg, " ("...), e.Reason...), ')')
 	}
 	if e.RetryAfter > 0 {
-		msg += "; retry after " + e.RetryAfter.String()
+		msg = append(append(msg, "; retry after "...), e.RetryAfter.String()...)
 	}
-	return msg
+	return string(msg)
 }
 
 func (e *Error) sentinel() error {

@@ -14,6 +14,7 @@ import (
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/edge"
 	"github.com/triagehq/triage/intake"
+	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/triagehttp"
 	"github.com/triagehq/triage/trust"
 )
@@ -98,3 +99,27 @@ func (http1ShapedWriter) CloseNotify() <-chan bool         { return nil }
 func (http1ShapedWriter) SetReadDeadline(time.Time) error  { return nil }
 func (http1ShapedWriter) SetWriteDeadline(time.Time) error { return nil }
 func (http1ShapedWriter) EnableFullDuplex() error          { return nil }
+
+// discardWriter is a ResponseWriter that keeps one header map, cleared
+// for each answer, and drops the body: what WriteError itself costs. It
+// writes strings as net/http's writer does, without a copy.
+type discardWriter struct{ h http.Header }
+
+func (w *discardWriter) Header() http.Header               { return w.h }
+func (w *discardWriter) Write(b []byte) (int, error)       { return len(b), nil }
+func (w *discardWriter) WriteString(s string) (int, error) { return len(s), nil }
+func (w *discardWriter) WriteHeader(int)                   {}
+
+// BenchmarkWriteError is a refusal's answer: the outcome and Retry-After
+// headers, the content headers and the message.
+func BenchmarkWriteError(b *testing.B) {
+	err := &outcome.Error{Kind: outcome.TaskOverloaded, Reason: "queue", RetryAfter: 2 * time.Second}
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		clear(w.h)
+		if !triagehttp.WriteError(w, err) {
+			b.Fatal("not written")
+		}
+	}
+}
