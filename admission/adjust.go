@@ -98,11 +98,11 @@ func (c *Controller) adjustPending() {
 func (c *Controller) runQueueWait(delay int64) int64 {
 	n, sum, reads := c.rqArrivals.Swap(0), c.rqRunnable.Swap(0), c.rqReads.Swap(0)
 	if reads == 0 || n == 0 {
-		c.gate.found.Store(0)
+		c.gate.found = 0
 		c.rqWait.Store(delay)
 		return delay
 	}
-	c.gate.found.Store(sum / reads)
+	c.gate.found = sum / reads
 	w := max(delay, sum*c.interval/reads/n)
 	c.rqWait.Store(w)
 	return w

@@ -154,7 +154,7 @@ type Controller struct {
 	runq                                    runnableSource
 	rqArrivals, rqRunnable, rqReads, rqWait atomic.Int64
 	rqLast                                  int64 // the run queue's length at the last adjustment
-	// spareAt and spareN are runnableNow's last reading of the run
+	// spareAt and spareN are runnableAt's last reading of the run
 	// queue's length and when it was taken (Controller time).
 	spareAt, spareN atomic.Int64
 	gateEst         atomic.Int64

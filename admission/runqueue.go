@@ -1,7 +1,6 @@
 package admission
 
 import (
-	"math"
 	"sync/atomic"
 
 	"github.com/triagehq/triage/criticality"
@@ -58,10 +57,11 @@ type queueGate struct {
 	// lock).
 	rate [criticality.NumLevels]int64
 	// found is the mean run queue length the last interval's arrivals
-	// found; drain how many arrivals the CPU lets leave it in an
-	// interval when fully used: the last interval's (those that reached
-	// Arrive) over the CPU's utilization (0: none, no backlog read).
-	found, drain atomic.Int64
+	// found (under the adjust lock).
+	found int64
+	// shedAt is, per level, the run queue length at which an arrival is
+	// shed on the moment's backlog (0: never), set by step.
+	shedAt [criticality.NumLevels]atomic.Int64
 }
 
 // minBusy is the least utilization the drain rate is scaled by: the CPU
@@ -101,18 +101,29 @@ func (g *queueGate) admit(l criticality.Level, backlogged bool) bool {
 }
 
 // backlogged reports whether an arrival of level l that finds runnable
-// goroutines in Go's run queue waits, with those behind it, more than
-// its level's bound: the goroutines beyond those the last interval's
-// arrivals found, over the rate at which the CPU drains the queue
-// (Little's law, at full use). Its bound is a quarter of the interval
-// with the pending cap's headroom for the level (headroom).
-func (g *queueGate) backlogged(l criticality.Level, runnable, interval int64) bool {
-	drain := g.drain.Load()
-	if drain == 0 {
-		return false
+// goroutines in Go's run queue is shed on the moment's backlog.
+func (g *queueGate) backlogged(l criticality.Level, runnable int64) bool {
+	at := g.shedAt[l].Load()
+	return at > 0 && runnable >= at
+}
+
+// setShedAt sets the run queue lengths backlogged sheds at from the
+// interval's arrivals (those that reached Arrive): the goroutines beyond
+// those they found, over the rate at which the CPU drains the queue (the
+// arrivals over its utilization: Little's law at full use), are the wait
+// behind an arrival, and a level's bound is a quarter of the interval
+// with the pending cap's headroom for the level (headroom). So level l is
+// shed from found + drain*(100+headroom[l])/400 goroutines on, whatever
+// the interval's length.
+func (g *queueGate) setShedAt(arrivals int64, busy float64) {
+	drain := float64(arrivals) / min(max(busy, minBusy), 1)
+	for l := range g.shedAt {
+		at := int64(0)
+		if arrivals > 0 {
+			at = g.found + int64(drain*float64(100+headroom[l])/400) + 1
+		}
+		g.shedAt[l].Store(at)
 	}
-	wait := (runnable - g.found.Load()) * interval / drain
-	return wait*100 > interval/4*(100+headroom[l])
 }
 
 // step sets the shed level from the interval's arrivals and its mean run
@@ -133,7 +144,7 @@ func (g *queueGate) step(wait, target, interval, grew int64, mayGrow bool, busy 
 	passed := g.passed.Swap(0)
 	last := g.last
 	g.last = wait
-	g.drain.Store(int64(math.Ceil(float64(total) / min(max(busy, minBusy), 1))))
+	g.setShedAt(total, busy)
 	if total == 0 || target <= 0 || interval <= 0 {
 		return
 	}

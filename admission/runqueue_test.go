@@ -471,7 +471,7 @@ func TestMomentsBacklogShedsBetweenSteps(t *testing.T) {
 				}
 			}
 			runq.n = tc.runnable
-			clk.Advance(time.Duration(spareFresh)) // the last reading no longer holds
+			clk.Advance(time.Duration(backlogFresh)) // the last reading no longer holds
 			for l := range criticality.NumLevels {
 				lv := criticality.Level(l)
 				err := arrive(lv)

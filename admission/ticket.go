@@ -114,8 +114,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	if a&RunQueued != 0 {
 		c.countRunQueued(sampled)
-		var m moment
-		if !c.gate.admit(l, c.backlogged(&m, l)) && !c.processorSpare(&m) {
+		if !c.gate.admit(l, c.backlogged(l, now)) && !c.processorSpare() {
 			return c.rejectAs(l, Queue, now, a)
 		}
 	}
@@ -157,9 +156,10 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 // estimate over an interval; this is the moment's fact, and the arrival
 // is admitted as one the gate let through. (net/http starts a goroutine
 // for each request it hands to a handler, so one a processor is the
-// requests' own and no backlog.)
-func (c *Controller) processorSpare(m *moment) bool {
-	n, ok := m.runnable(c)
+// requests' own and no backlog.) The clock is read here, since an
+// unsampled arrival's time is the last sampled one's.
+func (c *Controller) processorSpare() bool {
+	n, ok := c.runnableAt(c.now(), spareFresh)
 	if !ok || n > int64(c.runq.procs()) {
 		return false
 	}
@@ -167,42 +167,27 @@ func (c *Controller) processorSpare(m *moment) bool {
 	return true
 }
 
-// backlogged reports whether a RunQueued arrival of level l finds a
-// backlog in Go's run queue over its level's bound (queueGate.backlogged).
-func (c *Controller) backlogged(m *moment, l criticality.Level) bool {
-	if c.gate.drain.Load() == 0 {
+// backlogged reports whether a RunQueued arrival of level l, at now,
+// finds a backlog in Go's run queue over its level's bound
+// (queueGate.backlogged), from a reading at most backlogFresh old. now
+// is the arrival's time, which for an unsampled arrival is the last
+// sampled one's: the admitted path reads no clock.
+func (c *Controller) backlogged(l criticality.Level, now int64) bool {
+	if c.gate.shedAt[l].Load() == 0 {
 		return false
 	}
-	n, ok := m.runnable(c)
-	return ok && c.gate.backlogged(l, n, c.interval)
+	n, ok := c.runnableAt(now, backlogFresh)
+	return ok && c.gate.backlogged(l, n)
 }
 
-// moment is one arrival's reading of Go's run queue: taken once, and
-// only if a rule asks for it.
-type moment struct {
-	n        int64
-	ok, read bool
-}
-
-// runnable returns the reading, taking it on first use.
-func (m *moment) runnable(c *Controller) (int64, bool) {
-	if !m.read {
-		m.n, m.ok = c.runnableNow()
-		m.read = true
-	}
-	return m.n, m.ok
-}
-
-// runnableNow returns the goroutines in Go's run queues, from a reading
-// at most spareFresh old: the reading takes the scheduler's lock, so
-// arrivals within spareFresh of the last one reuse it. The clock is read
-// here, since an unsampled arrival's time is the last sampled one's.
-func (c *Controller) runnableNow() (int64, bool) {
+// runnableAt returns the goroutines in Go's run queues at now, from a
+// reading less than fresh old: the reading takes the scheduler's lock, so
+// arrivals within fresh of the last one reuse it.
+func (c *Controller) runnableAt(now, fresh int64) (int64, bool) {
 	if c.runq == nil {
 		return 0, false
 	}
-	now := c.now()
-	if now-c.spareAt.Load() < spareFresh {
+	if now-c.spareAt.Load() < fresh {
 		return c.spareN.Load(), true
 	}
 	r, ok := c.runq.runnable()
@@ -214,12 +199,18 @@ func (c *Controller) runnableNow() (int64, bool) {
 	return int64(r), true
 }
 
-// spareFresh is how long runnableNow's reading of the run queue holds:
+// spareFresh is how long runnableAt's reading of the run queue holds:
 // less than one refusal's time through net/http (about 20 µs), so that on
 // one processor every refusal reads afresh, and a server refusing on many
 // processors takes the scheduler's lock for it at most 100,000 times a
 // second.
 const spareFresh = int64(10 * time.Microsecond)
+
+// backlogFresh is how long a reading of the run queue holds for the
+// moment's backlog: a bound of 25 ms and more needs no fresher one, and
+// the admitted path then takes the scheduler's lock at most a thousand
+// times a second.
+const backlogFresh = int64(time.Millisecond)
 
 // countRunQueued counts a RunQueued arrival and, for a sampled one, the
 // run queue it found (the mean over the sampled arrivals is the gate's;
