@@ -24,7 +24,7 @@ func (c *Controller) maybeAdjust(now int64) {
 		c.saturated.Store(c.busy >= saturatedAt)
 	}
 	c.adjustPending()
-	c.standing.Store(!c.drained.Swap(false))
+	c.standing.Store(!c.drained.Swap(false) && c.queued.Load() > 0)
 	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
 	var own int64
 	if pn, ps := c.probeCount.Swap(0), c.probeSum.Swap(0); pn > 0 {
@@ -42,6 +42,7 @@ func (c *Controller) maybeAdjust(now int64) {
 	}
 	mean := sum / n
 	c.expectedSvc.Store(mean)
+	c.measuredSvc.Store(mean)
 	if n >= sampleAbove {
 		c.sampleMask.Store(sampleMaskHeavy)
 	} else {

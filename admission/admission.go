@@ -179,7 +179,7 @@ type Controller struct {
 	pending        pendingRule
 	probingNow     atomic.Bool         // ls.probing, for wait (read without c.adjust)
 	drained        atomic.Bool         // the slot queue was empty as a request started, this interval
-	standing       atomic.Bool         // it never was, the last interval: WithMaxWaitServiceTimes applies
+	standing       atomic.Bool         // it never was, the last interval, and requests wait: WithMaxWaitServiceTimes applies
 	probeResume    atomic.Int64        // ls.resume, for wait
 	mu             sync.Mutex          // guards the queues
 	queues         [returning + 1]fifo // by rank; returning: stalled requests coming back
@@ -197,6 +197,7 @@ type Controller struct {
 	saturated   atomic.Bool  // the pending cap applies: see WithSaturation
 	nextAdjust  atomic.Int64
 	expectedSvc atomic.Int64 // ns, last interval's mean service time
+	measuredSvc atomic.Int64 // ns, the last measured mean service time, kept across intervals without one
 	lastDelay   atomic.Int64 // ns, last interval's mean wait before Start
 	// sampleMask selects the requests whose service time is measured and
 	// which enter the attempt histogram (rand & mask == 0): all under light

@@ -486,92 +486,23 @@ func TestObserverLearnsTheQueueWait(t *testing.T) {
 	}
 }
 
-// With WithMaxWaitServiceTimes, once the slot queue stood for a whole
-// interval the wait for a slot is bounded by that many mean service times
-// as well as by the max wait: a proxy in front of a service whose requests
-// take 20 ms queues about one service time of work, not a second of it;
-// CRITICAL and CRITICAL_PLUS requests wait three times as long. While the
-// queue empties (bursts at the task's capacity), the max wait alone
-// applies. The service time is learnt from requests served first.
-func TestWaitIsBoundedInServiceTimes(t *testing.T) {
-	for _, tc := range []struct {
-		level criticality.Level
-		times time.Duration // service times
-	}{{criticality.Sheddable, 2}, {criticality.SheddablePlus, 2}, {criticality.Critical, 6}, {criticality.CriticalPlus, 6}} {
-		f := clock.NewFake(epoch)
-		c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
-			admission.WithMaxWaitServiceTimes(2), admission.WithInterval(100*time.Millisecond))
-		for range 20 { // 400 ms of 20 ms requests, one at a time: four intervals
-			var tk admission.Ticket
-			c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
-			if err := c.Start(context.Background(), &tk); err != nil {
-				t.Fatal(err)
-			}
-			f.Advance(20 * time.Millisecond)
-			c.Done(&tk)
+// givesUpAt checks that the request whose Start reports to errc is
+// refused for want of a slot d from now, not before.
+func givesUpAt(t *testing.T, f *clock.Fake, errc <-chan error, d time.Duration, what string) {
+	t.Helper()
+	f.Advance(d - time.Millisecond)
+	select {
+	case err := <-errc:
+		t.Fatalf("%s gave up before %v: %v", what, d, err)
+	default:
+	}
+	f.Advance(time.Millisecond)
+	select {
+	case err := <-errc:
+		if reason(t, err) != admission.Concurrency {
+			t.Fatalf("%s: err %v", what, err)
 		}
-		if s := c.Stats().ServiceTime; s != 20*time.Millisecond {
-			t.Fatalf("service time %v, want 20ms", s)
-		}
-		var running, first, second admission.Ticket
-		c.Arrive(&running, criticality.Critical, 0, time.Time{}, 0)
-		c.Start(context.Background(), &running)
-		// The queue has emptied in this interval: the first waiter may
-		// wait the max wait.
-		c.Arrive(&first, tc.level, 0, time.Time{}, 0)
-		firstErr := make(chan error, 1)
-		go func() { firstErr <- c.Start(context.Background(), &first) }()
-		waitQueued(t, c, 1, f)
-		f.Advance(100 * time.Millisecond)
-		var next admission.Ticket
-		c.Arrive(&next, criticality.Critical, 0, time.Time{}, 0) // the interval the queue emptied in ends
-		c.Done(&next)
-		f.Advance(100 * time.Millisecond)
-		c.Arrive(&second, tc.level, 0, time.Time{}, 0) // an interval with the queue standing ends
-		// Intervals without a request served halve the service time (a
-		// pause's would refuse everything otherwise): the bound is
-		// today's estimate's.
-		svc := c.Stats().ServiceTime
-		if svc <= 0 {
-			t.Fatal("no service time")
-		}
-		bound := tc.times * svc
-		secondErr := make(chan error, 1)
-		go func() { secondErr <- c.Start(context.Background(), &second) }()
-		queued, stop := make(chan bool, 1), make(chan struct{})
-		go func() { queued <- f.BlockUntil(2, stop) }()
-		select {
-		case <-queued:
-		case err := <-firstErr:
-			close(stop)
-			t.Fatalf("%v, queued as the queue emptied: %v within 200 ms, want the max wait", tc.level, err)
-		}
-		close(stop)
-		f.Advance(bound - time.Millisecond)
-		select {
-		case err := <-secondErr:
-			t.Fatalf("%v gave up before %v: %v", tc.level, bound, err)
-		default:
-		}
-		f.Advance(time.Millisecond)
-		select {
-		case err := <-secondErr:
-			if reason(t, err) != admission.Concurrency {
-				t.Fatalf("%v: err %v", tc.level, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%v still waiting after %v in a standing queue; the max wait is 1 s", tc.level, bound)
-		}
-		select {
-		case err := <-firstErr:
-			t.Fatalf("%v, queued as the queue emptied: %v after %v, want the max wait", tc.level, err, 200*time.Millisecond+bound)
-		default:
-		}
-		c.Done(&second)
-		c.Done(&running)
-		if err := <-firstErr; err != nil {
-			t.Fatalf("%v, queued as the queue emptied: %v, want the freed slot", tc.level, err)
-		}
-		c.Done(&first)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s still waiting after %v; the max wait is 1 s", what, d)
 	}
 }

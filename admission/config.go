@@ -172,17 +172,21 @@ func WithLimits(min, initial, max int) Option {
 func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c.maxWait = d }) }
 
 // WithMaxWaitServiceTimes also bounds the time a request waits for an
-// execution slot by n times the mean service time of the last interval
-// (in [0, 1000]; 0, the default, turns the bound off), after an interval
-// in which the slot queue never emptied: a standing queue, not a burst
-// (CoDel's distinction; a burst at the task's capacity drains, and a
-// short bound would refuse part of it). In front of a service in another
-// process, whose concurrency the limit finds, a standing queue of about
-// one service time keeps every slot busy as it frees; a longer one adds
-// only waiting. CRITICAL and CRITICAL_PLUS requests wait up to
-// three times as long: where they are about all the task can serve, the
-// next slots serve them. Before a service time is measured the max wait
-// alone applies, and a request with a deadline never waits past it.
+// execution slot by n times the last measured mean service time (in [0,
+// 1000]; 0, the default, turns the bound off), once the slot queue has
+// stood a whole interval: a request that arrives then waits at most the
+// bound, and one that queued before, in what looked like a burst, gives
+// up at its next look (at its bound, then once an interval) if it has
+// waited longer. A burst at the task's capacity drains within an
+// interval and is not refused (CoDel's distinction). In front of a
+// service in another process, whose concurrency the limit finds, a
+// standing queue of about one service time keeps every slot busy as it
+// frees; a longer one adds only waiting. CRITICAL and CRITICAL_PLUS
+// requests wait up to three times as long: where they are about all the
+// task can serve, the next slots serve them. Intervals without a
+// finished request (an idle spell) keep the last measurement; before the
+// first, a waiting request looks again once an interval until there is
+// one. A request with a deadline never waits past it.
 func WithMaxWaitServiceTimes(n float64) Option {
 	return optionFunc(func(c *config) { c.waitServices = n })
 }

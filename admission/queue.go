@@ -211,25 +211,29 @@ func (c *Controller) enqueue(w *waiter, r int) error {
 const criticalWaits = 3
 
 // waitBudget is how long a request of level l may wait for a slot: the
-// max wait, or, after an interval in which the slot queue never emptied
-// (a standing queue, not a burst: CoDel's distinction),
-// WithMaxWaitServiceTimes' bound when that is shorter (an
-// interval more while the baseline probe holds the limit at its minimum:
-// a probe delays requests, as BBR's ProbeRTT does, and sheds none for
-// it), or less when its deadline leaves less time, less the expected
-// service time; byDeadline says the deadline set it. The max wait is
-// there so that a refused client retries elsewhere in time; when the
-// refusal would say "overloaded; don't retry" (retriesHigh), nobody
-// would, so a CRITICAL or CRITICAL_PLUS request with a deadline waits
-// until the deadline leaves only the expected service time.
-func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level) (budget time.Duration, byDeadline bool) {
+// max wait, or WithMaxWaitServiceTimes' bound (serviceBound) when that is
+// shorter and the queue stands (an interval more while the baseline probe
+// holds the limit at its minimum: a probe delays requests, as BBR's
+// ProbeRTT does, and sheds none for it), or less when its deadline leaves
+// less time, less the expected service time; byDeadline says the deadline
+// set it. Where the queue does not stand yet, check is when the request
+// looks again (recheck): a burst that drains waits as long as it needs,
+// one that stands is bounded from then on. The max wait is there so that
+// a refused client retries elsewhere in time; when the refusal would say
+// "overloaded; don't retry" (retriesHigh), nobody would, so a CRITICAL or
+// CRITICAL_PLUS request with a deadline waits until the deadline leaves
+// only the expected service time.
+func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level) (budget time.Duration, byDeadline bool, check time.Duration) {
 	budget = c.maxWait
-	if svc := c.expectedService(); c.waitServices > 0 && svc > 0 && c.standing.Load() {
-		n := c.waitServices
-		if l >= criticality.Critical {
-			n *= criticalWaits
+	if c.waitServices > 0 {
+		switch bound := c.serviceBound(l); {
+		case bound > 0 && c.standing.Load():
+			budget = min(budget, bound)
+		case bound > 0:
+			check = bound
+		default:
+			check = time.Duration(c.interval)
 		}
-		budget = min(budget, time.Duration(n*float64(svc)))
 	}
 	if c.probingNow.Load() {
 		budget += time.Duration(c.interval)
@@ -237,13 +241,39 @@ func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticalit
 	if d, ok := ctx.Deadline(); ok {
 		left := d.Sub(now) - c.expectedService()
 		if left < budget {
-			return max(left, 0), true
+			return max(left, 0), true, check
 		}
 		if l >= criticality.Critical && c.retriesHigh(c.now()) {
-			return left, true
+			return left, true, 0
 		}
 	}
-	return budget, false
+	return budget, false, check
+}
+
+// serviceBound is WithMaxWaitServiceTimes' bound on the wait of a level-l
+// request, from the last measured service time (intervals without one,
+// an idle spell's, keep it); 0 before one is measured.
+func (c *Controller) serviceBound(l criticality.Level) time.Duration {
+	n := c.waitServices
+	if l >= criticality.Critical {
+		n *= criticalWaits
+	}
+	return time.Duration(n * float64(c.measuredSvc.Load()))
+}
+
+// recheck looks again at a request waiting since since, at at: stands
+// says the queue has stood a whole interval and the request has waited
+// out serviceBound, so it gives up; otherwise next is when it looks again
+// (at its bound, or an interval on while the queue does not stand).
+func (c *Controller) recheck(at, since time.Time, l criticality.Level) (next time.Time, stands bool) {
+	bound := c.serviceBound(l)
+	if bound <= 0 || !c.standing.Load() {
+		return at.Add(time.Duration(c.interval)), false
+	}
+	if at.Sub(since) >= bound {
+		return time.Time{}, true
+	}
+	return since.Add(bound), false
 }
 
 // wait queues the request for an execution slot, within its wait budget;
@@ -259,19 +289,24 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 	if err := c.enqueue(w, p.rank); err != nil {
 		return err
 	}
-	budget, byDeadline := c.waitBudget(ctx, now, t.level)
-	first, rest := budget, time.Duration(0)
+	budget, byDeadline, check := c.waitBudget(ctx, now, t.level)
+	end := now.Add(budget)
+	var decayAt, checkAt time.Time // zero: none due
 	if p.decayIn > 0 && p.decayIn < budget {
-		first, rest = p.decayIn, budget-p.decayIn
+		decayAt = now.Add(p.decayIn)
 	}
-	timer := c.clock.NewTimer(first)
+	if check > 0 && check < budget {
+		checkAt = now.Add(check)
+	}
+	at := wakeAt(now, end, decayAt, checkAt) // when the timer is due
+	timer := c.clock.NewTimer(at.Sub(now))
 	for {
 		select {
 		case err := <-w.ch:
 			timer.Stop()
 			return c.answered(t, err, now)
 		case <-timer.C():
-			if rest > 0 {
+			if !decayAt.IsZero() && !at.Before(decayAt) {
 				var (
 					err  error
 					done bool
@@ -279,11 +314,26 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 				if w, err, done = c.demote(w, p.decayTo); done {
 					return c.answered(t, err, now)
 				}
-				timer, rest = c.clock.NewTimer(rest), 0
+				decayAt = time.Time{}
+			}
+			if !checkAt.IsZero() && !at.Before(checkAt) {
+				next, stands := c.recheck(at, now, t.level)
+				if stands {
+					return c.giveUp(ctx, w, t.level, false)
+				}
+				if checkAt = next; !checkAt.Before(end) {
+					checkAt = time.Time{}
+				}
+			}
+			if at.Before(end) {
+				next := wakeAt(at, end, decayAt, checkAt)
+				timer, at = c.clock.NewTimer(next.Sub(at)), next
 				continue
 			}
 			if more, ok := c.waitOn(ctx, t.level, byDeadline); ok {
-				timer, byDeadline = c.clock.NewTimer(more), true
+				end, byDeadline, checkAt = at.Add(more), true, time.Time{}
+				next := wakeAt(at, end, decayAt, checkAt)
+				timer, at = c.clock.NewTimer(next.Sub(at)), next
 				continue
 			}
 		case <-ctx.Done():
@@ -291,6 +341,21 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 		}
 		return c.giveUp(ctx, w, t.level, byDeadline)
 	}
+}
+
+// wakeAt is the first of end and the times due (decay, check; zero:
+// none), and not before now.
+func wakeAt(now, end time.Time, due ...time.Time) time.Time {
+	first := end
+	for _, d := range due {
+		if !d.IsZero() && d.Before(first) {
+			first = d
+		}
+	}
+	if first.Before(now) {
+		return now
+	}
+	return first
 }
 
 // waitOn says whether a request whose maximum wait just ended waits on,

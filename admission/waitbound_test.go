@@ -1,0 +1,157 @@
+package admission_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/triagehq/triage/admission"
+	"github.com/triagehq/triage/clock"
+	"github.com/triagehq/triage/criticality"
+)
+
+// With WithMaxWaitServiceTimes, the wait for a slot is bounded by that
+// many of the last measured mean service times once the slot queue has
+// stood a whole interval: a request that arrives then waits at most the
+// bound, and one queued before, in what looked like a burst, gives up at
+// its next look (at its bound, then every interval) when it has waited
+// past the bound (CoDel's rule: a burst that drains is not refused, a
+// queue that stands is bounded). A burst that drains waits as long as it
+// needs. CRITICAL and CRITICAL_PLUS requests wait three times as long,
+// and the max wait bounds all. An idle spell does not lift the bound: a
+// burst after ten seconds without a request is bounded by the service
+// time measured before them (the sidecar's step from idle to 10x held the
+// requests of its first interval up to the max wait, a second).
+func TestWaitIsBoundedInServiceTimes(t *testing.T) {
+	const svc, interval = 20 * time.Millisecond, 100 * time.Millisecond
+	for _, tc := range []struct {
+		level criticality.Level
+		times time.Duration // service times
+	}{{criticality.Sheddable, 2}, {criticality.SheddablePlus, 2}, {criticality.Critical, 6}, {criticality.CriticalPlus, 6}} {
+		for _, idle := range []time.Duration{0, 10 * time.Second} {
+			what := fmt.Sprintf("%v after %v idle", tc.level, idle)
+			bound := tc.times * svc
+			// warmed is a controller that served 400 ms of 20 ms requests,
+			// one at a time (four intervals), then was idle.
+			warmed := func() (*clock.Fake, *admission.Controller) {
+				f := clock.NewFake(epoch)
+				c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
+					admission.WithMaxWaitServiceTimes(2), admission.WithInterval(interval))
+				for range 20 {
+					tk := occupy(t, c)
+					f.Advance(svc)
+					c.Done(tk)
+				}
+				f.Advance(idle)
+				return f, c
+			}
+
+			// A burst that drains: served after 150 ms, past its bound.
+			f, c := warmed()
+			running := occupy(t, c)
+			drains, drainsErr := queue(t, c, f, tc.level, 1)
+			walk(t, f, interval, 1)
+			tick(c) // the interval ends in which the queue emptied
+			walk(t, f, 50*time.Millisecond, 1)
+			c.Done(running)
+			if err := <-drainsErr; err != nil {
+				t.Fatalf("%s, in a burst that drains: %v after 150 ms, want the slot", what, err)
+			}
+			c.Done(drains)
+
+			// A burst that stands: its request gives up at its first look
+			// after an interval in which the queue never emptied.
+			f, c = warmed()
+			t0 := f.Now()
+			running = occupy(t, c)
+			burst, burstErr := queue(t, c, f, tc.level, 1)
+			walk(t, f, interval, 1)
+			tick(c) // the interval ends in which the queue emptied (running started from it)
+			walk(t, f, interval, 1)
+			tick(c) // one in which it never did
+			walk(t, f, 10*time.Millisecond, 1)
+			second, secondErr := queue(t, c, f, tc.level, 2) // arrives to a standing queue
+			look := bound
+			for look < 2*interval {
+				look += interval
+			}
+			givesUpAt(t, f, burstErr, look-f.Now().Sub(t0), what+", queued in a burst that stood")
+			c.Done(burst)
+			givesUpAt(t, f, secondErr, t0.Add(2*interval+10*time.Millisecond+bound).Sub(f.Now()), what+", arriving to a standing queue")
+			c.Done(second)
+			c.Done(running)
+		}
+	}
+}
+
+// Before a service time is measured, WithMaxWaitServiceTimes' requests
+// look again every interval: once one is, in a queue that stood a whole
+// interval, a request that waited past the bound gives up (a sidecar
+// started into 10x held the requests of its first interval up to the
+// max wait, a second).
+func TestWaitIsBoundedOnceAServiceTimeIsMeasured(t *testing.T) {
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
+		admission.WithMaxWaitServiceTimes(1), admission.WithInterval(100*time.Millisecond))
+	running := occupy(t, c)
+	first, firstErr := queue(t, c, f, criticality.Sheddable, 1)
+	second, secondErr := queue(t, c, f, criticality.Sheddable, 2)
+	f.Advance(30 * time.Millisecond)
+	c.Done(running) // 30 ms: the service time; first takes the slot
+	if err := <-firstErr; err != nil {
+		t.Fatal(err)
+	}
+	walk(t, f, 70*time.Millisecond, 1)
+	tick(c) // measures the service time; the queue emptied in this interval
+	walk(t, f, 100*time.Millisecond, 1)
+	tick(c) // it never did in this one
+	givesUpAt(t, f, secondErr, 100*time.Millisecond, "a request queued before a service time")
+	c.Done(second)
+	c.Done(first)
+}
+
+// occupy admits a CRITICAL request that takes the free slot.
+func occupy(t *testing.T, c *admission.Controller) *admission.Ticket {
+	t.Helper()
+	tk := new(admission.Ticket)
+	c.Arrive(tk, criticality.Critical, 0, time.Time{}, 0)
+	if err := c.Start(context.Background(), tk); err != nil {
+		t.Fatal(err)
+	}
+	return tk
+}
+
+// queue starts a request of level l that waits for a slot, the n-th in
+// the queue; its Start reports to the channel.
+func queue(t *testing.T, c *admission.Controller, f *clock.Fake, l criticality.Level, n int64) (*admission.Ticket, <-chan error) {
+	t.Helper()
+	tk := new(admission.Ticket)
+	c.Arrive(tk, l, 0, time.Time{}, 0)
+	errc := start(c, context.Background(), tk)
+	waitQueued(t, c, n, f)
+	return tk, errc
+}
+
+// walk advances f by d a millisecond at a time, each step once the n
+// waiting requests have their timers (a request that looks again sets a
+// new one), so that each looks at the time it meant to.
+func walk(t *testing.T, f *clock.Fake, d time.Duration, n int) {
+	t.Helper()
+	stop := make(chan struct{})
+	defer close(stop)
+	for range d / time.Millisecond {
+		f.Advance(time.Millisecond)
+		if !f.BlockUntil(n, stop) {
+			t.Fatal("a waiting request left")
+		}
+	}
+}
+
+// tick is an arrival that leaves at once: the controller revisits its
+// state as each interval ends, on the first arrival after it.
+func tick(c *admission.Controller) {
+	var tk admission.Ticket
+	c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
+	c.Done(&tk)
+}
