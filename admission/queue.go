@@ -325,17 +325,16 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 					checkAt = time.Time{}
 				}
 			}
-			if at.Before(end) {
-				next := wakeAt(at, end, decayAt, checkAt)
-				timer, at = c.clock.NewTimer(next.Sub(at)), next
-				continue
-			}
-			if more, ok := c.waitOn(ctx, t.level, byDeadline); ok {
+			if !at.Before(end) {
+				more, ok := c.waitOn(ctx, t.level, byDeadline)
+				if !ok {
+					break
+				}
 				end, byDeadline, checkAt = at.Add(more), true, time.Time{}
-				next := wakeAt(at, end, decayAt, checkAt)
-				timer, at = c.clock.NewTimer(next.Sub(at)), next
-				continue
 			}
+			next := wakeAt(at, end, decayAt, checkAt)
+			timer, at = c.clock.NewTimer(next.Sub(at)), next
+			continue
 		case <-ctx.Done():
 			timer.Stop()
 		}
