@@ -25,6 +25,13 @@ func (c *Controller) maybeAdjust(now int64) {
 	}
 	c.adjustPending()
 	c.standing.Store(!c.drained.Swap(false) && c.queued.Load() > 0)
+	if c.waitServices > 0 {
+		c.mu.Lock()
+		for r := range c.queues {
+			c.queues[r].roll()
+		}
+		c.mu.Unlock()
+	}
 	n, sum := c.svcCount.Swap(0), c.svcSum.Swap(0)
 	var own int64
 	if pn, ps := c.probeCount.Swap(0), c.probeSum.Swap(0); pn > 0 {

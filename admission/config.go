@@ -186,7 +186,10 @@ func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c
 // task can serve, the next slots serve them. Intervals without a
 // finished request (an idle spell) keep the last measurement; before the
 // first, a waiting request looks again once an interval until there is
-// one. A request with a deadline never waits past it.
+// one. A level whose queue has stood a whole interval is served newest
+// first (adaptive LIFO): its older requests give up at their bound either
+// way, and those served have not waited it out; a level the slots keep up
+// with is served in order. A request with a deadline never waits past it.
 func WithMaxWaitServiceTimes(n float64) Option {
 	return optionFunc(func(c *config) { c.waitServices = n })
 }

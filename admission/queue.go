@@ -13,7 +13,15 @@ import (
 type waiter struct {
 	ch    chan error
 	level criticality.Level
-	gone  bool // left the queue (timed out, cancelled, moved); guarded by mu
+	in    *fifo // the queue it waits in
+	gone  bool  // left the queue (timed out, cancelled, moved); guarded by mu
+}
+
+// leave marks w as gone from its queue. c.mu is held.
+func (w *waiter) leave() {
+	w.gone = true
+	w.in.left++
+	w.in.tidy()
 }
 
 // rank orders the waiting queues: for each level from the most critical
@@ -32,14 +40,51 @@ func rank(l criticality.Level, stale bool) int {
 // (Controller.Unstall): above every rank of new requests.
 const returning = 2 * criticality.NumLevels
 
-// fifo is one criticality's waiting requests, oldest first. Entries that
-// left are skipped lazily.
+// fifo is one rank's waiting requests, oldest first. Entries that left
+// are skipped lazily, and dropped once they are over half of it: it holds
+// at most about twice the requests waiting in it, whichever end it is
+// served from.
 type fifo struct {
-	items []*waiter
-	head  int
+	items   []*waiter
+	head    int
+	left    int  // entries in items that left
+	emptied bool // it was empty at some moment of this interval
+	stands  bool // it was not, the whole last interval, and requests wait
 }
 
-func (q *fifo) push(w *waiter) { q.items = append(q.items, w) }
+func (q *fifo) push(w *waiter) {
+	if q.waiting() == 0 {
+		q.emptied = true
+	}
+	w.in = q
+	q.items = append(q.items, w)
+}
+
+// waiting is how many requests wait in q.
+func (q *fifo) waiting() int { return len(q.items) - q.head - q.left }
+
+// roll ends an interval for q.
+func (q *fifo) roll() {
+	n := q.waiting()
+	q.stands = !q.emptied && n > 0
+	q.emptied = n == 0
+}
+
+// tidy drops the entries that left, once they are over half of q.
+func (q *fifo) tidy() {
+	if q.left < 32 || 2*q.left < len(q.items)-q.head {
+		return
+	}
+	n := 0
+	for _, w := range q.items[q.head:] {
+		if !w.gone {
+			q.items[n] = w
+			n++
+		}
+	}
+	clear(q.items[n:])
+	q.items, q.head, q.left = q.items[:n], 0, 0
+}
 
 // pop returns the oldest waiter still there, or nil.
 func (q *fifo) pop() *waiter {
@@ -55,6 +100,22 @@ func (q *fifo) pop() *waiter {
 		if !w.gone {
 			return w
 		}
+		q.left--
+	}
+	q.items, q.head = q.items[:0], 0
+	return nil
+}
+
+// popNewest returns the newest waiter still there, or nil.
+func (q *fifo) popNewest() *waiter {
+	for n := len(q.items); n > q.head; n-- {
+		w := q.items[n-1]
+		q.items[n-1] = nil
+		q.items = q.items[:n-1]
+		if !w.gone {
+			return w
+		}
+		q.left--
 	}
 	q.items, q.head = q.items[:0], 0
 	return nil
@@ -85,11 +146,20 @@ func (c *Controller) markDrained() {
 	}
 }
 
-// popHighest removes the oldest waiter of the highest rank. c.mu is
-// held.
+// popHighest removes the oldest waiter of the highest rank, or its
+// newest where WithMaxWaitServiceTimes is set and that rank's queue
+// stands (adaptive LIFO: the older ones give up at their bound either
+// way, and the ones served have not waited it out; a level whose
+// requests the slots keep up with is served in order). c.mu is held.
 func (c *Controller) popHighest() *waiter {
 	for r := len(c.queues) - 1; r >= 0; r-- {
-		if w := c.queues[r].pop(); w != nil {
+		var w *waiter
+		if c.waitServices > 0 && c.queues[r].stands {
+			w = c.queues[r].popNewest()
+		} else {
+			w = c.queues[r].pop()
+		}
+		if w != nil {
 			c.queued.Add(-1)
 			return w
 		}
@@ -403,7 +473,7 @@ func (c *Controller) demote(w *waiter, to criticality.Level) (_ *waiter, err err
 	if err, ok := received(w); ok {
 		return w, err, true
 	}
-	w.gone = true
+	w.leave()
 	moved := &waiter{ch: w.ch, level: w.level}
 	c.queues[rank(to, true)].push(moved)
 	return moved, nil, false
@@ -415,7 +485,7 @@ func (c *Controller) leave(w *waiter) (err error, answered bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err, answered = received(w); !answered {
-		w.gone = true
+		w.leave()
 		c.queued.Add(-1)
 	}
 	return err, answered

@@ -155,3 +155,112 @@ func tick(c *admission.Controller) {
 	c.Arrive(&tk, criticality.Critical, 0, time.Time{}, 0)
 	c.Done(&tk)
 }
+
+// With WithMaxWaitServiceTimes, a queue that stands serves its newest
+// request first (adaptive LIFO, with CoDel's rule the pair of "Fail at
+// Scale"): the older ones give up at their bound either way, and the
+// requests served have waited little instead of about the bound each. A
+// burst that drains is served oldest first.
+func TestStandingQueueServesTheNewestFirst(t *testing.T) {
+	const svc, interval = 20 * time.Millisecond, 100 * time.Millisecond
+	for _, l := range []criticality.Level{criticality.Sheddable, criticality.Critical} {
+		f := clock.NewFake(epoch)
+		c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
+			admission.WithMaxWaitServiceTimes(2), admission.WithInterval(interval))
+		for range 20 {
+			tk := occupy(t, c)
+			f.Advance(svc)
+			c.Done(tk)
+		}
+
+		// A burst: the oldest first.
+		running := occupy(t, c)
+		first, firstErr := queue(t, c, f, l, 1)
+		second, secondErr := queue(t, c, f, l, 2)
+		c.Done(running)
+		if err := <-firstErr; err != nil {
+			t.Fatalf("%v, in a burst: the first queued got %v, want the slot", l, err)
+		}
+		c.Done(first)
+		if err := <-secondErr; err != nil {
+			t.Fatalf("%v, in a burst: the second queued got %v, want the slot", l, err)
+		}
+
+		// A queue that stands: the newest first.
+		running = second
+		older, olderErr := queue(t, c, f, l, 1)
+		walk(t, f, interval, 1)
+		tick(c) // the interval ends in which the queue emptied
+		walk(t, f, interval, 1)
+		tick(c) // one in which it never did
+		walk(t, f, 10*time.Millisecond, 1)
+		newer, newerErr := queue(t, c, f, l, 2)
+		c.Done(running)
+		select {
+		case err := <-newerErr:
+			if err != nil {
+				t.Fatalf("%v, in a standing queue: the newest got %v, want the slot", l, err)
+			}
+		case err := <-olderErr:
+			t.Fatalf("%v, in a standing queue: the oldest got the slot (%v) before the newest", l, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v: nobody got the freed slot", l)
+		}
+		f.Advance(interval) // past the older one's next look
+		select {
+		case err := <-olderErr:
+			if err == nil || reason(t, err) != admission.Concurrency {
+				t.Fatalf("%v, in a standing queue: the oldest got %v, want to give up", l, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%v, in a standing queue: the oldest still waits past its bound", l)
+		}
+		c.Done(older)
+		c.Done(newer)
+	}
+}
+
+// Adaptive LIFO is per level: while SHEDDABLE's queue stands, CRITICAL
+// requests, which the slots keep up with, are served in order (served
+// newest first, the ones that waited longest would wait out their bound
+// at a level that all fits).
+func TestOnlyALevelWhoseQueueStandsIsServedNewestFirst(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
+		admission.WithMaxWaitServiceTimes(2), admission.WithInterval(interval))
+	for range 20 {
+		tk := occupy(t, c)
+		f.Advance(20 * time.Millisecond)
+		c.Done(tk)
+	}
+	running := occupy(t, c)
+	stands, standsErr := queue(t, c, f, criticality.Sheddable, 1)
+	walk(t, f, interval, 1)
+	tick(c)
+	walk(t, f, interval, 1)
+	tick(c) // SHEDDABLE's queue stood a whole interval
+	first, firstErr := queue(t, c, f, criticality.Critical, 2)
+	second, secondErr := queue(t, c, f, criticality.Critical, 3)
+	c.Done(running)
+	select {
+	case err := <-firstErr:
+		if err != nil {
+			t.Fatalf("the first CRITICAL request got %v, want the slot", err)
+		}
+	case err := <-secondErr:
+		t.Fatalf("the second CRITICAL request got the slot (%v) before the first: its level's queue did not stand", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("nobody got the freed slot")
+	}
+	c.Done(first)
+	if err := <-secondErr; err != nil {
+		t.Fatalf("the second CRITICAL request: %v, want the slot", err)
+	}
+	f.Advance(interval)
+	if err := <-standsErr; err == nil || reason(t, err) != admission.Concurrency {
+		t.Fatalf("the standing SHEDDABLE request: %v, want to give up", err)
+	}
+	c.Done(second)
+	c.Done(stands)
+}
