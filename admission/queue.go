@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/triagehq/triage/criticality"
@@ -20,6 +21,7 @@ type waiter struct {
 // leave marks w as gone from its queue. c.mu is held.
 func (w *waiter) leave() {
 	w.gone = true
+	w.in.size.Add(-1)
 	w.in.left++
 	w.in.tidy()
 }
@@ -47,25 +49,24 @@ const returning = 2 * criticality.NumLevels
 type fifo struct {
 	items   []*waiter
 	head    int
-	left    int  // entries in items that left
-	emptied bool // it was empty at some moment of this interval
-	stands  bool // it was not, the whole last interval, and requests wait
+	left    int          // entries in items that left
+	size    atomic.Int64 // requests waiting in it; read without c.mu
+	emptied bool         // it was empty at some moment of this interval
+	stands  bool         // it was not, the whole last interval, and requests wait
 }
 
 func (q *fifo) push(w *waiter) {
-	if q.waiting() == 0 {
+	if q.size.Load() == 0 {
 		q.emptied = true
 	}
 	w.in = q
 	q.items = append(q.items, w)
+	q.size.Add(1)
 }
-
-// waiting is how many requests wait in q.
-func (q *fifo) waiting() int { return len(q.items) - q.head - q.left }
 
 // roll ends an interval for q.
 func (q *fifo) roll() {
-	n := q.waiting()
+	n := q.size.Load()
 	q.stands = !q.emptied && n > 0
 	q.emptied = n == 0
 }
@@ -98,6 +99,7 @@ func (q *fifo) pop() *waiter {
 			q.head = 0
 		}
 		if !w.gone {
+			q.size.Add(-1)
 			return w
 		}
 		q.left--
@@ -113,6 +115,7 @@ func (q *fifo) popNewest() *waiter {
 		q.items[n-1] = nil
 		q.items = q.items[:n-1]
 		if !w.gone {
+			q.size.Add(-1)
 			return w
 		}
 		q.left--

@@ -126,7 +126,7 @@ func (c *Controller) Arrive(t *Ticket, l criticality.Level, attemptN int, deadli
 	}
 	if !deadline.IsZero() {
 		left := int64(deadline.Sub(c.start)) - now
-		if left <= c.expectedWaitAndService() {
+		if left <= c.expectedWaitAndService() && left <= c.expectedFor(l) {
 			return c.rejectAs(l, Deadline, now, a)
 		}
 	}
@@ -281,13 +281,26 @@ const milli = 1000
 // request, which still admits one request of every level.
 const minPendingCap = milli / 10
 
-// expectedWaitAndService is the time a request arriving now would take:
-// the recent wait before Start, the queue for slots divided among them,
-// and one service time.
+// expectedWaitAndService is the time a request arriving now would take
+// behind the whole queue: the recent wait before Start, the queue for
+// slots divided among them, and one service time. It bounds expectedFor,
+// which counts only the requests ahead.
 func (c *Controller) expectedWaitAndService() int64 {
 	svc := c.expectedSvc.Load()
 	limit := c.limit.Load()
 	return c.lastDelay.Load() + svc + c.queued.Load()*svc/limit
+}
+
+// expectedFor is expectedWaitAndService for a fresh level-l arrival, which
+// waits behind the requests of its rank and those above it, not the whole
+// queue (never more than expectedWaitAndService).
+func (c *Controller) expectedFor(l criticality.Level) int64 {
+	var ahead int64
+	for r := rank(l, false); r < len(c.queues); r++ {
+		ahead += c.queues[r].size.Load()
+	}
+	svc := c.expectedSvc.Load()
+	return c.lastDelay.Load() + svc + ahead*svc/c.limit.Load()
 }
 
 // rejectAs is reject for a request that arrived as a says: a Shadow one's
