@@ -24,7 +24,6 @@ func (c *Controller) maybeAdjust(now int64) {
 		c.saturated.Store(c.busy >= saturatedAt)
 	}
 	c.adjustPending()
-	c.standing.Store(!c.drained.Swap(false) && c.queued.Load() > 0)
 	if c.waitServices > 0 {
 		c.mu.Lock()
 		for r := range c.queues {

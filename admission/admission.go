@@ -178,8 +178,6 @@ type Controller struct {
 	pauseMu        sync.Mutex  // serializes noting a pause
 	pending        pendingRule
 	probingNow     atomic.Bool         // ls.probing, for wait (read without c.adjust)
-	drained        atomic.Bool         // the slot queue was empty as a request started, this interval
-	standing       atomic.Bool         // it never was, the last interval, and requests wait: WithMaxWaitServiceTimes applies
 	probeResume    atomic.Int64        // ls.resume, for wait
 	mu             sync.Mutex          // guards the queues
 	queues         [returning + 1]fifo // by rank; returning: stalled requests coming back

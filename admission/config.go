@@ -173,8 +173,11 @@ func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c
 
 // WithMaxWaitServiceTimes also bounds the time a request waits for an
 // execution slot by n times the last measured mean service time (in [0,
-// 1000]; 0, the default, turns the bound off), once the slot queue has
-// stood a whole interval: a request that arrives then waits at most the
+// 1000]; 0, the default, turns the bound off), once its level's queue has
+// stood a whole interval (was not empty at any moment of it; each
+// criticality's queue is judged on its own, so that a level the slots
+// keep up with is not refused for a queue of less critical requests
+// behind it): a request that arrives then waits at most the
 // bound, and one that queued before, in what looked like a burst, gives
 // up at its next look (at its bound, then once an interval) if it has
 // waited longer. A burst at the task's capacity drains within an
@@ -186,10 +189,10 @@ func WithMaxWait(d time.Duration) Option { return optionFunc(func(c *config) { c
 // task can serve, the next slots serve them. Intervals without a
 // finished request (an idle spell) keep the last measurement; before the
 // first, a waiting request looks again once an interval until there is
-// one. A level whose queue has stood a whole interval is served newest
-// first (adaptive LIFO): its older requests give up at their bound either
-// way, and those served have not waited it out; a level the slots keep up
-// with is served in order. A request with a deadline never waits past it.
+// one. A level whose queue stands is also served newest first (adaptive
+// LIFO): its older requests give up at their bound either way, and those
+// served have not waited it out; a level the slots keep up with is served
+// in order. A request with a deadline never waits past it.
 func WithMaxWaitServiceTimes(n float64) Option {
 	return optionFunc(func(c *config) { c.waitServices = n })
 }

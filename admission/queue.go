@@ -52,7 +52,7 @@ type fifo struct {
 	left    int          // entries in items that left
 	size    atomic.Int64 // requests waiting in it; read without c.mu
 	emptied bool         // it was empty at some moment of this interval
-	stands  bool         // it was not, the whole last interval, and requests wait
+	stands  atomic.Bool  // it was not, the whole last interval, and requests wait
 }
 
 func (q *fifo) push(w *waiter) {
@@ -67,7 +67,7 @@ func (q *fifo) push(w *waiter) {
 // roll ends an interval for q.
 func (q *fifo) roll() {
 	n := q.size.Load()
-	q.stands = !q.emptied && n > 0
+	q.stands.Store(!q.emptied && n > 0)
 	q.emptied = n == 0
 }
 
@@ -138,15 +138,6 @@ func (c *Controller) dispatch() {
 		}
 		w.ch <- nil
 	}
-	c.markDrained()
-}
-
-// markDrained notes that the slot queue was empty as a request started
-// (a store only the first time in an interval).
-func (c *Controller) markDrained() {
-	if !c.drained.Load() {
-		c.drained.Store(true)
-	}
 }
 
 // popHighest removes the oldest waiter of the highest rank, or its
@@ -157,7 +148,7 @@ func (c *Controller) markDrained() {
 func (c *Controller) popHighest() *waiter {
 	for r := len(c.queues) - 1; r >= 0; r-- {
 		var w *waiter
-		if c.waitServices > 0 && c.queues[r].stands {
+		if c.waitServices > 0 && c.queues[r].stands.Load() {
 			w = c.queues[r].popNewest()
 		} else {
 			w = c.queues[r].pop()
@@ -283,24 +274,24 @@ func (c *Controller) enqueue(w *waiter, r int) error {
 // slots would have served.
 const criticalWaits = 3
 
-// waitBudget is how long a request of level l may wait for a slot: the
-// max wait, or WithMaxWaitServiceTimes' bound (serviceBound) when that is
-// shorter and the queue stands (an interval more while the baseline probe
+// waitBudget is how long a request of level l, waiting in q, may wait for
+// a slot: the max wait, or WithMaxWaitServiceTimes' bound (serviceBound)
+// when that is shorter and q stands (an interval more while the baseline probe
 // holds the limit at its minimum: a probe delays requests, as BBR's
 // ProbeRTT does, and sheds none for it), or less when its deadline leaves
 // less time, less the expected service time; byDeadline says the deadline
-// set it. Where the queue does not stand yet, check is when the request
+// set it. Where q does not stand yet, check is when the request
 // looks again (recheck): a burst that drains waits as long as it needs,
 // one that stands is bounded from then on. The max wait is there so that
 // a refused client retries elsewhere in time; when the refusal would say
 // "overloaded; don't retry" (retriesHigh), nobody would, so a CRITICAL or
 // CRITICAL_PLUS request with a deadline waits until the deadline leaves
 // only the expected service time.
-func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level) (budget time.Duration, byDeadline bool, check time.Duration) {
+func (c *Controller) waitBudget(ctx context.Context, now time.Time, l criticality.Level, q *fifo) (budget time.Duration, byDeadline bool, check time.Duration) {
 	budget = c.maxWait
 	if c.waitServices > 0 {
 		switch bound := c.serviceBound(l); {
-		case bound > 0 && c.standing.Load():
+		case bound > 0 && q.stands.Load():
 			budget = min(budget, bound)
 		case bound > 0:
 			check = bound
@@ -334,13 +325,13 @@ func (c *Controller) serviceBound(l criticality.Level) time.Duration {
 	return time.Duration(n * float64(c.measuredSvc.Load()))
 }
 
-// recheck looks again at a request waiting since since, at at: stands
-// says the queue has stood a whole interval and the request has waited
+// recheck looks again at a request waiting in q since since, at at:
+// stands says q has stood a whole interval and the request has waited
 // out serviceBound, so it gives up; otherwise next is when it looks again
-// (at its bound, or an interval on while the queue does not stand).
-func (c *Controller) recheck(at, since time.Time, l criticality.Level) (next time.Time, stands bool) {
+// (at its bound, or an interval on while q does not stand).
+func (c *Controller) recheck(at, since time.Time, l criticality.Level, q *fifo) (next time.Time, stands bool) {
 	bound := c.serviceBound(l)
-	if bound <= 0 || !c.standing.Load() {
+	if bound <= 0 || !q.stands.Load() {
 		return at.Add(time.Duration(c.interval)), false
 	}
 	if at.Sub(since) >= bound {
@@ -362,7 +353,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 	if err := c.enqueue(w, p.rank); err != nil {
 		return err
 	}
-	budget, byDeadline, check := c.waitBudget(ctx, now, t.level)
+	budget, byDeadline, check := c.waitBudget(ctx, now, t.level, w.in)
 	end := now.Add(budget)
 	var decayAt, checkAt time.Time // zero: none due
 	if p.decayIn > 0 && p.decayIn < budget {
@@ -390,7 +381,7 @@ func (c *Controller) wait(ctx context.Context, t *Ticket, late bool) error {
 				decayAt = time.Time{}
 			}
 			if !checkAt.IsZero() && !at.Before(checkAt) {
-				next, stands := c.recheck(at, now, t.level)
+				next, stands := c.recheck(at, now, t.level, w.in)
 				if stands {
 					return c.giveUp(ctx, w, t.level, false)
 				}

@@ -358,7 +358,6 @@ func (c *Controller) Start(ctx context.Context, t *Ticket) error {
 		return err
 	}
 	if c.queued.Load() == 0 && c.tryAcquire() {
-		c.markDrained()
 		return c.started(t, 0)
 	}
 	return c.wait(ctx, t, late)

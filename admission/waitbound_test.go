@@ -264,3 +264,50 @@ func TestOnlyALevelWhoseQueueStandsIsServedNewestFirst(t *testing.T) {
 	c.Done(second)
 	c.Done(stands)
 }
+
+// WithMaxWaitServiceTimes' bound applies to a level whose own queue
+// stands: while SHEDDABLE's does, a CRITICAL_PLUS request, whose level
+// the slots keep up with, waits past its bound for the next slot (the
+// sidecar at 10x refused CRITICAL_PLUS requests at their bound, which fit
+// in the upstream's capacity, because the SHEDDABLE queue stood).
+func TestBoundAppliesToALevelWhoseQueueStands(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
+		admission.WithMaxWaitServiceTimes(1), admission.WithInterval(interval))
+	for range 20 {
+		tk := occupy(t, c)
+		f.Advance(20 * time.Millisecond) // CRITICAL_PLUS's bound: 60 ms
+		c.Done(tk)
+	}
+	running := occupy(t, c)
+	stands, standsErr := queue(t, c, f, criticality.Sheddable, 1)
+	walk(t, f, interval, 1)
+	tick(c)
+	walk(t, f, interval, 1)
+	tick(c) // SHEDDABLE's queue stood a whole interval
+	givesUpAt(t, f, standsErr, 20*time.Millisecond, "the standing SHEDDABLE request")
+	c.Done(stands)
+	critical, criticalErr := queue(t, c, f, criticality.CriticalPlus, 1) // its own queue is empty
+	for i := range 90 {
+		f.Advance(time.Millisecond)
+		stop, looked := make(chan struct{}), make(chan bool, 1)
+		go func() { looked <- f.BlockUntil(1, stop) }()
+		select {
+		case err := <-criticalErr:
+			close(stop)
+			t.Fatalf("the CRITICAL_PLUS request after %d ms: %v, want to wait for the slot", i+1, err)
+		case <-looked:
+		}
+	}
+	c.Done(running)
+	select {
+	case err := <-criticalErr:
+		if err != nil {
+			t.Fatalf("the CRITICAL_PLUS request after 90 ms: %v, want the slot", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nobody got the freed slot")
+	}
+	c.Done(critical)
+}
