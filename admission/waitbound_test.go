@@ -35,14 +35,7 @@ func TestWaitIsBoundedInServiceTimes(t *testing.T) {
 			// warmed is a controller that served 400 ms of 20 ms requests,
 			// one at a time (four intervals), then was idle.
 			warmed := func() (*clock.Fake, *admission.Controller) {
-				f := clock.NewFake(epoch)
-				c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
-					admission.WithMaxWaitServiceTimes(2), admission.WithInterval(interval))
-				for range 20 {
-					tk := occupy(t, c)
-					f.Advance(svc)
-					c.Done(tk)
-				}
+				f, c := served(t, 2)
 				f.Advance(idle)
 				return f, c
 			}
@@ -111,6 +104,34 @@ func TestWaitIsBoundedOnceAServiceTimeIsMeasured(t *testing.T) {
 	c.Done(first)
 }
 
+// served is a controller with one slot, a 1 s max wait,
+// WithMaxWaitServiceTimes(n) and a 100 ms interval, that served 400 ms of
+// 20 ms requests one at a time (four intervals).
+func served(t *testing.T, n float64) (*clock.Fake, *admission.Controller) {
+	t.Helper()
+	f := clock.NewFake(epoch)
+	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
+		admission.WithMaxWaitServiceTimes(n), admission.WithInterval(100*time.Millisecond))
+	for range 20 {
+		tk := occupy(t, c)
+		f.Advance(20 * time.Millisecond)
+		c.Done(tk)
+	}
+	return f, c
+}
+
+// stand queues a level-l request, the n-th waiting, and lets its level's
+// queue stand a whole 100 ms interval (the one it queued in emptied).
+func stand(t *testing.T, f *clock.Fake, c *admission.Controller, l criticality.Level, n int64) (*admission.Ticket, <-chan error) {
+	t.Helper()
+	tk, errc := queue(t, c, f, l, n)
+	walk(t, f, 100*time.Millisecond, int(n))
+	tick(c)
+	walk(t, f, 100*time.Millisecond, int(n))
+	tick(c)
+	return tk, errc
+}
+
 // occupy admits a CRITICAL request that takes the free slot.
 func occupy(t *testing.T, c *admission.Controller) *admission.Ticket {
 	t.Helper()
@@ -164,14 +185,7 @@ func tick(c *admission.Controller) {
 func TestStandingQueueServesTheNewestFirst(t *testing.T) {
 	const svc, interval = 20 * time.Millisecond, 100 * time.Millisecond
 	for _, l := range []criticality.Level{criticality.Sheddable, criticality.Critical} {
-		f := clock.NewFake(epoch)
-		c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
-			admission.WithMaxWaitServiceTimes(2), admission.WithInterval(interval))
-		for range 20 {
-			tk := occupy(t, c)
-			f.Advance(svc)
-			c.Done(tk)
-		}
+		f, c := served(t, 2)
 
 		// A burst: the oldest first.
 		running := occupy(t, c)
@@ -188,11 +202,7 @@ func TestStandingQueueServesTheNewestFirst(t *testing.T) {
 
 		// A queue that stands: the newest first.
 		running = second
-		older, olderErr := queue(t, c, f, l, 1)
-		walk(t, f, interval, 1)
-		tick(c) // the interval ends in which the queue emptied
-		walk(t, f, interval, 1)
-		tick(c) // one in which it never did
+		older, olderErr := stand(t, f, c, l, 1)
 		walk(t, f, 10*time.Millisecond, 1)
 		newer, newerErr := queue(t, c, f, l, 2)
 		c.Done(running)
@@ -225,21 +235,9 @@ func TestStandingQueueServesTheNewestFirst(t *testing.T) {
 // newest first, the ones that waited longest would wait out their bound
 // at a level that all fits).
 func TestOnlyALevelWhoseQueueStandsIsServedNewestFirst(t *testing.T) {
-	const interval = 100 * time.Millisecond
-	f := clock.NewFake(epoch)
-	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
-		admission.WithMaxWaitServiceTimes(2), admission.WithInterval(interval))
-	for range 20 {
-		tk := occupy(t, c)
-		f.Advance(20 * time.Millisecond)
-		c.Done(tk)
-	}
+	f, c := served(t, 2)
 	running := occupy(t, c)
-	stands, standsErr := queue(t, c, f, criticality.Sheddable, 1)
-	walk(t, f, interval, 1)
-	tick(c)
-	walk(t, f, interval, 1)
-	tick(c) // SHEDDABLE's queue stood a whole interval
+	stands, standsErr := stand(t, f, c, criticality.Sheddable, 1)
 	first, firstErr := queue(t, c, f, criticality.Critical, 2)
 	second, secondErr := queue(t, c, f, criticality.Critical, 3)
 	c.Done(running)
@@ -257,7 +255,7 @@ func TestOnlyALevelWhoseQueueStandsIsServedNewestFirst(t *testing.T) {
 	if err := <-secondErr; err != nil {
 		t.Fatalf("the second CRITICAL request: %v, want the slot", err)
 	}
-	f.Advance(interval)
+	f.Advance(100 * time.Millisecond)
 	if err := <-standsErr; err == nil || reason(t, err) != admission.Concurrency {
 		t.Fatalf("the standing SHEDDABLE request: %v, want to give up", err)
 	}
@@ -271,21 +269,9 @@ func TestOnlyALevelWhoseQueueStandsIsServedNewestFirst(t *testing.T) {
 // sidecar at 10x refused CRITICAL_PLUS requests at their bound, which fit
 // in the upstream's capacity, because the SHEDDABLE queue stood).
 func TestBoundAppliesToALevelWhoseQueueStands(t *testing.T) {
-	const interval = 100 * time.Millisecond
-	f := clock.NewFake(epoch)
-	c := mustNew(t, admission.WithClock(f), admission.WithLimits(1, 1, 1), admission.WithMaxWait(time.Second),
-		admission.WithMaxWaitServiceTimes(1), admission.WithInterval(interval))
-	for range 20 {
-		tk := occupy(t, c)
-		f.Advance(20 * time.Millisecond) // CRITICAL_PLUS's bound: 60 ms
-		c.Done(tk)
-	}
+	f, c := served(t, 1) // CRITICAL_PLUS's bound: 60 ms
 	running := occupy(t, c)
-	stands, standsErr := queue(t, c, f, criticality.Sheddable, 1)
-	walk(t, f, interval, 1)
-	tick(c)
-	walk(t, f, interval, 1)
-	tick(c) // SHEDDABLE's queue stood a whole interval
+	stands, standsErr := stand(t, f, c, criticality.Sheddable, 1)
 	givesUpAt(t, f, standsErr, 20*time.Millisecond, "the standing SHEDDABLE request")
 	c.Done(stands)
 	critical, criticalErr := queue(t, c, f, criticality.CriticalPlus, 1) // its own queue is empty
