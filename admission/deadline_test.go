@@ -28,9 +28,10 @@ func TestDeadlineCountsOnlyTheRequestsAhead(t *testing.T) {
 	tick(c) // measures the 20 ms service time
 	running := occupy(t, c)
 	var waiting []*admission.Ticket
+	var gaveUp []<-chan error
 	for i := range 60 { // 1.2 s of SHEDDABLE work queued
-		tk, _ := queue(t, c, f, criticality.Sheddable, int64(i+1))
-		waiting = append(waiting, tk)
+		tk, errc := queue(t, c, f, criticality.Sheddable, int64(i+1))
+		waiting, gaveUp = append(waiting, tk), append(gaveUp, errc)
 	}
 	deadline := f.Now().Add(time.Second)
 
@@ -58,8 +59,9 @@ func TestDeadlineCountsOnlyTheRequestsAhead(t *testing.T) {
 		t.Fatalf("the CRITICAL_PLUS request: %v, want the next slot", err)
 	}
 	c.Done(&first)
-	f.Advance(3 * time.Second) // the SHEDDABLE ones give up
-	for _, tk := range waiting {
+	f.Advance(3 * time.Second) // the SHEDDABLE ones give up, but the one the slot went to
+	for i, tk := range waiting {
+		<-gaveUp[i]
 		c.Done(tk)
 	}
 }
