@@ -156,11 +156,12 @@ func queue(t *testing.T, c *admission.Controller, f *clock.Fake, l criticality.L
 
 // walk advances f by d a millisecond at a time, each step once the n
 // waiting requests have their timers (a request that looks again sets a
-// new one), so that each looks at the time it meant to.
+// new one), so that each looks at the time it meant to. It fails if they
+// do not within 10 s of real time (one of them left).
 func walk(t *testing.T, f *clock.Fake, d time.Duration, n int) {
 	t.Helper()
 	stop := make(chan struct{})
-	defer close(stop)
+	defer time.AfterFunc(10*time.Second, func() { close(stop) }).Stop()
 	for range d / time.Millisecond {
 		f.Advance(time.Millisecond)
 		if !f.BlockUntil(n, stop) {
