@@ -134,6 +134,10 @@ func (h *Handle) ClientResume(g uint64) {
 		c.own = 0
 	}
 	c.waiting &^= b
+	if !c.since.IsZero() {
+		// Stopped: firing, it would start a goroutine to find nothing to stall.
+		c.timer.Stop()
+	}
 	c.since = time.Time{}
 	if c.stalled {
 		// Under c.mu, so that the timer cannot stall the request again

@@ -408,3 +408,38 @@ func TestForwardedCallerThroughATrustedProxy(t *testing.T) {
 		h.Finish()
 	}
 }
+
+// A wait on the client that ended leaves no timer armed: firing after it,
+// once a request, the timer would start a goroutine to find nothing to
+// stall. A wait that begins again arms it again.
+func TestEndedClientWaitLeavesNoTimer(t *testing.T) {
+	in, ctl, f := admittedIntake(t, 1)
+	h := started(t, in, &intake.Request{Path: "/svc/M"})
+	const reader = 7 // another goroutine's id
+	before := f.Pending()
+	for _, wait := range []struct {
+		name string
+		end  func()
+	}{
+		{"resumed", func() { h.ClientResume(intake.Own) }},
+		{"done", func() { h.ClientDone(intake.Own) }},
+	} {
+		h.ClientWait(intake.Own)
+		if got := f.Pending(); got != before+1 {
+			t.Fatalf("a wait on the client arms %d timers, want 1", got-before)
+		}
+		wait.end()
+		if got := f.Pending(); got != before {
+			t.Errorf("a wait %s: %d timers still armed, want none", wait.name, got-before)
+		}
+	}
+	h.ClientWait(reader) // the reader waits; the handler works
+	h.ClientWait(intake.Own)
+	h.ClientDone(reader) // the reader read to the end: the handler alone waits on
+	f.Advance(ctl.TargetDelay())
+	if s := ctl.Stats(); s.Stalled != 1 {
+		t.Fatalf("the handler's wait after the reader's ended: %+v, want it stalled", s)
+	}
+	h.ClientResume(intake.Own)
+	h.Finish()
+}
