@@ -4,7 +4,7 @@
 #
 # UPSTREAM is python (upstream.py, 30,000 sha256 rounds a request),
 # gunicorn (wsgi.py under 3 sync workers, 5,000 rounds then 20 ms of I/O
-# wait) or node (upstream.js, 8,000 rounds). The upstream and the sidecar share CPU 0; triage loadtest runs on
+# wait) or node (upstream.js, 40,000 PBKDF2 iterations). The upstream and the sidecar share CPU 0; triage loadtest runs on
 # CPU 1: it probes the upstream's capacity C directly, then offers LOAD x C
 # through the sidecar for 8 s. OUT gets the probe's and the step's
 # result.json and metrics.log (executing, limit, queued and service time,
@@ -19,7 +19,7 @@ rm -rf "$out" && mkdir -p "$out"
 case $up in
 python) taskset -c 0 python3 "$dir/upstream.py" 18000 30000 >"$out/upstream.log" 2>&1 & ;;
 gunicorn) ROUNDS=5000 IO_MS=20 taskset -c 0 gunicorn --workers 3 --bind 127.0.0.1:18000 --chdir "$dir" wsgi:app >"$out/upstream.log" 2>&1 & ;;
-node) taskset -c 0 node "$dir/upstream.js" 18000 8000 >"$out/upstream.log" 2>&1 & ;;
+node) taskset -c 0 node "$dir/upstream.js" 18000 40000 >"$out/upstream.log" 2>&1 & ;;
 *) echo "unknown upstream $up" >&2; exit 2 ;;
 esac
 upstream=$!

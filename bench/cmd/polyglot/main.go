@@ -69,7 +69,7 @@ func main() {
 	flag.StringVar(&c.serverCPU, "server-cpu", "0", "CPU of the upstream and its proxy")
 	flag.StringVar(&c.loadCPU, "load-cpu", "1", "CPU of triage loadtest")
 	flag.IntVar(&c.pyRounds, "python-rounds", 30000, "sha256 rounds per Python request (about 10 ms here, a typical Python handler)")
-	flag.IntVar(&c.nodeRounds, "node-rounds", 8000, "sha256 rounds per Node request (about 10 ms here)")
+	flag.IntVar(&c.nodeRounds, "node-rounds", 40000, "PBKDF2-HMAC-SHA256 iterations per Node request (about 8 ms here)")
 	flag.IntVar(&c.ioMS, "io-ms", 20, "the gunicorn upstream's I/O wait per request, ms (after a sixth of -python-rounds of CPU)")
 	flag.StringVar(&c.out, "out", "polyglot-out", "directory for every run's result.json and the table")
 	flag.Func("sidecar-arg", "a flag for triage sidecar beyond its defaults (-trust 127.0.0.1/32, -metrics), e.g. -sidecar-arg=-tolerance=2; repeatable", func(v string) error {
