@@ -18,6 +18,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -430,4 +431,51 @@ func TestExtprocGroupHeader(t *testing.T) {
 		cancel()
 		waitExit(t, done, errb, 15*time.Second, "extproc did not stop")
 	}
+}
+
+// gRPC in the clear (h2c on both sides) passes through the sidecar, call
+// after call on one connection, and an HTTP/1.1 request that asks to
+// close gets its whole answer and then the end of the connection.
+func TestSidecarCarriesH2CAndHTTP1Close(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	hs := health.NewServer()
+	hs.SetServingStatus("shop", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
+	go gs.Serve(lis)
+	defer gs.Stop()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addr, done, errb := startCommand(t, ctx, "sidecar", "-listen", "127.0.0.1:0", "-upstream", "h2c://"+lis.Addr().String(), "-trust", "127.0.0.1/32", "-drain", "0s")
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for i := range 20 {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := healthpb.NewHealthClient(cc).Check(cctx, &healthpb.HealthCheckRequest{Service: "shop"})
+		ccancel()
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("call %d through the sidecar: %v, %v", i, resp.GetStatus(), err)
+		}
+	}
+
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "GET /healthz HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n")
+	b, err := io.ReadAll(conn)
+	if err != nil || !strings.HasPrefix(string(b), "HTTP/1.1 ") || !strings.Contains(string(b), "Connection: close") {
+		t.Fatalf("an HTTP/1.1 request asking to close: %q, %v; want an answer and the end of the connection", b, err)
+	}
+	cancel()
+	waitExit(t, done, errb, 10*time.Second, "the sidecar did not stop")
 }
