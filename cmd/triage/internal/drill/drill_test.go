@@ -359,4 +359,33 @@ func TestMachineChargesTheWorkDone(t *testing.T) {
 	if err != nil || held != time.Nanosecond {
 		t.Errorf("held %v (%v), want the 1ns of work", held, err)
 	}
+	// The quotas charge what the machine's CPU counter (slotTime) says,
+	// shared over the requests that ran: it too counts the work done.
+	if cpu, _ := m.slotTime(); cpu != time.Nanosecond {
+		t.Errorf("the machine's CPU after a 1ns request frozen between readings: %v, want 1ns", cpu)
+	}
+}
+
+// A request still running counts the work it has done so far, at most
+// its own: its slot's time while the machine was frozen is no work.
+func TestMachineCountsRunningWorkUpToItsOwn(t *testing.T) {
+	at := time.Unix(1000, 0)
+	m := newMachine(2, time.Second)
+	m.now = func() time.Time { return at }
+	f := m.begin(time.Second)
+	at = at.Add(300 * time.Millisecond)
+	if cpu, _ := m.slotTime(); cpu != 300*time.Millisecond {
+		t.Errorf("300ms into a 1s request: %v of CPU, want 300ms", cpu)
+	}
+	at = at.Add(5 * time.Second) // frozen
+	if cpu, _ := m.slotTime(); cpu != time.Second {
+		t.Errorf("a 1s request held 5.3s: %v of CPU, want 1s", cpu)
+	}
+	m.end(f)
+	g := m.begin(time.Second)
+	at = at.Add(100 * time.Millisecond)
+	if cpu, _ := m.slotTime(); cpu != 1100*time.Millisecond {
+		t.Errorf("one request done, another 100ms in: %v of CPU, want 1.1s", cpu)
+	}
+	m.end(g)
 }

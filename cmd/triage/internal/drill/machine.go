@@ -3,6 +3,7 @@ package drill
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -10,7 +11,9 @@ import (
 )
 
 // machine emulates a task's machine: Slots workers, each request holding
-// one for Work. Busy time is integrated for utilization.
+// one for Work. Busy time is integrated for utilization; the work the
+// requests did is its CPU counter (slotTime). At most n requests run, so
+// running holds at most n entries.
 type machine struct {
 	slots chan struct{}
 	work  time.Duration
@@ -20,12 +23,23 @@ type machine struct {
 	mu       sync.Mutex
 	busy     int
 	busyArea float64 // slot-seconds since lastRead
-	total    float64 // slot-seconds since the start
 	lastAt   time.Time
 	lastRead time.Time
 	ewma     float64 // busy slots, averaged with time constant reportTau
 	ewmaAt   time.Time
+	done     time.Duration // the work of the requests that ended
+	running  []*flight
 }
+
+// flight is a request holding a slot: since when, and the work it does.
+type flight struct {
+	began time.Time
+	work  time.Duration
+}
+
+// did is the work f has done by now: the time it has held its slot, but
+// never more than its work.
+func (f *flight) did(now time.Time) time.Duration { return max(0, min(now.Sub(f.began), f.work)) }
 
 // reportTau is the time constant of the busy share a task reports to its
 // clients: about the interval a CPU utilization is measured over.
@@ -40,7 +54,6 @@ func (m *machine) account(delta int) {
 	m.mu.Lock()
 	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
-	m.total += float64(m.busy) * now.Sub(m.lastAt).Seconds()
 	m.decay(now)
 	m.busy += delta
 	m.lastAt = now
@@ -80,27 +93,55 @@ func (m *machine) run(ctx context.Context, d time.Duration) (time.Duration, erro
 		waiting.Resume()
 		return 0, ctx.Err()
 	}
-	m.account(+1)
-	began := m.now()
-	defer func() { m.account(-1); <-m.slots }()
+	f := m.begin(d)
+	defer func() { <-m.slots }()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return min(m.now().Sub(began), d), nil
+		return m.end(f), nil
 	case <-ctx.Done():
-		return min(m.now().Sub(began), d), ctx.Err()
+		return m.end(f), ctx.Err()
 	}
 }
 
-// slotTime is the slot time the machine's requests have held since it
-// started: its "CPU" (cost.WithCPU), which quotas charge.
+// begin counts a request that took a slot to do work d.
+func (m *machine) begin(d time.Duration) *flight {
+	m.account(+1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f := &flight{began: m.now(), work: d}
+	m.running = append(m.running, f)
+	return f
+}
+
+// end counts f's end and returns the work it did.
+func (m *machine) end(f *flight) time.Duration {
+	m.mu.Lock()
+	did := f.did(m.now())
+	m.done += did
+	if i := slices.Index(m.running, f); i >= 0 {
+		m.running = slices.Delete(m.running, i, i+1)
+	}
+	m.mu.Unlock()
+	m.account(-1)
+	return did
+}
+
+// slotTime is the machine's "CPU" (cost.WithCPU), which quotas charge:
+// the work its requests have done since it started, those running
+// included. A process frozen meanwhile (SIGSTOP) or a host too busy to
+// fire a request's timer on time holds the slot longer and does no more
+// work for it, as a real process's CPU time does not advance while it is
+// stopped.
 func (m *machine) slotTime() (time.Duration, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
-	busy := m.total + float64(m.busy)*now.Sub(m.lastAt).Seconds()
-	return time.Duration(busy * float64(time.Second)), nil
+	now, cpu := m.now(), m.done
+	for _, f := range m.running {
+		cpu += f.did(now)
+	}
+	return cpu, nil
 }
 
 // utilization returns the mean busy share of the slots since the last call.
@@ -109,7 +150,6 @@ func (m *machine) utilization() float64 {
 	defer m.mu.Unlock()
 	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
-	m.total += float64(m.busy) * now.Sub(m.lastAt).Seconds()
 	m.decay(now)
 	m.lastAt = now
 	span := now.Sub(m.lastRead).Seconds()
