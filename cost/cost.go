@@ -20,6 +20,14 @@
 // requests, 0.2. A request's cost is its active time times that rate,
 // taken over its lifetime.
 //
+// A pause is not activity: whole buckets in which nothing called the Meter
+// and the process used less than a tenth of a core (a process frozen by
+// SIGSTOP or a paused VM, or one with nothing to do), four or more of them
+// in a row (200 ms by default), are charged to no request and left out of
+// the rate. Charged at the rate from before it, every request held through
+// a 5 s stop cost 5 s of CPU, and its customer was out of quota for
+// seconds after the process came back (TestFrozenProcessChargesNoCPU).
+//
 // This is exact when the runnable requests share the CPUs fairly, which
 // Go's scheduler does over a few of its 10 ms time slices. Errors come from
 // (1) waits nobody marked, charged as if the request computed (mark them);
@@ -80,6 +88,10 @@ type Meter struct {
 	// window is dropped).
 	ring [buckets]bucket
 	rate atomic.Uint64 // float64 bits: CPU-seconds per active-second over the window
+	// pause is the latest span of whole buckets in which nothing called
+	// the Meter and the process used next to no CPU (frozen, or idle):
+	// active time in it is neither charged nor counted.
+	pause atomic.Pointer[[2]int64]
 }
 
 type bucket struct {
@@ -89,7 +101,10 @@ type bucket struct {
 }
 
 const (
-	buckets = 20
+	// pauseBuckets is how many whole buckets without a call to the Meter,
+	// in which the process used less than a tenth of a core, make a pause.
+	pauseBuckets = 4
+	buckets      = 20
 	// lag is how many of the newest closed buckets the rate leaves out:
 	// segments up to lag buckets long (200 ms by default) are whole when
 	// their buckets count.
@@ -197,19 +212,32 @@ func (m *Meter) End(r *Request) time.Duration {
 func (m *Meter) Rate() float64 { return loadFloat(&m.rate) }
 
 func (m *Meter) endSegment(r *Request, now int64) {
-	d := now - r.segStart
-	if d <= 0 {
+	from := r.segStart
+	if now <= from {
 		return
 	}
-	// File the segment's time in the buckets it spans.
-	last := now / m.width
-	for k := max(r.segStart/m.width, last-buckets+1); k <= last; k++ {
-		lo, hi := max(r.segStart, k*m.width), min(now, (k+1)*m.width)
+	// A pause within the segment is no activity: the process did not run.
+	if p := m.pause.Load(); p != nil && p[0] < now && p[1] > from {
+		m.file(from, min(now, p[0]))
+		r.cost += float64(max(0, min(now, p[0])-from)) / 1e9 * m.Rate()
+		from = max(from, p[1])
+	}
+	m.file(from, now)
+	r.cost += float64(max(0, now-from)) / 1e9 * m.Rate()
+}
+
+// file adds active time [from, to) to the buckets it spans.
+func (m *Meter) file(from, to int64) {
+	if to <= from {
+		return
+	}
+	last := to / m.width
+	for k := max(from/m.width, last-buckets+1); k <= last; k++ {
+		lo, hi := max(from, k*m.width), min(to, (k+1)*m.width)
 		if b := &m.ring[k%buckets]; hi > lo && b.epoch.Load() == k {
 			b.active.Add(hi - lo)
 		}
 	}
-	r.cost += float64(d) / 1e9 * m.Rate()
 }
 
 // now reads the clock and closes the bucket if its time is over.
@@ -236,6 +264,11 @@ func (m *Meter) rotate(e int64) {
 	cpu, err := m.readCPU()
 	if err != nil {
 		cpu = m.lastCPU
+	}
+	// Whole buckets nobody called in, with less than a tenth of a core
+	// used since the last rotation, are a pause of the process.
+	if idle := e - last - 1; idle >= pauseBuckets && 10*int64(cpu-m.lastCPU) < idle*m.width {
+		m.pause.Store(&[2]int64{(last + 1) * m.width, e * m.width})
 	}
 	// The CPU since the last rotation belongs to buckets last..e-1:
 	// spread it evenly over them.

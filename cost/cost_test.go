@@ -126,3 +126,73 @@ var errTest = errorString("no CPU here")
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// frozenCPU is a process on one fully used core whose CPU time stops
+// while it is frozen (SIGSTOP, a VM paused), from `from` to `end`.
+type frozenCPU struct {
+	clk       *clock.Fake
+	start     time.Time
+	from, end time.Time
+}
+
+func (f *frozenCPU) read() (time.Duration, error) {
+	now := f.clk.Now()
+	d := now.Sub(f.start)
+	if now.After(f.from) {
+		until := now
+		if until.After(f.end) {
+			until = f.end
+		}
+		d -= until.Sub(f.from)
+	}
+	return d, nil
+}
+
+// A process frozen for 5 s (the drill's storm: the DB tier SIGSTOPped)
+// used no CPU meanwhile, and the requests it held through the stop are
+// not charged for it. Charged at the rate from before the stop, each of
+// them cost 5 s of CPU, and their customers were out of quota for
+// seconds after the process came back.
+func TestFrozenProcessChargesNoCPU(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	start := clk.Now()
+	cpu := &frozenCPU{clk: clk, start: start, from: start.Add(2 * time.Second), end: start.Add(7 * time.Second)}
+	m, err := New(WithClock(clk), WithCPU(cpu.read))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One request always active, 100 ms each, before the stop: the rate
+	// is one CPU-second per active second.
+	var r Request
+	m.Begin(&r)
+	for ms := 1; ms <= 1950; ms++ {
+		clk.Advance(time.Millisecond)
+		if ms%100 == 0 {
+			m.End(&r)
+			m.Begin(&r)
+		}
+	}
+	// The request begun at 1.9 s is active 100 ms before the stop and
+	// 50 ms after it; nothing in the process runs meanwhile.
+	clk.Advance(50 * time.Millisecond) // 2.0 s: the stop
+	clk.Advance(5 * time.Second)       // 7.0 s: back
+	clk.Advance(50 * time.Millisecond)
+	held := m.End(&r)
+	if held > 200*time.Millisecond {
+		t.Errorf("a request active 150 ms and frozen 5 s with its process: cost %v, want about 150ms (rate %.2f)", held, m.Rate())
+	}
+	// After the stop the rate is what the process does, not what the
+	// frozen requests inflated or deflated.
+	var last time.Duration
+	m.Begin(&r)
+	for ms := 1; ms <= 1500; ms++ {
+		clk.Advance(time.Millisecond)
+		if ms%100 == 0 {
+			last = m.End(&r)
+			m.Begin(&r)
+		}
+	}
+	if math.Abs(last.Seconds()-0.1) > 0.005 {
+		t.Errorf("1.5 s after the stop, a 100 ms request costs %v, want 100ms (rate %.3f)", last, m.Rate())
+	}
+}
