@@ -528,3 +528,65 @@ func TestOutageEndsForEveryLevel(t *testing.T) {
 	}
 	t.Logf("the latest local rejection after the outage, 8 seeds: %v", worst)
 }
+
+// The outage's history stays history when the backend, back, sheds a
+// little of its backlog. In the drill's storm fault the DB tier, continued
+// after 5 s stopped, met the calls that had waited in its sockets and
+// refused some fresh sheddable ones; a refusal within the last second made
+// the short window, which still held the outage, decide again, and the
+// tiers above rejected sheddable calls locally for another second or two
+// while the DB accepted most of them. Here one client at the drill's mix
+// sees a minute of a healthy backend, 5 s of an outage, a second in which
+// the backend refuses one SHEDDABLE request in three (a rate K = 2
+// tolerates), then a healthy backend. SHEDDABLE stops rejecting locally
+// within 1 s of the outage, as it does when the backend refuses nothing
+// (TestOutageEndsForEveryLevel), and the outage itself is throttled as
+// before.
+func TestOutageHistoryIsNotAnOnset(t *testing.T) {
+	for seed := uint64(1); seed <= 8; seed++ {
+		th := newClients(t, 1, seed)[0]
+		from, to := epoch.Add(time.Minute), epoch.Add(time.Minute+5*time.Second)
+		var during, duringLocal, late, sent, refused int
+		var last time.Duration
+		const tick = time.Millisecond
+		for now := epoch; now.Before(to.Add(5 * time.Second)); now = now.Add(tick) {
+			for _, m := range drillMix {
+				if int64(now.Sub(epoch)/tick)%int64(time.Second/tick/time.Duration(m.rate)) != 0 {
+					continue
+				}
+				tk, ok := th.AllowAt(m.level, now)
+				outage := !now.Before(from) && now.Before(to)
+				shed := m.level == criticality.Sheddable
+				switch {
+				case shed && outage && now.After(to.Add(-3*time.Second)):
+					during++
+					if !ok {
+						duringLocal++
+					}
+				case shed && !ok && !now.Before(to):
+					last = now.Sub(to)
+					if last > time.Second {
+						late++
+					}
+				}
+				if !ok {
+					continue
+				}
+				accept := !outage
+				if shed && !now.Before(to) && now.Before(to.Add(time.Second)) {
+					if sent++; sent%3 == 0 {
+						accept = false // the backlog: one fresh request in three refused
+						refused++
+					}
+				}
+				tk.Done(accept)
+			}
+		}
+		if duringLocal < during*8/10 {
+			t.Errorf("seed %d: %d of %d SHEDDABLE requests rejected locally in the outage's last 3 s, want at least 80%%", seed, duringLocal, during)
+		}
+		if last > time.Second {
+			t.Errorf("seed %d: SHEDDABLE rejected locally until %v after the outage, %d of its requests after the first second (the backend refused %d of the first second's %d)", seed, last, late, refused, sent)
+		}
+	}
+}
