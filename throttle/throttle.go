@@ -56,18 +56,6 @@
 //     from the 95% cap, while the backend accepts all of it. That the
 //     backend answers again may be told by any level's requests: a level
 //     throttled at the cap sends too few to tell it soon.
-//   - When the backend comes back to a level after an outage (over the
-//     short window before the last second it accepted at most a quarter as
-//     many requests as it refused, or half the one in K of a steady
-//     overload if less, and in the last second it accepts at least as
-//     many as it refuses), what the short window holds is history for
-//     good: from the next bucket on, an onset is judged only on what the
-//     backend did since. A backend back from an outage may refuse some
-//     fresh requests while it meets its backlog; judged with the outage's
-//     rejections, a single refusal would throttle the level as if the
-//     outage went on. An overload, however hard it is throttled, has the
-//     backend accepting at its capacity throughout, so this does not
-//     apply to it.
 //
 // This package is the transport-free core; retry.Policy calls Allow before
 // each attempt and Done with its answer, and the gRPC and HTTP adapters
@@ -124,8 +112,7 @@ const MaxBuckets = 1024
 
 // Throttle is an adaptive throttle for one client. Its memory is fixed at
 // New: criticality.NumLevels x (buckets+1) 8-byte counters (each a pair of
-// 32-bit counts) and a few more for the backend's refusals over the short
-// window. It is safe
+// 32-bit counts) and a few more for the last second. It is safe
 // for concurrent use; decisions take no lock (a lock is taken once per
 // bucket width, by the first caller to see a new bucket).
 //
@@ -139,7 +126,6 @@ type Throttle struct {
 	useShort bool
 	windowNS float64 // the whole window's span, ns
 	shortNS  float64 // the short window's span, ns
-	shortN   int64   // buckets in the short window
 	latest   int     // buckets in the last second (the demand cap's)
 	start    time.Time
 	startNS  int64        // start.UnixNano()
@@ -150,14 +136,10 @@ type Throttle struct {
 }
 
 // level counts requests (A) and accepts (B) of one criticality, and in
-// refused the backend's rejections (A) over the short window (or the last
-// second, if longer). Onset is judged on the short window from bucket
-// history on (0: the whole short window): the buckets before it held an
-// outage that ended (see decide).
+// refused the backend's rejections (A) of the last second.
 type level struct {
 	window.Counter
 	refused *window.Counter
-	history atomic.Int64
 }
 
 // Option configures a Throttle.
@@ -263,7 +245,6 @@ func New(opts ...Option) (*Throttle, error) {
 		useShort: c.short != 0,
 		windowNS: float64(width) * float64(c.buckets),
 		shortNS:  float64(width) * float64(shortBuckets),
-		shortN:   int64(shortBuckets),
 		latest:   max(1, int((time.Second+width/2)/width)),
 		start:    clk.Now(),
 		random:   c.random,
@@ -275,7 +256,7 @@ func New(opts ...Option) (*Throttle, error) {
 	}
 	for i := range t.levels {
 		t.levels[i].Counter = *window.New(int64(width), c.buckets, shortBuckets)
-		t.levels[i].refused = window.New(int64(width), max(t.latest, shortBuckets), 1)
+		t.levels[i].refused = window.New(int64(width), t.latest, 1)
 	}
 	return t, nil
 }
@@ -412,82 +393,10 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 	// Onset is judged against the book's estimate: after demand fell, the
 	// short window still holds the surge's local rejections for a while,
 	// and they are not a new overload.
-	if ps > book+shortZ*se {
-		if since, ok := t.sinceHistory(lv, ns); ok {
-			// The backend came back from an outage within the short
-			// window: an onset is what it did since.
-			if q := rejectP(since.A, since.B, t.k); since.A >= t.shortMin && q > book+shortZ*t.k*math.Sqrt(since.B+1)/(since.A+1) {
-				return q, since.A, since.B, true
-			}
-		} else if t.cameBack(lv, ns) {
-			// The backend accepts again after accepting next to nothing:
-			// what the short window holds is an outage that ended, and it
-			// stays history while the backend, back, refuses some of its
-			// backlog.
-			t.forget(lv, ns)
-		} else if !t.acceptingAll(lv, ns) {
-			return ps, sw.A, sw.B, true
-		}
-	}
-	if ps < pl-recoverZ*se {
+	if ps > book+shortZ*se && !t.acceptingAll(lv, ns) || ps < pl-recoverZ*se {
 		return ps, sw.A, sw.B, true
 	}
 	return pl, w.A, w.B, false
-}
-
-// cameBack reports whether the backend came back to lv: over the short
-// window before the last second it refused requests and accepted at most
-// a quarter as many (fewer than half the share it accepts in steady
-// overload, 1 in K, if that is less), and in the last second it accepted
-// at least cameBackMin and at least as many as it refused. An overload,
-// however hard it is throttled, has the backend accepting at its capacity
-// throughout; a client that throttles itself hard sends few requests, and
-// the backend accepts them.
-func (t *Throttle) cameBack(lv *level, ns int64) bool {
-	all, _ := lv.LatestPair(ns, int(t.shortN))
-	last, _ := lv.LatestPair(ns, t.latest)
-	allRefused, _ := lv.refused.Latest(ns, int(t.shortN))
-	lastRefused, _ := lv.refused.Latest(ns, t.latest)
-	older, olderRefused := all.B-last.B, allRefused-lastRefused
-	return olderRefused > 0 && max(cameBackShare, 2*t.k)*older <= olderRefused && last.B >= cameBackMin && last.B >= lastRefused
-}
-
-// What cameBack takes for a backend back: before the last second, it
-// accepted at most one request of lv in cameBackShare it refused (or
-// in 2K, if more); in the last second, at least cameBackMin.
-const (
-	cameBackShare = 4.0
-	cameBackMin   = 2
-)
-
-// forget marks lv's short window, for onset, to start at the bucket after
-// the one that holds ns.
-func (t *Throttle) forget(lv *level, ns int64) {
-	next := lv.Bucket(ns) + 1
-	for {
-		h := lv.history.Load()
-		if h >= next || lv.history.CompareAndSwap(h, next) {
-			return
-		}
-	}
-}
-
-// sinceHistory returns lv's counts since its history mark, and whether
-// the mark is within the short window.
-func (t *Throttle) sinceHistory(lv *level, ns int64) (window.Pair, bool) {
-	h := lv.history.Load()
-	if h == 0 {
-		return window.Pair{}, false
-	}
-	k := lv.Bucket(ns) - h + 1
-	switch {
-	case k >= t.shortN:
-		return window.Pair{}, false
-	case k <= 0:
-		return window.Pair{}, true
-	}
-	p, _ := lv.LatestPair(ns, int(k))
-	return p, true
 }
 
 // acceptingAll reports whether the backend accepted every request of lv

@@ -149,10 +149,6 @@ func (c *Counter) Sums(ns int64) (window, short Pair) {
 	return window, short
 }
 
-// Bucket returns the index of the bucket that holds time ns (ns divided
-// by the bucket width, rounded down).
-func (c *Counter) Bucket(ns int64) int64 { return floorDiv(ns, c.width) }
-
 // Latest returns the first kind's count over the newest k buckets (the
 // current one, partly elapsed, and the k-1 before it) and the span they
 // cover in ns, ending at ns. k is clamped to [1, n]. It reads k slots.
