@@ -46,15 +46,37 @@ import (
 const Name = "triage"
 
 // Register registers the "triage" load balancer with grpc-go, so
-// that a service config can select it. grpc-go's registry is global: call
-// it once, from main, before dialing (a second call replaces the first).
-// Triage registers nothing by itself.
+// that a service config can select it. grpc-go's registry is global and
+// not safe to change while any ClientConn runs: call it once, from main,
+// before dialing (a second call replaces the first). Triage registers
+// nothing by itself. A process whose ClientConns report to different
+// Trackers registers once without WithMetrics and gives each its own with
+// WithTracker.
 func Register(opts ...Option) {
 	var b balancerBuilder
 	for _, o := range opts {
 		o.apply(&b)
 	}
 	balancer.Register(b)
+}
+
+// WithTracker returns s with t as the Tracker of the balancers built for
+// the ClientConn whose resolver reports s, in place of the one Register
+// was given (for a resolver the caller writes, such as grpc-go's manual
+// one). A nil t leaves s as it is.
+func WithTracker(s resolver.State, t Tracker) resolver.State {
+	if t != nil {
+		s.Attributes = s.Attributes.WithValue(trackerKey{}, t)
+	}
+	return s
+}
+
+type trackerKey struct{}
+
+// trackerOf is the Tracker WithTracker put in s, or nil.
+func trackerOf(s resolver.State) Tracker {
+	t, _ := s.Attributes.Value(trackerKey{}).(Tracker)
+	return t
 }
 
 // Option configures Register.
@@ -165,6 +187,9 @@ func (b *triageBalancer) UpdateClientConnState(s balancer.ClientConnState) error
 	b.childMu.Lock()
 	defer b.childMu.Unlock()
 	b.mu.Lock()
+	if t := trackerOf(s.ResolverState); t != nil && b.core == nil {
+		b.tracker = t
+	}
 	if b.core == nil || b.cfg == nil || !sameConfig(b.cfg, cfg) {
 		opts := cfg.opts
 		if b.tracker != nil {

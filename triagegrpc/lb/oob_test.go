@@ -3,6 +3,7 @@ package lb_test
 import (
 	"context"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -230,5 +231,53 @@ func TestBalancerWeighsLongMeasuredReportsAtOnce(t *testing.T) {
 	t.Logf("%d calls: %d to the backend at 20%%, %d to the one at 80%% (ratio %.2f, weights imply 4)", calls, l, h, ratio)
 	if ratio < 3 || ratio > 5 {
 		t.Fatalf("split %d:%d, want about 4:1 (within 25%%)", l, h)
+	}
+}
+
+// targets is a Tracker that records the targets of the balancers added.
+type targets struct {
+	balance.Nop
+	mu    sync.Mutex
+	added []string
+}
+
+func (r *targets) Observer(string) balance.Observer { return r }
+func (r *targets) Remove(*balance.Balancer)         {}
+func (r *targets) Add(target string, _ *balance.Balancer) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.added = append(r.added, target)
+}
+
+func (r *targets) seen() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.added)
+}
+
+// Two ClientConns of one process, the balancer registered once without a
+// Tracker, report each to the Tracker its resolver state names: a process
+// with several proxies need not change grpc-go's registry while its
+// connections run.
+func TestWithTrackerIsPerClientConn(t *testing.T) {
+	lb.Register()
+	var served atomic.Int64
+	addr := meteredBackend(t, 0.5, &served, false)
+	var trackers [2]targets
+	for i, scheme := range []string{"trackera", "trackerb"} {
+		r := manual.NewBuilderWithScheme(scheme)
+		r.InitialState(lb.WithTracker(resolver.State{Endpoints: []resolver.Endpoint{{Addresses: []resolver.Address{{Addr: addr}}}}}, &trackers[i]))
+		cc := loopback.DialGRPC(t, r.Scheme()+":///b", grpc.WithResolvers(r),
+			grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"triage":{}}]}`))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := relay.Invoke(ctx, cc, "x"); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+	}
+	for i, want := range []string{"trackera:///b", "trackerb:///b"} {
+		if got := trackers[i].seen(); !slices.Equal(got, []string{want}) {
+			t.Errorf("tracker %d saw balancers for %q, want only %q", i, got, want)
+		}
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -101,9 +102,19 @@ func Main(args []string, opts ...Option) int {
 
 // Run runs the command until it ends or ctx is done (a serving command's
 // clean shutdown), writing to stdout and stderr. It returns the exit code.
+// Its first call in a process registers triage's gRPC balancer (package
+// lb) in grpc-go's process-wide registry, which must not change while a
+// ClientConn runs: call Main or Run before dialing anything else.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, opts ...Option) int {
 	return runWith(ctx, args, stdout, stderr, opts...)
 }
+
+// registerBalancer registers triage's gRPC balancer, once per process
+// (lb.Register): the drill's tasks and the batch proxy dial through it,
+// the proxy with its metrics given per ClientConn (lb.WithTracker).
+func registerBalancer() { balancerOnce.Do(func() { lb.Register() }) }
+
+var balancerOnce sync.Once
 
 // runProcess is Main without options: the test binary as the command.
 func runProcess(args []string) int { return Main(args) }
@@ -114,6 +125,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // runWith is the command, with the build's options.
 func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, opts ...Option) int {
+	registerBalancer()
 	o := &options{}
 	for _, opt := range opts {
 		opt(o)
@@ -323,9 +335,6 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) int {
 	if err := t.Validate(); err != nil {
 		fmt.Fprintf(stderr, "triage serve: %v\n", err)
 		return 2
-	}
-	if t.Protect {
-		lb.Register()
 	}
 	switch err := drill.Serve(ctx, t, stderr); {
 	case errors.Is(err, drill.ErrOutOfMemory):

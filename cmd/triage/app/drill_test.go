@@ -20,6 +20,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asCLI) == "1" {
 		os.Exit(runProcess(os.Args[1:]))
 	}
+	// Before any test dials: grpc-go's balancer registry must not change
+	// while a ClientConn runs (the tests run commands in parallel).
+	registerBalancer()
 	os.Exit(m.Run())
 }
 

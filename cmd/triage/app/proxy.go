@@ -174,7 +174,6 @@ func runProxy(ctx context.Context, args []string, stdout, stderr io.Writer, o *o
 // build dials the backends through triage's balancer and builds the
 // proxy's server, with its admission control and its lifecycle.
 func (f *proxyFlags) build(m *observers, reg *prometheus.Registry) (*grpc.ClientConn, *grpc.Server, *lifecycle.Lifecycle, error) {
-	lb.Register(lb.WithMetrics(m.prom.Balancers()))
 	r := manual.NewBuilderWithScheme("triage-proxy")
 	creds := insecure.NewCredentials()
 	if f.backendTLS.Set() {
@@ -192,7 +191,7 @@ func (f *proxyFlags) build(m *observers, reg *prometheus.Registry) (*grpc.Client
 		}
 		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: a, ServerName: name}}})
 	}
-	r.InitialState(resolver.State{Endpoints: eps})
+	r.InitialState(lb.WithTracker(resolver.State{Endpoints: eps}, m.prom.Balancers()))
 	// The proxy does not retry: it is a fuse, not a retrying layer. Its
 	// backends are the operator's own: every host is internal.
 	caller, err := egress.New(egress.WithoutPolicy(), egress.WithInternal("*"))
