@@ -56,6 +56,13 @@
 //     from the 95% cap, while the backend accepts all of it. That the
 //     backend answers again may be told by any level's requests: a level
 //     throttled at the cap sends too few to tell it soon.
+//   - Likewise when, in the last second, the backend refused at most K-1
+//     of the level's requests per request it accepted (the book's rule
+//     throttles none of them) and the level asks for no more than K times
+//     what the backend accepted per second over the whole window: a
+//     backend back from an outage that sheds part of its backlog. An
+//     overload's onset asks for more than that, however hard the client
+//     throttled itself.
 //
 // This package is the transport-free core; retry.Policy calls Allow before
 // each attempt and Done with its answer, and the gRPC and HTTP adapters
@@ -393,7 +400,7 @@ func (t *Throttle) decide(lv *level, ns int64) (p, req, acc float64, short bool)
 	// Onset is judged against the book's estimate: after demand fell, the
 	// short window still holds the surge's local rejections for a while,
 	// and they are not a new overload.
-	if ps > book+shortZ*se && !t.acceptingAll(lv, ns) || ps < pl-recoverZ*se {
+	if ps > book+shortZ*se && !t.acceptingAll(lv, ns) && !t.backAtDemand(lv, ns, w.B) || ps < pl-recoverZ*se {
 		return ps, sw.A, sw.B, true
 	}
 	return pl, w.A, w.B, false
@@ -418,6 +425,29 @@ func (t *Throttle) acceptingAll(lv *level, ns int64) bool {
 	}
 	return false
 }
+
+// backAtDemand reports whether the backend's answers to lv in the last
+// second need no throttling by the book's rule (it refused at most K-1
+// requests per request it accepted, and accepted at least backMin) while
+// lv's demand in it is no more than K times the rate the backend accepted
+// over the whole window (acc): then the short window's rejections are
+// history, an outage that ended with the backend shedding part of its
+// backlog, and the whole window decides. An overload's onset, however
+// hard the client throttled itself, has demand above K times what the
+// backend accepts; a backend that lost capacity refuses more than K-1
+// per accepted request once throttling is due.
+func (t *Throttle) backAtDemand(lv *level, ns int64, acc float64) bool {
+	last, _ := lv.LatestPair(ns, t.latest)
+	refused, _ := lv.refused.Latest(ns, t.latest)
+	if last.B < backMin || refused > (t.k-1)*last.B {
+		return false
+	}
+	return t.recentRate(lv, ns)*t.span(ns) <= t.k*acc
+}
+
+// backMin is how many requests of a level the backend must have accepted
+// in the last second for backAtDemand to judge its answers.
+const backMin = 2
 
 // recentRate returns the requests per ns of the last second, plus two
 // standard errors.
