@@ -56,8 +56,12 @@
 //
 // Begin, Block, Unblock and End each read the monotonic clock once; Block
 // and End add to one shared counter. The Meter reads the process CPU once
-// per bucket (50 ms), in whichever call crosses the boundary. Until the
-// first bucket closes the rate is 0. Memory is fixed.
+// per bucket (50 ms), in whichever call crosses the boundary, and shares
+// what was used since the last reading over the buckets by the time each
+// spent in that span; a call that comes while another is reading goes on
+// without waiting, except the first calls after a gap long enough to be a
+// pause, which wait for the reading that finds it. Until the first bucket
+// closes the rate is 0. Memory is fixed.
 package cost
 
 import (
@@ -79,9 +83,10 @@ type Meter struct {
 	width   int64   // bucket width, ns
 	speed   float64 // WithSpeed
 
-	mu      sync.Mutex   // held while rotating; guards lastCPU and the cpu fields
+	mu      sync.Mutex   // held while rotating; guards lastCPU, lastAt and the cpu fields
 	epoch   atomic.Int64 // index of the current bucket
 	lastCPU time.Duration
+	lastAt  int64 // when lastCPU was read, ns
 	// ring holds, per bucket of the window, the process CPU used in it and
 	// the active time of requests in it. An active segment is added when
 	// it ends, split over the buckets it spans (what is older than the
@@ -92,6 +97,8 @@ type Meter struct {
 	// the Meter and the process used next to no CPU (frozen, or idle):
 	// active time in it is neither charged nor counted.
 	pause atomic.Pointer[[2]int64]
+	// waiters counts calls waiting for another's rotation after a gap.
+	waiters atomic.Int32
 }
 
 type bucket struct {
@@ -244,16 +251,23 @@ func (m *Meter) file(from, to int64) {
 func (m *Meter) now() int64 {
 	n := int64(m.since())
 	if e := n / m.width; e > m.epoch.Load() {
-		m.rotate(e)
+		m.rotate(e, n)
 	}
 	return n
 }
 
-// rotate closes the buckets up to e: it samples the process CPU, files the
-// CPU and the active time of the bucket that ended, and recomputes the
-// rate over the window.
-func (m *Meter) rotate(e int64) {
-	if !m.mu.TryLock() {
+// rotate closes the buckets up to e, at n: it samples the process CPU,
+// files the CPU and the active time of the bucket that ended, and
+// recomputes the rate over the window.
+func (m *Meter) rotate(e, n int64) {
+	if e-m.epoch.Load()-1 >= pauseBuckets {
+		// After a gap long enough to be a pause, wait for whoever is
+		// rotating: a segment that ends before the pause is found would
+		// be charged for it.
+		m.waiters.Add(1)
+		m.mu.Lock()
+		m.waiters.Add(-1)
+	} else if !m.mu.TryLock() {
 		return // another call is rotating
 	}
 	defer m.mu.Unlock()
@@ -270,22 +284,27 @@ func (m *Meter) rotate(e int64) {
 	if idle := e - last - 1; idle >= pauseBuckets && 10*int64(cpu-m.lastCPU) < idle*m.width {
 		m.pause.Store(&[2]int64{(last + 1) * m.width, e * m.width})
 	}
-	// The CPU since the last rotation belongs to buckets last..e-1:
-	// spread it evenly over them.
-	span := e - last
+	// The CPU since the last reading, at lastAt, belongs to buckets
+	// last..e by the time each spent in [lastAt, n): the reading comes
+	// with the first call of a bucket, which may be late in it.
+	used, span := int64(cpu-m.lastCPU), max(n-m.lastAt, 1)
+	share := func(k int64) int64 {
+		return used * max(0, min(n, (k+1)*m.width)-max(m.lastAt, k*m.width)) / span
+	}
 	for k := max(last, e-buckets+1); k < e; k++ {
 		b := &m.ring[k%buckets]
-		b.cpu = int64(cpu-m.lastCPU) / span
 		if k > last { // a bucket nobody touched
+			b.cpu = 0
 			b.active.Store(0)
 			b.epoch.Store(k)
 		}
+		b.cpu += share(k)
 	}
-	m.lastCPU = cpu
 	nb := &m.ring[e%buckets]
 	nb.active.Store(0)
-	nb.cpu = 0
+	nb.cpu = share(e)
 	nb.epoch.Store(e)
+	m.lastCPU, m.lastAt = cpu, n
 	m.epoch.Store(e)
 	// The rate over the closed buckets of the window, leaving out the
 	// newest ones: their active time is still arriving, from segments

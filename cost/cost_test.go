@@ -2,6 +2,8 @@ package cost
 
 import (
 	"math"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -194,5 +196,131 @@ func TestFrozenProcessChargesNoCPU(t *testing.T) {
 	}
 	if math.Abs(last.Seconds()-0.1) > 0.005 {
 		t.Errorf("1.5 s after the stop, a 100 ms request costs %v, want 100ms (rate %.3f)", last, m.Rate())
+	}
+}
+
+// gatedCPU is frozenCPU whose first reading after the stop waits for
+// release, as a reading does when it contends for the process's locks.
+type gatedCPU struct {
+	frozenCPU
+	once             sync.Once
+	reading, release chan struct{}
+}
+
+func (g *gatedCPU) read() (time.Duration, error) {
+	if g.clk.Now().After(g.end) {
+		g.once.Do(func() {
+			close(g.reading)
+			<-g.release
+		})
+	}
+	return g.frozenCPU.read()
+}
+
+// Two requests held through a 5 s stop end at once when the process
+// continues (the drill's storm: every DB slot's timer fires together).
+// One of them closes the buckets of the stop and, while it reads the CPU,
+// the other ends too: it must be charged as if the stop had been found,
+// not at the rate from before the stop for the whole 5 s (each such
+// request cost 5 s, and in one round of eight the customers were 3-5
+// times over their limits for 4 s after the stop).
+func TestFrozenProcessChargesNoCPUWhileRotating(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	start := clk.Now()
+	cpu := &gatedCPU{frozenCPU: frozenCPU{clk: clk, start: start, from: start.Add(2 * time.Second), end: start.Add(7 * time.Second)},
+		reading: make(chan struct{}), release: make(chan struct{})}
+	m, err := New(WithClock(clk), WithCPU(cpu.read))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r1, r2 Request
+	m.Begin(&r1)
+	for ms := 1; ms <= 1950; ms++ {
+		clk.Advance(time.Millisecond)
+		if ms%100 == 0 {
+			m.End(&r1)
+			m.Begin(&r1)
+		}
+	}
+	m.Begin(&r2)
+	clk.Advance(50 * time.Millisecond) // 2.0 s: the stop
+	clk.Advance(5 * time.Second)       // 7.0 s: back
+	clk.Advance(50 * time.Millisecond)
+	first := make(chan time.Duration)
+	go func() { first <- m.End(&r1) }()
+	<-cpu.reading // the first End is reading the CPU
+	second := make(chan time.Duration)
+	go func() { second <- m.End(&r2) }()
+	var c2 time.Duration
+	released := false
+	for waiting := true; waiting; runtime.Gosched() {
+		select {
+		case c2 = <-second: // it ended while the first read the CPU
+			waiting = false
+		default:
+			if !released && m.waiters.Load() > 0 { // it waits for the reading
+				close(cpu.release)
+				released = true
+			}
+		}
+	}
+	if !released {
+		close(cpu.release)
+	}
+	c1 := <-first
+	for i, c := range []time.Duration{c1, c2} {
+		if c > 200*time.Millisecond {
+			t.Errorf("request %d, active 100 ms and frozen 5 s with its process: cost %v, want about 100ms", i+1, c)
+		}
+	}
+}
+
+// After a pause, requests come in waves: four CPU-bound requests begin
+// together 45 ms into a bucket and end together 40 ms later, on four
+// cores, and nothing calls the Meter in between. The CPU read when the
+// next bucket's first call comes belongs mostly to that bucket, not to
+// the one the wave began in. Shared over the buckets since the last
+// reading as if it were all the older bucket's, it made that bucket's
+// rate eight times the truth, and while the rate rested on it alone each
+// 40 ms request was charged 300 ms (the drill's DB after the storm: rates
+// of 5-19 for a quarter of a second, customers refused out of quota).
+func TestCPUSharedByTimeAfterAPause(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	var cpu time.Duration
+	m, err := New(WithClock(clk), WithCPU(func() (time.Duration, error) { return cpu, nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second of one 100 ms request after another on one core: rate 1.
+	var r Request
+	m.Begin(&r)
+	for ms := 1; ms <= 1000; ms++ {
+		clk.Advance(time.Millisecond)
+		cpu += time.Millisecond
+		if ms%100 == 0 {
+			m.End(&r)
+			if ms < 1000 {
+				m.Begin(&r)
+			}
+		}
+	}
+	clk.Advance(5*time.Second + 45*time.Millisecond) // idle, then 45 ms into a bucket
+	worst, least := time.Duration(0), time.Hour
+	for wave := 0; wave < 40; wave++ {
+		var rs [4]Request
+		for i := range rs {
+			m.Begin(&rs[i])
+		}
+		for range 40 {
+			clk.Advance(time.Millisecond)
+			cpu += 4 * time.Millisecond
+		}
+		for i := range rs {
+			c := m.End(&rs[i])
+			worst, least = max(worst, c), min(least, c)
+		}
+	}
+	if worst > 50*time.Millisecond || least < 30*time.Millisecond {
+		t.Errorf("a 40 ms CPU-bound request after a pause cost %v to %v, want about 40ms (rate now %.2f)", least, worst, m.Rate())
 	}
 }
