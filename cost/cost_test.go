@@ -22,6 +22,23 @@ func (f *fakeCPU) read() (time.Duration, error) {
 	return time.Duration(float64(f.clk.Now().Sub(f.start)) * f.cores), nil
 }
 
+// serial runs one request after another on r for ms milliseconds of
+// virtual time, each 100 ms long, calling tick each millisecond (nil:
+// nothing); r is begun again at each end, and the last cost is returned.
+func serial(m *Meter, clk *clock.Fake, r *Request, ms int, tick func()) (last time.Duration) {
+	for i := 1; i <= ms; i++ {
+		clk.Advance(time.Millisecond)
+		if tick != nil {
+			tick()
+		}
+		if i%100 == 0 {
+			last = m.End(r)
+			m.Begin(r)
+		}
+	}
+	return last
+}
+
 // Ten requests active at once on two fully used cores each get 0.2 CPU per
 // second: a request active for 100 ms costs 20 ms; blocked time is free.
 func TestCostOnVirtualTime(t *testing.T) {
@@ -80,15 +97,7 @@ func TestSpeedNormalisesCost(t *testing.T) {
 			t.Fatal(err)
 		}
 		var r Request
-		var last time.Duration
-		for ms := 1; ms <= 2000; ms++ { // one request always active, 100 ms each
-			clk.Advance(time.Millisecond)
-			if ms%100 == 0 {
-				last = m.End(&r)
-				m.Begin(&r)
-			}
-		}
-		return last
+		return serial(m, clk, &r, 2000, nil) // one request always active, 100 ms each
 	}
 	fast := cost(1, 1)   // the reference machine: 100 ms of CPU
 	slow := cost(0.5, 2) // the same work takes twice the CPU
@@ -167,13 +176,7 @@ func TestFrozenProcessChargesNoCPU(t *testing.T) {
 	// is one CPU-second per active second.
 	var r Request
 	m.Begin(&r)
-	for ms := 1; ms <= 1950; ms++ {
-		clk.Advance(time.Millisecond)
-		if ms%100 == 0 {
-			m.End(&r)
-			m.Begin(&r)
-		}
-	}
+	serial(m, clk, &r, 1950, nil)
 	// The request begun at 1.9 s is active 100 ms before the stop and
 	// 50 ms after it; nothing in the process runs meanwhile.
 	clk.Advance(50 * time.Millisecond) // 2.0 s: the stop
@@ -185,15 +188,8 @@ func TestFrozenProcessChargesNoCPU(t *testing.T) {
 	}
 	// After the stop the rate is what the process does, not what the
 	// frozen requests inflated or deflated.
-	var last time.Duration
 	m.Begin(&r)
-	for ms := 1; ms <= 1500; ms++ {
-		clk.Advance(time.Millisecond)
-		if ms%100 == 0 {
-			last = m.End(&r)
-			m.Begin(&r)
-		}
-	}
+	last := serial(m, clk, &r, 1500, nil)
 	if math.Abs(last.Seconds()-0.1) > 0.005 {
 		t.Errorf("1.5 s after the stop, a 100 ms request costs %v, want 100ms (rate %.3f)", last, m.Rate())
 	}
@@ -235,13 +231,7 @@ func TestFrozenProcessChargesNoCPUWhileRotating(t *testing.T) {
 	}
 	var r1, r2 Request
 	m.Begin(&r1)
-	for ms := 1; ms <= 1950; ms++ {
-		clk.Advance(time.Millisecond)
-		if ms%100 == 0 {
-			m.End(&r1)
-			m.Begin(&r1)
-		}
-	}
+	serial(m, clk, &r1, 1950, nil)
 	m.Begin(&r2)
 	clk.Advance(50 * time.Millisecond) // 2.0 s: the stop
 	clk.Advance(5 * time.Second)       // 7.0 s: back
@@ -294,16 +284,8 @@ func TestCPUSharedByTimeAfterAPause(t *testing.T) {
 	// A second of one 100 ms request after another on one core: rate 1.
 	var r Request
 	m.Begin(&r)
-	for ms := 1; ms <= 1000; ms++ {
-		clk.Advance(time.Millisecond)
-		cpu += time.Millisecond
-		if ms%100 == 0 {
-			m.End(&r)
-			if ms < 1000 {
-				m.Begin(&r)
-			}
-		}
-	}
+	serial(m, clk, &r, 1000, func() { cpu += time.Millisecond })
+	m.End(&r)
 	clk.Advance(5*time.Second + 45*time.Millisecond) // idle, then 45 ms into a bucket
 	worst, least := time.Duration(0), time.Hour
 	for wave := 0; wave < 40; wave++ {
