@@ -34,9 +34,13 @@ import (
 // it, give the wait of the arrivals behind this one, and a level is shed
 // while that wait exceeds its bound (a quarter of an interval for
 // SHEDDABLE, with the pending cap's headroom for the levels above:
-// CRITICAL_PLUS 1.25 intervals). So the backlog a step of the offered
-// load builds before the gate's next step is cut where it forms, rather
-// than served an interval late.
+// CRITICAL_PLUS 1.25 intervals), once the run queue has stood over
+// that length for a quarter of the bound (backlogConfirm). So the
+// backlog a step of the offered load builds before the gate's next step
+// is cut where it forms, rather than served an interval late; and a
+// burst of goroutines that are no requests, which the CPU runs through
+// far faster than its arrivals (the connections of a thousand streams
+// closing at once), sheds nothing.
 //
 // Its counters are bounded by the arrivals of one interval; step runs
 // under the Controller's adjust lock, the rest concurrently.
@@ -62,6 +66,9 @@ type queueGate struct {
 	// shedAt is, per level, the run queue length at which an arrival is
 	// shed on the moment's backlog (0: never), set by step.
 	shedAt [criticality.NumLevels]atomic.Int64
+	// over is, per level, when the readings of the run queue went over
+	// shedAt and stayed there, plus one (0: the last was under).
+	over [criticality.NumLevels]atomic.Int64
 }
 
 // minBusy is the least utilization the drain rate is scaled by: the CPU
@@ -101,10 +108,30 @@ func (g *queueGate) admit(l criticality.Level, backlogged bool) bool {
 }
 
 // backlogged reports whether an arrival of level l that finds runnable
-// goroutines in Go's run queue is shed on the moment's backlog.
-func (g *queueGate) backlogged(l criticality.Level, runnable int64) bool {
+// goroutines in Go's run queue at now is shed on the moment's backlog:
+// the readings have found the queue over the level's bound for at least
+// confirm.
+func (g *queueGate) backlogged(l criticality.Level, runnable, now, confirm int64) bool {
 	at := g.shedAt[l].Load()
-	return at > 0 && runnable >= at
+	if at == 0 || runnable < at {
+		g.over[l].Store(0)
+		return false
+	}
+	since := g.over[l].Load()
+	if since == 0 {
+		g.over[l].CompareAndSwap(0, now+1)
+		since = g.over[l].Load()
+	}
+	return now+1-since >= confirm
+}
+
+// backlogConfirm is how long the run queue must stand over level l's
+// bound before backlogged sheds the level: a quarter of the bound (a
+// sixteenth of the interval for SHEDDABLE, 31 ms of the default 100 ms
+// for CRITICAL_PLUS). A backlog of requests lasts: its arrivals keep it
+// there, and at the bound it holds four times this of work.
+func backlogConfirm(l criticality.Level, interval int64) int64 {
+	return interval * (100 + headroom[l]) / 1600
 }
 
 // setShedAt sets the run queue lengths backlogged sheds at from the

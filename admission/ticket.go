@@ -177,7 +177,7 @@ func (c *Controller) backlogged(l criticality.Level, now int64) bool {
 		return false
 	}
 	n, ok := c.runnableAt(now, backlogFresh)
-	return ok && c.gate.backlogged(l, n)
+	return ok && c.gate.backlogged(l, n, now, backlogConfirm(l, c.interval))
 }
 
 // runnableAt returns the goroutines in Go's run queues at now, from a
