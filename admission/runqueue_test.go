@@ -446,31 +446,7 @@ func TestMomentsBacklogShedsBetweenSteps(t *testing.T) {
 		{"the same on a CPU half busy: 24ms", 0.5, 1, 13, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			clk := clock.NewFake(time.Unix(0, 0))
-			c, err := New(WithClock(clk), WithSaturation(cpuAt(tc.cpu)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			runq := &runQueueNow{n: tc.found}
-			c.sched, c.runq = &fakeDelay{d: time.Millisecond}, runq
-			arrive := func(l criticality.Level) error {
-				var tk Ticket
-				if err := c.Arrive(&tk, l, 0, time.Time{}, RunQueued); err != nil {
-					return err
-				}
-				c.Start(t.Context(), &tk)
-				c.Done(&tk)
-				return nil
-			}
-			// 1x: 25 arrivals an interval, none refused.
-			for i := range 20 {
-				for j := range 25 {
-					clk.Advance(DefaultInterval / 25)
-					if err := arrive(criticality.Level(j % criticality.NumLevels)); err != nil {
-						t.Fatalf("at 1x, interval %d: %v", i, err)
-					}
-				}
-			}
+			clk, runq, arrive := gateAtOneX(t, tc.cpu, tc.found)
 			runq.n = tc.runnable
 			clk.Advance(time.Duration(backlogFresh)) // the last reading no longer holds
 			for l := range criticality.NumLevels {
@@ -503,30 +479,7 @@ func TestMomentsBacklogShedsBetweenSteps(t *testing.T) {
 // machine made such a burst last 5-12 ms and refuse CRITICAL_PLUS
 // (TestIngressHoldsAgainstZeroWindowClients, 44-49 of 50 served).
 func TestBurstOfOtherGoroutinesShedsNothing(t *testing.T) {
-	clk := clock.NewFake(time.Unix(0, 0))
-	c, err := New(WithClock(clk), WithSaturation(cpuAt(1)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runq := &runQueueNow{n: 1}
-	c.sched, c.runq = &fakeDelay{d: time.Millisecond}, runq
-	arrive := func(l criticality.Level) error {
-		var tk Ticket
-		if err := c.Arrive(&tk, l, 0, time.Time{}, RunQueued); err != nil {
-			return err
-		}
-		c.Start(t.Context(), &tk)
-		c.Done(&tk)
-		return nil
-	}
-	for i := range 20 {
-		for j := range 25 {
-			clk.Advance(DefaultInterval / 25)
-			if err := arrive(criticality.Level(j % criticality.NumLevels)); err != nil {
-				t.Fatalf("at 1x, interval %d: %v", i, err)
-			}
-		}
-	}
+	clk, runq, arrive := gateAtOneX(t, 1, 1)
 	burst := func(ms int) (refused []criticality.Level) {
 		runq.n = 41
 		for range ms {
@@ -553,4 +506,37 @@ func TestBurstOfOtherGoroutinesShedsNothing(t *testing.T) {
 	if !slices.Contains(r, criticality.Sheddable) || slices.Contains(r, criticality.CriticalPlus) {
 		t.Errorf("a burst of 10 ms refused %v, want SHEDDABLE and not CRITICAL_PLUS", r)
 	}
+}
+
+// gateAtOneX returns a Controller's clock, run queue and arrive (a
+// RunQueued arrival of a level, served at once if admitted) after 20
+// intervals at 1x: 25 arrivals an interval over the levels, none refused,
+// each finding found goroutines in the run queue, the CPU at cpu.
+func gateAtOneX(t *testing.T, cpu float64, found uint64) (*clock.Fake, *runQueueNow, func(criticality.Level) error) {
+	t.Helper()
+	clk := clock.NewFake(time.Unix(0, 0))
+	c, err := New(WithClock(clk), WithSaturation(cpuAt(cpu)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runq := &runQueueNow{n: found}
+	c.sched, c.runq = &fakeDelay{d: time.Millisecond}, runq
+	arrive := func(l criticality.Level) error {
+		var tk Ticket
+		if err := c.Arrive(&tk, l, 0, time.Time{}, RunQueued); err != nil {
+			return err
+		}
+		c.Start(t.Context(), &tk)
+		c.Done(&tk)
+		return nil
+	}
+	for i := range 20 {
+		for j := range 25 {
+			clk.Advance(DefaultInterval / 25)
+			if err := arrive(criticality.Level(j % criticality.NumLevels)); err != nil {
+				t.Fatalf("at 1x, interval %d: %v", i, err)
+			}
+		}
+	}
+	return clk, runq, arrive
 }
