@@ -151,7 +151,8 @@ func serverMain(variant string, rounds int) error {
 
 // traceState appends the controller's state to name every 100 ms (one
 // JSON line each) until the process ends: the per-interval record of a run
-// that enters a bad state.
+// that enters a bad state, with the run-queue reading and the refusals
+// the tap made (the rest came later, in the interceptor).
 func traceState(name string, ctl *admission.Controller) error {
 	return statetrace.Start(name, 100*time.Millisecond, func() map[string]any {
 		st := ctl.Stats()
@@ -160,7 +161,8 @@ func traceState(name string, ctl *admission.Controller) error {
 			"exec": st.Executing, "queued": st.Queued, "svc_ms": float64(st.ServiceTime) / 1e6,
 			"delay_ms": float64(st.QueueDelay) / 1e6, "sat": st.Saturated, "busy": st.Busy,
 			"paused_ms": float64(st.Paused) / 1e6, "probing": st.Probing, "notstarted": st.NotStarted,
-			"goroutines": runtime.NumGoroutine(), "rejected": benchObs.snapshot(),
+			"runq_ms": float64(st.RunQueueWait) / 1e6, "queue_shed": st.QueueShed, "forced": st.Forced,
+			"goroutines": runtime.NumGoroutine(), "rejected": benchObs.snapshot(), "tap_refused": tapRefused.Load(),
 		}
 	})
 }
@@ -263,7 +265,15 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 			return []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor()),
 				grpc.MaxConcurrentStreams(triagegrpc.DefaultMaxConcurrentStreams)}, ctl, nil
 		}
-		o := srv.ServerOptions()
+		inTap := srv.TapHandle()
+		o := []grpc.ServerOption{grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+			c, err := inTap(ctx, info)
+			if err != nil {
+				tapRefused.Add(1)
+			}
+			return c, err
+		})}
+		o = append(o, srv.ServerOptions()[1:]...)
 		if v, err := strconv.Atoi(os.Getenv("TRIAGE_BENCH_STREAMS")); err == nil { // experiment: the per-connection stream bound
 			o = append(o, grpc.MaxConcurrentStreams(uint32(v)))
 		}
@@ -360,6 +370,11 @@ type countingObserver struct {
 }
 
 var benchObs = &countingObserver{}
+
+// tapRefused counts the requests triage's tap handle refused, before
+// grpc-go gave them a goroutine (the rest of benchObs's refusals came
+// later, in the interceptor).
+var tapRefused atomic.Int64
 
 func (o *countingObserver) Observe(e admission.Event) {
 	if e.Kind == admission.Rejected && e.Level.Valid() && e.Reason < admission.NumReasons {
