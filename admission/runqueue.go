@@ -114,7 +114,9 @@ func (g *queueGate) admit(l criticality.Level, backlogged bool) bool {
 func (g *queueGate) backlogged(l criticality.Level, runnable, now, confirm int64) bool {
 	at := g.shedAt[l].Load()
 	if at == 0 || runnable < at {
-		g.over[l].Store(0)
+		if g.over[l].Load() != 0 { // a store only when it changes: arrivals share the line
+			g.over[l].Store(0)
+		}
 		return false
 	}
 	since := g.over[l].Load()

@@ -152,7 +152,7 @@ func serverMain(variant string, rounds int) error {
 // traceState appends the controller's state to name every 100 ms (one
 // JSON line each) until the process ends: the per-interval record of a run
 // that enters a bad state, with the run-queue reading and the refusals
-// the tap made (the rest came later, in the interceptor).
+// the tap made (countingTap; the rest came later, in the interceptor).
 func traceState(name string, ctl *admission.Controller) error {
 	return statetrace.Start(name, 100*time.Millisecond, func() map[string]any {
 		st := ctl.Stats()
@@ -265,15 +265,10 @@ func serverOptions(variant string) ([]grpc.ServerOption, *admission.Controller, 
 			return []grpc.ServerOption{grpc.InTapHandle(srv.TapHandle()), grpc.ChainUnaryInterceptor(srv.UnaryInterceptor()),
 				grpc.MaxConcurrentStreams(triagegrpc.DefaultMaxConcurrentStreams)}, ctl, nil
 		}
-		inTap := srv.TapHandle()
-		o := []grpc.ServerOption{grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
-			c, err := inTap(ctx, info)
-			if err != nil {
-				tapRefused.Add(1)
-			}
-			return c, err
-		})}
-		o = append(o, srv.ServerOptions()[1:]...)
+		o := srv.ServerOptions()
+		if os.Getenv("TRIAGE_BENCH_TRACE") != "" { // the trace counts the tap's own refusals
+			o = append(countingTap(srv.TapHandle()), srv.ServerOptions()[1:]...) // ServerOptions' first is its tap
+		}
 		if v, err := strconv.Atoi(os.Getenv("TRIAGE_BENCH_STREAMS")); err == nil { // experiment: the per-connection stream bound
 			o = append(o, grpc.MaxConcurrentStreams(uint32(v)))
 		}
@@ -370,6 +365,17 @@ type countingObserver struct {
 }
 
 var benchObs = &countingObserver{}
+
+// countingTap is tap, counting its refusals in tapRefused.
+func countingTap(inTap tap.ServerInHandle) []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		c, err := inTap(ctx, info)
+		if err != nil {
+			tapRefused.Add(1)
+		}
+		return c, err
+	})}
+}
 
 // tapRefused counts the requests triage's tap handle refused, before
 // grpc-go gave them a goroutine (the rest of benchObs's refusals came
