@@ -157,6 +157,11 @@ type run struct {
 	*loadtest.Result
 	disturbed []bool
 	proxyCPU  []float64 // the proxy's CPU in each step, in cores
+	// upMSPerOK is the upstream's CPU per success in each step, in ms:
+	// equal behind two fronts, a gap in their goodput is the fronts' own
+	// CPU on the shared core (or a queue's), not work the upstream did
+	// for nobody.
+	upMSPerOK []float64
 }
 
 func goodputs(r *run) string {
@@ -165,6 +170,9 @@ func goodputs(r *run) string {
 		s = append(s, fmt.Sprintf("%gx %.2f", st.Load, st.Goodput))
 		if i < len(r.proxyCPU) {
 			s[i] += fmt.Sprintf(" (proxy CPU %.0f%%)", 100*r.proxyCPU[i])
+		}
+		if i < len(r.upMSPerOK) && r.upMSPerOK[i] > 0 {
+			s[i] += fmt.Sprintf(" (upstream %.1f ms CPU a success)", r.upMSPerOK[i])
 		}
 		if r.disturbed[i] {
 			s[i] += " (disturbed)"
@@ -188,7 +196,7 @@ func (c config) once(up, px, out string) (*run, error) {
 	if up == "python-stack" {
 		return c.stack(ctx, px, out)
 	}
-	stopUp, err := c.start(ctx, out, "upstream", upstreamPort, c.upstreamArgv(up)...)
+	stopUp, upGroup, err := c.startGroup(ctx, c.serverCPU, out, "upstream", upstreamPort, c.upstreamArgv(up)...)
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +241,7 @@ func (c config) once(up, px, out string) (*run, error) {
 			fmt.Printf("  %s before %sx: %v; using C = %.0f\n", out, l, err, caps[len(caps)-1])
 			capacity = caps[len(caps)-1]
 		}
-		cpu0 := child.GroupCPU(proxyGroup)
+		cpu0, up0 := child.GroupCPU(proxyGroup), child.GroupCPU(upGroup)
 		r, err := c.loadtest(ctx, filepath.Join(out, "step-"+l), append(targetFlags(target), "-capacity", strconv.FormatFloat(capacity, 'f', 1, 64),
 			"-loads", l, "-step", c.step.String())...)
 		if err != nil {
@@ -244,6 +252,7 @@ func (c config) once(up, px, out string) (*run, error) {
 			// ends a little around the step), as a share of a core.
 			all.proxyCPU = append(all.proxyCPU, (child.GroupCPU(proxyGroup)-cpu0)/c.step.Seconds())
 		}
+		all.upMSPerOK = append(all.upMSPerOK, msPerSuccess(child.GroupCPU(upGroup)-up0, r.Steps[0]))
 		after := c.canary()
 		all.Steps = append(all.Steps, r.Steps...)
 		all.disturbed = append(all.disturbed, disturbed(r.Steps[0], speed, after))
@@ -252,6 +261,37 @@ func (c config) once(up, px, out string) (*run, error) {
 	}
 	all.Capacity = measuring.Median(caps)
 	return all, nil
+}
+
+// portFreeWait is how long startGroup waits for a port to stop answering.
+const portFreeWait = 3 * time.Second
+
+// portFree waits up to wait for nothing to answer on port on loopback.
+func portFree(port int, wait time.Duration) error {
+	for deadline := time.Now().Add(wait); ; time.Sleep(50 * time.Millisecond) {
+		conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			return nil
+		}
+		conn.Close()
+		if time.Now().After(deadline) {
+			return fmt.Errorf("port %d on loopback still answers after %v (a process left from another run?)", port, wait)
+		}
+	}
+}
+
+// msPerSuccess is cpu seconds spent over st, in ms per success (0
+// without one). The CPU is read around the load test's whole run, which
+// starts and ends a little around the step, as the proxy's is.
+func msPerSuccess(cpu float64, st loadtest.Step) float64 {
+	ok := 0
+	for _, l := range st.Levels {
+		ok += l.OK
+	}
+	if ok == 0 {
+		return 0
+	}
+	return 1000 * cpu / float64(ok)
 }
 
 // canary times a fixed amount of CPU work (the upstream's: sha256 rounds
@@ -443,6 +483,13 @@ func (c config) startOn(ctx context.Context, cpu, out, name string, port int, ar
 func (c config) startGroup(ctx context.Context, cpu, out, name string, port int, argv ...string) (func(), int, error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, 0, err
+	}
+	// The port must be free: a process left from another run that still
+	// answers on it would pass the wait below and be measured instead.
+	// The last run's, killed, may hold it a moment longer (gunicorn's
+	// workers die after their master).
+	if err := portFree(port, portFreeWait); err != nil {
+		return nil, 0, fmt.Errorf("starting %s: %w", name, err)
 	}
 	logf, err := os.Create(filepath.Join(out, name+".log"))
 	if err != nil {
