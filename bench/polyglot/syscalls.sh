@@ -18,20 +18,12 @@ triage=${TRIAGE:-triage}
 dir=$(cd "$(dirname "$0")" && pwd)
 command -v strace >/dev/null || { echo "syscalls.sh needs strace (apt-get install strace)" >&2; exit 2; }
 rm -rf "$out" && mkdir -p "$out"
-case $up in
-python) taskset -c 0 python3 "$dir/upstream.py" 18000 30000 >"$out/upstream.log" 2>&1 & ;;
-gunicorn) ROUNDS=5000 IO_MS=20 taskset -c 0 gunicorn --workers 3 --bind 127.0.0.1:18000 --chdir "$dir" wsgi:app >"$out/upstream.log" 2>&1 & ;;
-node) taskset -c 0 node "$dir/upstream.js" 18000 40000 >"$out/upstream.log" 2>&1 & ;;
-*) echo "unknown upstream $up" >&2; exit 2 ;;
-esac
-upstream=$!
+. "$dir/lib.sh"
+start_upstream "$up" "$out"
 trap 'kill $upstream ${sidecar:-} 2>/dev/null; wait 2>/dev/null' EXIT
 sleep 1.5
-taskset -c 1 "$triage" loadtest -url http://127.0.0.1:18000/ -loads 0.1 -step 1s -out "$out/probe" >/dev/null
-c=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['capacity_rps'])" "$out/probe/result.json")
-GOMAXPROCS=1 taskset -c 0 "$triage" sidecar -upstream http://127.0.0.1:18000 -listen 127.0.0.1:18080 \
-  -trust 127.0.0.1/32 "$@" >"$out/sidecar.log" 2>&1 &
-sidecar=$!
+c=$(probe_capacity "$out")
+start_sidecar "$out" "$@"
 sleep 1
 (sleep 2; timeout -s INT 4 strace -c -f -p $sidecar -o "$out/strace.txt" 2>/dev/null || true) &
 tracer=$!

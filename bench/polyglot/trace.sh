@@ -16,20 +16,12 @@ shift 3
 triage=${TRIAGE:-triage}
 dir=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out" && mkdir -p "$out"
-case $up in
-python) taskset -c 0 python3 "$dir/upstream.py" 18000 30000 >"$out/upstream.log" 2>&1 & ;;
-gunicorn) ROUNDS=5000 IO_MS=20 taskset -c 0 gunicorn --workers 3 --bind 127.0.0.1:18000 --chdir "$dir" wsgi:app >"$out/upstream.log" 2>&1 & ;;
-node) taskset -c 0 node "$dir/upstream.js" 18000 40000 >"$out/upstream.log" 2>&1 & ;;
-*) echo "unknown upstream $up" >&2; exit 2 ;;
-esac
-upstream=$!
+. "$dir/lib.sh"
+start_upstream "$up" "$out"
 trap 'kill $upstream ${sidecar:-} ${reader:-} 2>/dev/null; wait 2>/dev/null' EXIT
 sleep 1.5
-taskset -c 1 "$triage" loadtest -url http://127.0.0.1:18000/ -loads 0.1 -step 1s -out "$out/probe" >/dev/null
-c=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['capacity_rps'])" "$out/probe/result.json")
-GOMAXPROCS=1 taskset -c 0 "$triage" sidecar -upstream http://127.0.0.1:18000 -listen 127.0.0.1:18080 \
-  -trust 127.0.0.1/32 -metrics 127.0.0.1:18090 "$@" >"$out/sidecar.log" 2>&1 &
-sidecar=$!
+c=$(probe_capacity "$out")
+start_sidecar "$out" -metrics 127.0.0.1:18090 "$@"
 sleep 1
 while kill -0 $sidecar 2>/dev/null; do
   echo "$(date +%s.%N) $(curl -s 127.0.0.1:18090/metrics | grep -E '^triage_admission_(limit|executing|queued|service_seconds|rejected_total)' | tr '\n' ' ')"
