@@ -14,10 +14,29 @@ func (b *Balancer) stalled(e *Endpoint) bool {
 	if since == 0 {
 		if e.suspect.CompareAndSwap(0, now) {
 			e.suspectOthers.Store(others)
+			e.checked.Store(now)
 		}
 		return false
 	}
-	if now-since < int64(b.cfg.stallAfter) || others == e.suspectOthers.Load() {
+	prev := e.checked.Swap(now)
+	if others == e.suspectOthers.Load() {
+		return false
+	}
+	// Another served since, first seen now. If an earlier look after the
+	// suspicion found the others silent too, the whole subset was (a
+	// tier stopped, then resumed: its tasks answer again a few
+	// milliseconds apart), and e's silence while others served counts
+	// from that look, or from half the stall time ago if it was long
+	// before.
+	seen := e.othersSeen.Load()
+	if seen == 0 {
+		seen = since
+		if prev > since {
+			seen = max(prev, now-int64(b.cfg.stallAfter)/2)
+		}
+		e.othersSeen.CompareAndSwap(0, seen)
+	}
+	if now-seen < int64(b.cfg.stallAfter) {
 		return false
 	}
 	e.eject()
@@ -79,10 +98,18 @@ func (e *Endpoint) eject() {
 // the k-th ejection in a row.
 func (e *Endpoint) ejectFor(k uint32) {
 	e.answered.Store(e.picks.Load())
-	e.suspect.Store(0)
+	e.clearSuspect()
 	k = min(k, 16) - 1
 	d := min(e.b.cfg.ejection<<k, MaxEjection)
 	e.ejectedUntil.Store(e.b.readClock() + int64(d))
 	e.b.lameDucks.Add(1)
 	e.setState(Unresponsive, Healthy)
+}
+
+// clearSuspect ends e's suspicion of a stall.
+func (e *Endpoint) clearSuspect() {
+	if e.suspect.Load() != 0 || e.othersSeen.Load() != 0 {
+		e.suspect.Store(0)
+		e.othersSeen.Store(0)
+	}
 }

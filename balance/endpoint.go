@@ -70,9 +70,13 @@ type Endpoint struct {
 	ownServed     atomic.Uint64
 	suspect       atomic.Int64
 	suspectOthers atomic.Uint64
-	id            string
-	b             *Balancer
-	value         atomic.Value
+	// othersSeen is from when e's silence counts (another served since
+	// suspect; 0 before), checked the last look at a suspect.
+	othersSeen atomic.Int64
+	checked    atomic.Int64
+	id         string
+	b          *Balancer
+	value      atomic.Value
 
 	mu          sync.Mutex // guards the report fields
 	load        Load
@@ -243,9 +247,7 @@ func (e *Endpoint) done(failed, unproven bool) {
 	if !unproven {
 		e.served.Store(e.picks.Load())
 	}
-	if e.suspect.Load() != 0 {
-		e.suspect.Store(0)
-	}
+	e.clearSuspect()
 	if failed {
 		e.addError()
 	}
