@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/retry"
@@ -145,42 +146,37 @@ func TestMedians(t *testing.T) {
 }
 
 // The utilization a task reports to its clients' weighted round robin is
-// its busy share over the last moments, as a CPU measure over an interval
-// would be, not the slots busy at the instant a response leaves: that
+// the share of its slots its requests' work took over the load report's
+// window, not the slots busy at the instant a response leaves: that
 // instant excludes the finishing request itself, so a machine of two
 // slots, always full, would report 0.5 on every answer, and one of four
 // 0.75, and weights derived from them favour the smaller machine.
-func TestMachineReportsRecentBusyShare(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	now := t0
+func TestMachineReportsBusyShareOverTheWindow(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1000, 0))
 	m := newMachine(2, time.Millisecond)
-	m.now = func() time.Time { return now }
-	m.lastAt, m.lastRead, m.ewmaAt = now, now, now
-	m.account(+1)
-	m.account(+1)
-	now = now.Add(2 * time.Second)
-	m.account(-1) // a request finishes; its response reads the load
-	if u := m.reported(); u < 0.9 {
-		t.Fatalf("full for 2 s, then one request done: reported %.2f, want about 1", u)
+	m.now = clk.Now
+	m.lastAt, m.lastRead = clk.Now(), clk.Now()
+	meter, err := m.meter(clk)
+	if err != nil {
+		t.Fatal(err)
 	}
-	m.account(+1) // the next one takes the slot at once
-	for range 100 {
-		now = now.Add(20 * time.Millisecond)
-		m.account(-1)
-		if u := m.reported(); u < 0.9 {
+	a, b := m.begin(time.Hour), m.begin(time.Hour)
+	for range 100 { // both slots held for 2 s, a request answered every 20 ms
+		clk.Advance(20 * time.Millisecond)
+		meter.Record(false)
+		if u := meter.Load().Utilization; u < 0.99 {
 			t.Fatalf("always full: reported %.2f as a response leaves", u)
 		}
-		m.account(+1)
 	}
-	m.account(-1)
-	now = now.Add(3 * time.Second)
-	if u := m.reported(); u < 0.4 || u > 0.6 {
-		t.Fatalf("half busy for 3 s: reported %.2f", u)
+	m.end(a)
+	clk.Advance(20 * time.Second)
+	if u := meter.Load().Utilization; u < 0.45 || u > 0.55 {
+		t.Fatalf("half busy for 20 s: reported %.2f", u)
 	}
-	m.account(-1)
-	now = now.Add(5 * time.Second)
-	if u := m.reported(); u > 0.05 {
-		t.Fatalf("idle for 5 s: reported %.2f", u)
+	m.end(b)
+	clk.Advance(15 * time.Second)
+	if u := meter.Load().Utilization; u > 0.05 {
+		t.Fatalf("idle for 15 s: reported %.2f", u)
 	}
 }
 

@@ -2,12 +2,13 @@ package drill
 
 import (
 	"context"
-	"math"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
+	"github.com/triagehq/triage/loadreport"
 )
 
 // machine emulates a task's machine: Slots workers, each request holding
@@ -25,8 +26,6 @@ type machine struct {
 	busyArea float64 // slot-seconds since lastRead
 	lastAt   time.Time
 	lastRead time.Time
-	ewma     float64 // busy slots, averaged with time constant reportTau
-	ewmaAt   time.Time
 	done     time.Duration // the work of the requests that ended
 	running  []*flight
 }
@@ -41,41 +40,25 @@ type flight struct {
 // never more than its work.
 func (f *flight) did(now time.Time) time.Duration { return max(0, min(now.Sub(f.began), f.work)) }
 
-// reportTau is the time constant of the busy share a task reports to its
-// clients: about the interval a CPU utilization is measured over.
-const reportTau = 500 * time.Millisecond
-
 func newMachine(n int, work time.Duration) *machine {
 	now := time.Now()
-	return &machine{slots: make(chan struct{}, n), work: work, n: n, now: time.Now, lastAt: now, lastRead: now, ewmaAt: now}
+	return &machine{slots: make(chan struct{}, n), work: work, n: n, now: time.Now, lastAt: now, lastRead: now}
 }
 
 func (m *machine) account(delta int) {
 	m.mu.Lock()
 	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
-	m.decay(now)
 	m.busy += delta
 	m.lastAt = now
 	m.mu.Unlock()
 }
 
-// decay brings the average busy slots up to now. m.mu is held.
-func (m *machine) decay(now time.Time) {
-	if dt := now.Sub(m.ewmaAt); dt > 0 {
-		a := math.Exp(-float64(dt) / float64(reportTau))
-		m.ewma = m.ewma*a + float64(m.busy)*(1-a)
-		m.ewmaAt = now
-	}
-}
-
-// reported is the utilization a task reports in its load reports: its
-// busy share over the last reportTau or so.
-func (m *machine) reported() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.decay(m.now())
-	return m.ewma / float64(m.n)
+// meter is the task's load report Meter: its utilization is the share of
+// the slots the requests' work took over the Meter's window (its default,
+// 10 s), the window its rates are counted over.
+func (m *machine) meter(clk clock.Clock) (*loadreport.Meter, error) {
+	return loadreport.New(loadreport.WithClock(clk), loadreport.WithCPUTime(m.slotTime, float64(m.n)))
 }
 
 // run holds a slot for d (waiting for one first, until ctx ends). It
@@ -150,7 +133,6 @@ func (m *machine) utilization() float64 {
 	defer m.mu.Unlock()
 	now := m.now()
 	m.busyArea += float64(m.busy) * now.Sub(m.lastAt).Seconds()
-	m.decay(now)
 	m.lastAt = now
 	span := now.Sub(m.lastRead).Seconds()
 	area := m.busyArea

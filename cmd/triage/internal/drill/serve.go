@@ -26,13 +26,13 @@ import (
 
 	"github.com/triagehq/triage/admission"
 	"github.com/triagehq/triage/attempt"
+	"github.com/triagehq/triage/clock"
 	"github.com/triagehq/triage/cost"
 	"github.com/triagehq/triage/criticality"
 	"github.com/triagehq/triage/egress"
 	"github.com/triagehq/triage/intake"
 	"github.com/triagehq/triage/internal/testkit/relay"
 	"github.com/triagehq/triage/lifecycle"
-	"github.com/triagehq/triage/loadreport"
 	"github.com/triagehq/triage/outcome"
 	"github.com/triagehq/triage/quota"
 	"github.com/triagehq/triage/quota/usage"
@@ -418,7 +418,7 @@ func (t *task) serve(ln net.Listener, next *grpc.ClientConn) (func(), error) {
 		}()
 		return s.Stop, nil
 	}
-	meter, err := loadreport.New(loadreport.WithUtilization(t.mach.reported))
+	meter, err := t.mach.meter(clock.Real())
 	if err != nil {
 		return nil, err
 	}
