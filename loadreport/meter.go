@@ -90,8 +90,11 @@ func New(opts ...Option) (*Meter, error) {
 		since: clock.SinceFunc(clk, clk.Now()), utilization: c.utilization,
 	}
 	if c.utilization == nil {
-		if c.cpuTime == nil {
+		if c.cpuTime == nil && c.cpus == 0 {
 			c.cpuTime, c.cpus = proc.CPU, signals.ReservedCPUs()
+		}
+		if c.cpuTime == nil {
+			return nil, errors.New("loadreport: WithCPUTime needs a CPU time counter")
 		}
 		if !(c.cpus > 0) || math.IsInf(c.cpus, 0) {
 			return nil, fmt.Errorf("loadreport: WithCPUTime's cpus %v, want > 0", c.cpus)

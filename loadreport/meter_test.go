@@ -93,6 +93,9 @@ func TestMeterCPUTimeErrors(t *testing.T) {
 			t.Errorf("cpus %v accepted", cpus)
 		}
 	}
+	if _, err := New(WithCPUTime(nil, 2)); err == nil {
+		t.Error("WithCPUTime without a counter accepted")
+	}
 	broken := errors.New("no counter")
 	if _, err := New(WithCPUTime(func() (time.Duration, error) { return 0, broken }, 1)); !errors.Is(err, broken) {
 		t.Errorf("a counter failing at New: %v", err)
