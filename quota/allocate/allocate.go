@@ -36,9 +36,9 @@ import (
 // which they use only if demand arrives there. With no demand anywhere
 // every task gets 1/N.
 //
-// Learning mode (after Doorman): for one lease after it starts (and after
-// a lease in which no task refreshed, when every grant it made has
-// expired), the
+// Learning mode (after Doorman): for one lease after it starts (and, in
+// quota.ModePessimistic, after a lease in which no task refreshed, when
+// every grant it made has expired), the
 // Allocator has not heard from every task, and splitting by the demand of
 // the few it has heard from would hand them nearly whole limits. So it
 // hands each task back the share it reports holding (or, without one, the
@@ -56,6 +56,13 @@ import (
 // first lease, the demand its predecessor last reported where its own is
 // smaller (quota.ModeOptimistic): its traffic is coming back to it, and a floor
 // share would refuse its customers until its next report.
+//
+// A silence of every task for a lease (a tier frozen, the service cut
+// off) forgets no task in quota.ModeOptimistic: a task's age counts only
+// the time in which some task refreshed, and each task's first report
+// after the silence gets, where larger, the demand it last reported (its
+// usage window averaged over the silence), so the shares come back as
+// they were. Meanwhile Tasks and Usage count no live task.
 //
 // Bounded: at most MaxTasks tasks (default 10,000; a task unheard of for a
 // lease is forgotten at the next sweep, once a second, and a new task
@@ -109,78 +116,15 @@ type taskState struct {
 	// learned is, per customer, the share handed back to the task in
 	// learning mode.
 	learned map[string]float64
+	// resumed is set when every task fell silent for a lease and this one
+	// has not reported since (quota.ModeOptimistic; see resume).
+	resumed bool
 }
 
 // ErrTooManyTasks is returned by Refresh when MaxTasks live tasks are
 // known and another one reports, or when a report would take the
 // customer entries of all live tasks past the bound (WithMaxEntries).
 var ErrTooManyTasks = errors.New("quota: too many tasks")
-
-// Option configures an Allocator.
-type Option func(*allocatorConfig)
-
-// WithClock sets the Allocator's clock. Default clock.Real().
-func WithClock(c clock.Clock) Option { return func(cfg *allocatorConfig) { cfg.clock = c } }
-
-type allocatorConfig struct {
-	lease, refresh time.Duration
-	maxTasks       int
-	maxEntries     int
-	clock          clock.Clock
-	mode           quota.Mode
-	fresh          bool
-}
-
-// WithLease sets how long a lease is valid. Default 30 s: long against
-// the refresh, so a quota service restart or a few lost refreshes change
-// nothing.
-func WithLease(d time.Duration) Option {
-	return Option(func(c *allocatorConfig) { c.lease = d })
-}
-
-// WithRefresh sets how often tasks renew their lease (each with ±25%
-// jitter). Default 5 s.
-func WithRefresh(d time.Duration) Option {
-	return Option(func(c *allocatorConfig) { c.refresh = d })
-}
-
-// WithMaxTasks bounds the tasks known. Default 10,000.
-func WithMaxTasks(n int) Option {
-	return Option(func(c *allocatorConfig) { c.maxTasks = n })
-}
-
-// DefaultMaxEntries bounds the customer entries of all live tasks'
-// reports together (about 100 bytes each: 1 GB at the bound), so that the
-// Allocator's memory is bounded by this, not by MaxTasks times
-// quota.MaxReportCustomers.
-const DefaultMaxEntries = 10_000_000
-
-// WithMaxEntries bounds the customer entries of all live tasks' reports
-// together: a report that would exceed it is refused with ErrTooManyTasks.
-// Default DefaultMaxEntries.
-func WithMaxEntries(n int) Option {
-	return Option(func(c *allocatorConfig) { c.maxEntries = n })
-}
-
-// WithMode sets the throttling mode. In quota.ModePessimistic the
-// shares of each customer's limit held by the live tasks never sum to more
-// than 1: demand is split without the extra floor, and a task's share is
-// raised only into room the other tasks have confirmed (a task holds the
-// larger of the share last granted to it and the share it last reported
-// holding, until it reports the smaller one). Pair it with Enforcers in
-// quota.ModePessimistic. Default quota.ModeOptimistic.
-func WithMode(m quota.Mode) Option {
-	return Option(func(c *allocatorConfig) { c.mode = m })
-}
-
-// WithFreshStart tells the Allocator that no grant of an earlier
-// Allocator can still be in force (the first leader a replicated service
-// ever had): while it learns, a task that reports holding nothing gets the
-// safe share in quota.ModePessimistic too, as in quota.ModeOptimistic, where
-// otherwise it would get nothing until learning is over.
-func WithFreshStart() Option {
-	return Option(func(c *allocatorConfig) { c.fresh = true })
-}
 
 // New returns an Allocator for policy p.
 func New(p *quota.Policy, opts ...Option) (*Allocator, error) {
@@ -235,12 +179,17 @@ func (a *Allocator) Refresh(r quota.Report) (quota.Lease, error) {
 	now := int64(a.since())
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.served.Load() > 0 && now-a.lastSeen > int64(a.lease) {
+	if gap := now - a.lastSeen; a.served.Load() > 0 && a.silent(now) {
 		// No refresh for a whole lease: every grant this Allocator made
-		// has expired, and the tasks it knew are forgotten. Learn again,
-		// as at a fresh start.
-		a.sweep(now)
-		a.learnFrom, a.fresh, a.learned = now, true, nil
+		// has expired.
+		if a.mode == quota.ModePessimistic {
+			// The tasks it knew are forgotten. Learn again, as at a fresh
+			// start.
+			a.sweep(now)
+			a.learnFrom, a.fresh, a.learned = now, true, nil
+		} else {
+			a.resume(gap)
+		}
 	}
 	a.lastSeen = now
 	r = a.inherit(r, now)
@@ -253,17 +202,30 @@ func (a *Allocator) Refresh(r quota.Report) (quota.Lease, error) {
 	return ls, nil
 }
 
+// resume keeps the tasks known across a silence of every task of gap
+// (quota.ModeOptimistic): a task's age counts only the time in which the
+// Allocator heard from some task, and each task's first report after the
+// silence inherits its last demand (see inherit). a.mu is held.
+func (a *Allocator) resume(gap int64) {
+	for _, t := range a.tasks {
+		t.last += gap
+		t.resumed = true
+	}
+}
+
 // inherit returns r with, where larger, the demand its task's last report
-// gave, when r holds no lease (its process just started) and that report
-// is less than a lease old: a task restarted under its name, whose traffic
-// is coming back to it. Without it the new process would get a floor
-// share of every customer until its next report, and refuse its
-// customers' requests meanwhile. quota.ModeOptimistic only: in quota.ModePessimistic
-// the predecessor may still enforce its lease while it drains, and the
-// two together would hold more than the limit. a.mu is held.
+// gave, when that report is less than a lease old and r is the task's
+// first since it started (r.NoLease: a task restarted under its name,
+// whose traffic is coming back to it) or since a silence of every task
+// (its usage window averaged over the silence). Without it the task would
+// get a floor share of every customer until its next report, and refuse
+// its customers' requests meanwhile. quota.ModeOptimistic only: in
+// quota.ModePessimistic the predecessor may still enforce its lease while it
+// drains, and the two together would hold more than the limit. a.mu is
+// held.
 func (a *Allocator) inherit(r quota.Report, now int64) quota.Report {
 	t := a.tasks[r.Task]
-	if !r.NoLease || a.mode == quota.ModePessimistic || t == nil || now-t.last >= int64(a.lease) || len(t.customer) == 0 {
+	if t == nil || !r.NoLease && !t.resumed || a.mode == quota.ModePessimistic || now-t.last >= int64(a.lease) || len(t.customer) == 0 {
 		return r
 	}
 	cs := slices.Clone(r.Customers)
@@ -308,7 +270,7 @@ func (a *Allocator) record(r quota.Report, now int64) (*taskState, error) {
 	}
 	a.account(t.customer, -1)
 	t.customer = append(t.customer[:0], r.Customers...)
-	t.last = now
+	t.last, t.resumed = now, false
 	a.account(t.customer, +1)
 	return t, nil
 }
@@ -500,6 +462,10 @@ func (a *Allocator) account(cs []usage.Customer, sign float64) {
 // reports forgotten, not to every live report. a.mu is held.
 func (a *Allocator) sweep(now int64) {
 	a.swept = now
+	if a.mode != quota.ModePessimistic {
+		// A silence of every task ages no task (see resume).
+		now = min(now, a.lastSeen)
+	}
 	for name, t := range a.tasks {
 		if now-t.last <= int64(a.lease) {
 			continue
@@ -530,8 +496,13 @@ type GlobalUsage struct {
 // name.
 func (a *Allocator) Usage() []GlobalUsage {
 	p := a.policy.Load()
+	now := int64(a.since())
 	a.mu.Lock()
-	a.sweep(int64(a.since()))
+	a.sweep(now)
+	if a.silent(now) {
+		a.mu.Unlock()
+		return nil
+	}
 	out := make([]GlobalUsage, 0, len(a.used))
 	for name, u := range a.used {
 		lim := p.Grant(name, 0).CPU
@@ -557,7 +528,18 @@ func (a *Allocator) RefreshAges(f func(age time.Duration)) {
 
 // Tasks returns how many live tasks are known.
 func (a *Allocator) Tasks() int {
+	now := int64(a.since())
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.silent(now) {
+		return 0
+	}
 	return len(a.tasks)
+}
+
+// silent reports whether no task has refreshed for a lease: no grant is
+// in force, and the tasks kept across the silence (see resume) are not
+// live. a.mu is held.
+func (a *Allocator) silent(now int64) bool {
+	return now-a.lastSeen > int64(a.lease)
 }

@@ -189,12 +189,15 @@ func TestRefreshWorkFollowsItsReport(t *testing.T) {
 	}
 	// All but one task go quiet for a lease: they are forgotten, each by
 	// its own report, and the totals are those of the one left.
-	clk.Advance(6 * time.Second)
+	const refreshes = 6
 	before := a.accounted
-	if _, err := a.Refresh(report(0)); err != nil {
-		t.Fatal(err)
+	for range refreshes {
+		clk.Advance(time.Second)
+		if _, err := a.Refresh(report(0)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got, want := a.accounted-before, uint64((tasks-1)*perTask+2*perTask); got > want {
+	if got, want := a.accounted-before, uint64((tasks-1)*perTask+refreshes*2*perTask); got > want {
 		t.Errorf("forgetting %d tasks accounted %d entries, want at most %d", tasks-1, got, want)
 	}
 	if a.Tasks() != 1 {
@@ -289,6 +292,84 @@ func TestIdleAllocatorLearnsAgain(t *testing.T) {
 		}
 		if held["x"] < 1.0/3-1e-9 {
 			t.Errorf("%v: the first task back got %.3f of a, want at least the safe share", mode, held["x"])
+		}
+	}
+}
+
+// When every task falls silent for a whole lease at once (the drill's
+// storm freezes a whole tier for a lease; a partition cuts the quota
+// service off), the tasks come back with their leases expired and, for
+// their first report, a demand their usage window averaged over the
+// silence. In quota.ModeOptimistic the Allocator keeps the tasks it knew
+// and splits by the demand they showed before it: before, it forgot them
+// and learned again, handing each task the safe share, 1/Tasks, for a whole
+// lease, so that the task that carries most of a customer refused it while
+// the others held room they could not use.
+func TestSilentTierGetsItsSharesBack(t *testing.T) {
+	p, _ := quota.New(quota.Config{Tasks: 3, Customers: map[string]quota.Limit{"a": {CPU: 5}, "idle": {CPU: 3}}})
+	demand := map[string]float64{"x": 2.4, "y": 2.0, "z": 0.6} // at the limit
+	for _, mode := range []quota.Mode{quota.ModeOptimistic, quota.ModePessimistic} {
+		clk := clock.NewFake(time.Unix(0, 0))
+		a, err := New(p, WithClock(clk), WithMode(mode), WithLease(5*time.Second), WithRefresh(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[string]float64{}
+		round := func(scale float64) (idle float64) {
+			for _, task := range []string{"x", "y", "z"} {
+				ls, err := a.Refresh(quota.Report{Task: task, Customers: []usage.Customer{{Customer: "a", Demand: scale * demand[task], Share: held[task]}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				held[task] = shareOf(ls, "a")
+				idle += shareOf(ls, "idle")
+			}
+			return idle
+		}
+		for range 8 {
+			round(1)
+			clk.Advance(time.Second)
+		}
+		before := map[string]float64{"x": held["x"], "y": held["y"], "z": held["z"]}
+		clk.Advance(6 * time.Second) // all silent past the lease
+		clear(held)                  // their leases ran out
+		if n, u := a.Tasks(), a.Usage(); n != 0 || len(u) != 0 {
+			t.Errorf("%v: silent for a lease, yet %d live tasks and usage %v", mode, n, u)
+		}
+		// Their usage windows (4 s) cover mostly the silence.
+		idle := round(0.2)
+		t.Logf("%v: shares before %.3f %.3f %.3f; after the silence %.3f %.3f %.3f; idle customer %.3f in all",
+			mode, before["x"], before["y"], before["z"], held["x"], held["y"], held["z"], idle)
+		if idle > 1.05+1e-9 {
+			t.Errorf("%v: the tasks were handed %.3f of a customer without demand", mode, idle)
+		}
+		sum := held["x"] + held["y"] + held["z"]
+		if mode == quota.ModePessimistic {
+			if sum > 1+1e-9 {
+				t.Errorf("pessimistic: shares summed to %.4f after the silence", sum)
+			}
+			continue
+		}
+		for _, task := range []string{"x", "y", "z"} {
+			if held[task] < 0.9*before[task] {
+				t.Errorf("%v: after the silence %s got %.3f of a, it held %.3f before", mode, task, held[task], before[task])
+			}
+		}
+		if sum > 1.05+1e-9 {
+			t.Errorf("%v: shares summed to %.4f after the silence", mode, sum)
+		}
+		// z does not come back: it is forgotten a lease after the others
+		// did.
+		for range 6 {
+			clk.Advance(time.Second)
+			for _, task := range []string{"x", "y"} {
+				if _, err := a.Refresh(quota.Report{Task: task, Customers: []usage.Customer{{Customer: "a", Demand: demand[task]}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if n := a.Tasks(); n != 2 {
+			t.Errorf("%v: %d live tasks a lease after z fell silent, want 2", mode, n)
 		}
 	}
 }
